@@ -1,0 +1,455 @@
+//! The bucket document: how a reading becomes a sample, how a sensor's
+//! pending samples are cut into upsert statements, and the BSON of those
+//! statements. Sans-IO.
+//!
+//! A statement carries its caps in the filter (`count <= cap - k`,
+//! `size <= max_bytes - bytes`), so no statement can overfill a bucket no
+//! matter what the gateway believes about the bucket's fill. The planner uses
+//! the remembered fill only to cut a run exactly: fill the open bucket, then
+//! start full-sized new ones.
+
+use std::collections::HashMap;
+
+use bson::{doc, rawdoc, RawArrayBuf, RawBson, RawDocumentBuf};
+
+use crate::decode::{FieldValue, Reading};
+
+/// Bucket caps and window, in the units the planner works in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub window_ms: i64,
+    pub max_samples: u32,
+    pub max_bytes: u32,
+}
+
+impl Shape {
+    /// Start of the window holding `ts_ms` (floor, also before 1970).
+    pub fn window_start(&self, ts_ms: i64) -> i64 {
+        ts_ms.div_euclid(self.window_ms) * self.window_ms
+    }
+}
+
+/// One sample ready to be written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub ts_ms: i64,
+    /// `{ts: Date, <field>: value, ...}` as it is pushed into `samples`.
+    pub doc: RawDocumentBuf,
+    /// Numeric fields, for the rollups.
+    pub nums: Vec<(String, f64)>,
+    /// Sequence number of the MQTT message it came from (for acks).
+    pub msg: u64,
+}
+
+impl Sample {
+    pub fn encode(reading: &Reading, msg: u64) -> Sample {
+        let mut doc = RawDocumentBuf::new();
+        doc.append("ts", bson::DateTime::from_millis(reading.ts_ms));
+        let mut nums = Vec::new();
+        for (name, value) in &reading.fields {
+            match value {
+                FieldValue::Num(x) => {
+                    doc.append(name, *x);
+                    nums.push((name.clone(), *x));
+                }
+                FieldValue::Str(s) => doc.append(name, s.as_str()),
+                FieldValue::Bool(b) => doc.append(name, *b),
+            }
+        }
+        Sample {
+            ts_ms: reading.ts_ms,
+            doc,
+            nums,
+            msg,
+        }
+    }
+
+    /// Bytes this sample counts against `bucket.max_bytes`.
+    pub fn bytes(&self) -> u32 {
+        self.doc.as_bytes().len() as u32
+    }
+}
+
+/// What the gateway last knew of a bucket's fill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Fill {
+    pub count: u32,
+    pub bytes: u32,
+}
+
+/// One upsert statement: k consecutive samples of one sensor and window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Statement {
+    pub sensor: String,
+    pub start_ms: i64,
+    pub samples: Vec<Sample>,
+    pub bytes: u32,
+    /// The fill of the bucket this statement expects to extend; `None` when
+    /// it expects to start a new bucket (or the fill is unknown).
+    pub base: Option<Fill>,
+}
+
+impl Statement {
+    pub fn count(&self) -> u32 {
+        self.samples.len() as u32
+    }
+
+    /// What the gateway knows of the bucket's fill after the statement was
+    /// applied; `inserted` tells whether the upsert created a new bucket.
+    pub fn fill_after(&self, inserted: bool) -> Option<Fill> {
+        let k = Fill {
+            count: self.count(),
+            bytes: self.bytes,
+        };
+        match (inserted, self.base) {
+            (true, _) => Some(k),
+            (false, Some(b)) => Some(Fill {
+                count: b.count + k.count,
+                bytes: b.bytes + k.bytes,
+            }),
+            (false, None) => None,
+        }
+    }
+
+    /// `{q, u, upsert: true}` for the `update` command.
+    pub fn to_bson(&self, shape: &Shape) -> RawDocumentBuf {
+        let k = self.count();
+        let start = bson::DateTime::from_millis(self.start_ms);
+        let end = bson::DateTime::from_millis(self.start_ms + shape.window_ms);
+        let q = rawdoc! {
+            "sensorId": self.sensor.as_str(),
+            "startTs": start,
+            "closed": false,
+            "count": { "$lte": (shape.max_samples - k) as i32 },
+            "size": { "$lte": (shape.max_bytes - self.bytes) as i32 },
+        };
+        let mut each = RawArrayBuf::new();
+        let mut min_ts = i64::MAX;
+        let mut max_ts = i64::MIN;
+        // Rollups per numeric field, in order of first appearance.
+        let mut rollups: Vec<(&str, f64, i32, f64, f64)> = Vec::new();
+        for s in &self.samples {
+            each.push(RawBson::Document(s.doc.clone()));
+            min_ts = min_ts.min(s.ts_ms);
+            max_ts = max_ts.max(s.ts_ms);
+            for (name, x) in &s.nums {
+                match rollups.iter_mut().find(|r| r.0 == name) {
+                    Some(r) => {
+                        r.1 += x;
+                        r.2 += 1;
+                        r.3 = r.3.min(*x);
+                        r.4 = r.4.max(*x);
+                    }
+                    None => rollups.push((name, *x, 1, *x, *x)),
+                }
+            }
+        }
+        let mut inc = rawdoc! { "count": k as i32, "size": self.bytes as i32 };
+        let mut min = rawdoc! { "minTs": bson::DateTime::from_millis(min_ts) };
+        let mut max = rawdoc! { "maxTs": bson::DateTime::from_millis(max_ts) };
+        for (name, sum, n, lo, hi) in rollups {
+            inc.append(format!("sum.{name}"), sum);
+            inc.append(format!("n.{name}"), n);
+            min.append(format!("min.{name}"), lo);
+            max.append(format!("max.{name}"), hi);
+        }
+        let mut push = RawDocumentBuf::new();
+        push.append("$each", each);
+        let u = rawdoc! {
+            "$push": { "samples": push },
+            "$inc": inc,
+            "$min": min,
+            "$max": max,
+            "$setOnInsert": { "endTs": end },
+        };
+        rawdoc! { "q": q, "u": u, "upsert": true }
+    }
+}
+
+/// Cuts one sensor's pending samples (arrival order) into statements.
+///
+/// Runs of consecutive samples that share a window become one or more
+/// statements each: the first fills the remembered open bucket of that
+/// window, the rest start new buckets of at most `max_samples` samples and
+/// `max_bytes` bytes. `memory` is updated with the fill the plan expects, so
+/// a later run of the same window continues where this one stopped; the
+/// caller replaces it with what the database reported once the write is done.
+///
+/// Every sample must fit in an empty bucket (`bytes() <= max_bytes`); the
+/// buffer sends bigger ones to the dead letter before they get here.
+pub fn plan(
+    sensor: &str,
+    samples: impl IntoIterator<Item = Sample>,
+    memory: &mut HashMap<i64, Fill>,
+    shape: &Shape,
+    out: &mut Vec<Statement>,
+) {
+    let mut current: Option<Statement> = None;
+    for sample in samples {
+        let start = shape.window_start(sample.ts_ms);
+        let bytes = sample.bytes();
+        if let Some(st) = current.as_mut() {
+            let base = st.base.unwrap_or_default();
+            let fits = st.start_ms == start
+                && base.count + st.count() < shape.max_samples
+                && base.bytes + st.bytes + bytes <= shape.max_bytes;
+            if fits {
+                st.bytes += bytes;
+                st.samples.push(sample);
+                continue;
+            }
+        }
+        if let Some(st) = current.take() {
+            close_statement(st, memory, out);
+        }
+        // Extend the remembered bucket if this sample fits, else start anew.
+        let base = memory
+            .get(&start)
+            .copied()
+            .filter(|f| f.count < shape.max_samples && f.bytes + bytes <= shape.max_bytes);
+        current = Some(Statement {
+            sensor: sensor.to_string(),
+            start_ms: start,
+            samples: vec![sample],
+            bytes,
+            base,
+        });
+    }
+    if let Some(st) = current {
+        close_statement(st, memory, out);
+    }
+}
+
+fn close_statement(st: Statement, memory: &mut HashMap<i64, Fill>, out: &mut Vec<Statement>) {
+    let base = st.base.unwrap_or_default();
+    memory.insert(
+        st.start_ms,
+        Fill {
+            count: base.count + st.count(),
+            bytes: base.bytes + st.bytes,
+        },
+    );
+    out.push(st);
+}
+
+/// The indexes made at start-up.
+pub fn index_models() -> Vec<mongodb::IndexModel> {
+    vec![
+        mongodb::IndexModel::builder()
+            .keys(doc! { "sensorId": 1, "startTs": 1 })
+            .build(),
+        mongodb::IndexModel::builder()
+            .keys(doc! { "closed": 1, "endTs": 1 })
+            .build(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SHAPE: Shape = Shape {
+        window_ms: 1000,
+        max_samples: 5,
+        max_bytes: 200,
+    };
+
+    fn sample(ts_ms: i64, msg: u64, extra: usize) -> Sample {
+        let mut fields = vec![("v".to_string(), FieldValue::Num(msg as f64))];
+        if extra > 0 {
+            fields.push(("pad".into(), FieldValue::Str("x".repeat(extra))));
+        }
+        Sample::encode(
+            &Reading {
+                sensor: "s".into(),
+                ts_ms,
+                fields,
+            },
+            msg,
+        )
+    }
+
+    /// A model of the database: buckets and the filter semantics of the upsert.
+    #[derive(Default)]
+    struct Db {
+        buckets: Vec<(i64, bool, u32, u32, Vec<u64>)>, // start, closed, count, size, msgs
+    }
+
+    impl Db {
+        /// Applies a statement; returns whether it inserted.
+        fn apply(&mut self, st: &Statement, shape: &Shape) -> bool {
+            let k = st.count();
+            let found = self.buckets.iter_mut().find(|b| {
+                b.0 == st.start_ms
+                    && !b.1
+                    && b.2 <= shape.max_samples - k
+                    && b.3 <= shape.max_bytes - st.bytes
+            });
+            let msgs = st.samples.iter().map(|s| s.msg);
+            match found {
+                Some(b) => {
+                    b.2 += k;
+                    b.3 += st.bytes;
+                    b.4.extend(msgs);
+                    false
+                }
+                None => {
+                    self.buckets
+                        .push((st.start_ms, false, k, st.bytes, msgs.collect()));
+                    true
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_run_fills_the_open_bucket_then_starts_new_ones() {
+        let mut memory = HashMap::from([(
+            0,
+            Fill {
+                count: 3,
+                bytes: 60,
+            },
+        )]);
+        let mut out = Vec::new();
+        plan(
+            "s",
+            (0..9).map(|i| sample(i, i as u64, 0)),
+            &mut memory,
+            &SHAPE,
+            &mut out,
+        );
+        let counts: Vec<u32> = out.iter().map(|s| s.count()).collect();
+        assert_eq!(counts, vec![2, 5, 2]);
+        assert_eq!(
+            out[0].base,
+            Some(Fill {
+                count: 3,
+                bytes: 60
+            })
+        );
+        assert_eq!(out[1].base, None);
+        assert_eq!(memory[&0].count, 2);
+    }
+
+    #[test]
+    fn runs_follow_arrival_order_across_windows() {
+        let mut memory = HashMap::new();
+        let mut out = Vec::new();
+        let ts = [0, 10, 1500, 20, 1600];
+        plan(
+            "s",
+            ts.iter().enumerate().map(|(i, t)| sample(*t, i as u64, 0)),
+            &mut memory,
+            &SHAPE,
+            &mut out,
+        );
+        let starts: Vec<i64> = out.iter().map(|s| s.start_ms).collect();
+        assert_eq!(starts, vec![0, 1000, 0, 1000]);
+        // The second run of window 0 continues the bucket the first one began.
+        assert_eq!(
+            out[2].base,
+            Some(Fill {
+                count: 2,
+                bytes: out[0].bytes
+            })
+        );
+    }
+
+    #[test]
+    fn size_cap_cuts_statements() {
+        let mut memory = HashMap::new();
+        let mut out = Vec::new();
+        let one = sample(0, 0, 60).bytes();
+        assert!(one * 2 <= 200 && one * 3 > 200, "{one}");
+        plan(
+            "s",
+            (0..5).map(|i| sample(i, i as u64, 60)),
+            &mut memory,
+            &SHAPE,
+            &mut out,
+        );
+        let counts: Vec<u32> = out.iter().map(|s| s.count()).collect();
+        assert_eq!(counts, vec![2, 2, 1]);
+    }
+
+    #[test]
+    fn statement_bson_has_caps_and_rollups() {
+        let st = Statement {
+            sensor: "s".into(),
+            start_ms: 0,
+            samples: vec![sample(1, 4, 0), sample(2, 2, 0)],
+            bytes: 40,
+            base: None,
+        };
+        let d = bson::Document::try_from(st.to_bson(&SHAPE).as_ref()).unwrap();
+        let q = d.get_document("q").unwrap();
+        assert_eq!(q.get_document("count").unwrap().get_i32("$lte").unwrap(), 3);
+        assert_eq!(
+            q.get_document("size").unwrap().get_i32("$lte").unwrap(),
+            160
+        );
+        let u = d.get_document("u").unwrap();
+        assert_eq!(
+            u.get_document("$inc").unwrap().get_f64("sum.v").unwrap(),
+            6.0
+        );
+        assert_eq!(u.get_document("$inc").unwrap().get_i32("n.v").unwrap(), 2);
+        assert_eq!(
+            u.get_document("$min").unwrap().get_f64("min.v").unwrap(),
+            2.0
+        );
+        assert_eq!(
+            u.get_document("$max").unwrap().get_f64("max.v").unwrap(),
+            4.0
+        );
+        let each = u
+            .get_document("$push")
+            .unwrap()
+            .get_document("samples")
+            .unwrap()
+            .get_array("$each")
+            .unwrap();
+        assert_eq!(each.len(), 2);
+        assert!(d.get_bool("upsert").unwrap());
+    }
+
+    proptest! {
+        /// No sample lost or duplicated, caps never exceeded, per-sensor
+        /// arrival order kept within each bucket, whatever the memory knows.
+        #[test]
+        fn planning_keeps_every_sample_once_within_caps(
+            flushes in proptest::collection::vec(
+                proptest::collection::vec((0i64..4000, 0usize..80), 0..30), 1..8),
+            forget in proptest::collection::vec(any::<bool>(), 8),
+        ) {
+            let mut db = Db::default();
+            let mut memory: HashMap<i64, Fill> = HashMap::new();
+            let mut msg = 0u64;
+            let mut sent = Vec::new();
+            for (i, batch) in flushes.iter().enumerate() {
+                if forget[i] { memory.clear(); }
+                let samples: Vec<Sample> = batch.iter().map(|(ts, pad)| { msg += 1; sent.push(msg); sample(*ts, msg, *pad) }).collect();
+                let mut out = Vec::new();
+                plan("s", samples, &mut memory, &SHAPE, &mut out);
+                for st in &out {
+                    prop_assert!(st.count() >= 1);
+                    prop_assert!(st.samples.iter().all(|s| SHAPE.window_start(s.ts_ms) == st.start_ms));
+                    let inserted = db.apply(st, &SHAPE);
+                    match st.fill_after(inserted) {
+                        Some(f) => { memory.insert(st.start_ms, f); }
+                        None => { memory.remove(&st.start_ms); }
+                    }
+                }
+            }
+            let mut stored: Vec<u64> = db.buckets.iter().flat_map(|b| b.4.iter().copied()).collect();
+            for b in &db.buckets {
+                prop_assert!(b.2 <= SHAPE.max_samples && b.3 <= SHAPE.max_bytes);
+                prop_assert!(b.4.windows(2).all(|w| w[0] < w[1]), "arrival order kept");
+            }
+            stored.sort();
+            prop_assert_eq!(stored, sent);
+        }
+    }
+}

@@ -1,0 +1,777 @@
+//! Configuration: the TOML file as written ([`raw`]) turned into validated
+//! [`Settings`].
+//!
+//! Loading never stops at the first problem: every section is read on its own
+//! and every value is checked, so `palletd check-config` prints all errors at
+//! once, each with its TOML path (`mqtt.keep_alive: ...`).
+
+mod raw;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use crate::decode::{PayloadFormat, TopicPattern};
+use raw::{RawBucket, RawFlush, RawMongo, RawMqtt, RawSize, RawSubscription, RawWriteConcern};
+
+/// The annotated example configuration; `palletd print-config` prints it and
+/// `config.toml.example` is exactly this text.
+pub const EXAMPLE: &str = include_str!("../../config.toml.example");
+
+/// Largest `bucket.max_bytes`: half of MongoDB's 16 MiB document limit leaves
+/// room for rollups and a sample that is counted but not yet pushed.
+pub const MAX_BUCKET_BYTES: u64 = 8 * 1024 * 1024;
+
+/// One problem in a configuration file, with the TOML path it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Every problem found in a configuration file.
+#[derive(Debug, thiserror::Error)]
+pub struct ConfigErrors {
+    pub file: PathBuf,
+    pub errors: Vec<ConfigError>,
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{}: {} configuration error(s):",
+            self.file.display(),
+            self.errors.len()
+        )?;
+        for e in &self.errors {
+            writeln!(f, "  {e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A secret string: its `Debug` and `Display` print `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+    /// The secret itself, for the one place that hands it to a client library.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// Validated configuration of the whole pipeline.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub mqtt: MqttSettings,
+    pub mongodb: MongoSettings,
+    pub bucket: BucketSettings,
+    pub flush: FlushSettings,
+    pub subscriptions: Vec<Subscription>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MqttSettings {
+    pub host: String,
+    pub port: u16,
+    /// Stable id: the broker keeps the persistent session (and the messages
+    /// palletd has not acknowledged yet) under it.
+    pub client_id: String,
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    pub keep_alive: Duration,
+    /// How many unacknowledged QoS 1/2 messages the broker sends before it
+    /// waits (Mosquitto: `max_inflight_messages`, default 20). When this many
+    /// messages wait for their write, palletd flushes at once instead of
+    /// waiting for the flush interval.
+    pub max_inflight: usize,
+    /// Largest MQTT packet the client accepts; a bigger one breaks the
+    /// connection, so the broker's own limit should be at most this.
+    pub max_packet_size: usize,
+    /// Payloads larger than this go to the dead letter.
+    pub max_payload_size: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteConcern {
+    Majority,
+    Nodes(u32),
+}
+
+#[derive(Debug, Clone)]
+pub struct MongoSettings {
+    pub uri: Secret,
+    pub database: String,
+    pub collection: String,
+    pub write_concern: WriteConcern,
+    pub journal: bool,
+}
+
+impl MongoSettings {
+    /// The dead-letter collection, `<collection>_deadletter`.
+    pub fn deadletter_collection(&self) -> String {
+        format!("{}_deadletter", self.collection)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BucketSettings {
+    pub window: Duration,
+    pub max_samples: u32,
+    pub max_bytes: u32,
+    /// Samples older than now minus this are a clock problem: dead letter.
+    pub max_lateness: Duration,
+    /// Samples newer than now plus this are a clock problem: dead letter.
+    pub max_future: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct FlushSettings {
+    pub interval: Duration,
+    /// Memory cap: at this many buffered samples palletd flushes and stops
+    /// reading from the broker until the flush succeeds.
+    pub max_pending_samples: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    pub pattern: TopicPattern,
+    pub format: PayloadFormat,
+    pub timestamp_field: String,
+    pub sensor_field: Option<String>,
+    /// Field name for `format = "number"` when the topic has no `{field}`.
+    pub field: Option<String>,
+    pub qos: u8,
+}
+
+/// Reads and validates a configuration file.
+pub fn load(path: &Path) -> Result<Settings, ConfigErrors> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigErrors {
+        file: path.to_owned(),
+        errors: vec![ConfigError {
+            path: String::new(),
+            message: format!("cannot read file: {e}"),
+        }],
+    })?;
+    parse(&text, path.parent()).map_err(|errors| ConfigErrors {
+        file: path.to_owned(),
+        errors,
+    })
+}
+
+/// Parses and validates configuration text. `base` resolves relative
+/// `password_file` paths (the config file's directory).
+pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigError>> {
+    let mut v = Validator::default();
+    let table: toml::Table = match toml::from_str(text) {
+        Ok(t) => t,
+        Err(e) => {
+            v.err("", format!("invalid TOML: {}", e.message().trim()));
+            return Err(v.errors);
+        }
+    };
+    for key in table.keys() {
+        if !["mqtt", "mongodb", "bucket", "flush", "subscription"].contains(&key.as_str()) {
+            v.err(
+                key,
+                "unknown section (expected mqtt, mongodb, bucket, flush, subscription)",
+            );
+        }
+    }
+    let mqtt: Option<RawMqtt> = v.section(&table, "mqtt", true);
+    let mongo: Option<RawMongo> = v.section(&table, "mongodb", true);
+    let bucket: RawBucket = v.section(&table, "bucket", false).unwrap_or_default();
+    let flush: RawFlush = v.section(&table, "flush", false).unwrap_or_default();
+    let mut subs: Vec<RawSubscription> = Vec::new();
+    match table.get("subscription") {
+        None => v.err("subscription", "at least one [[subscription]] is required"),
+        Some(toml::Value::Array(items)) => {
+            if items.is_empty() {
+                v.err("subscription", "at least one [[subscription]] is required");
+            }
+            for (i, item) in items.iter().enumerate() {
+                if let Some(s) = v.value(item, &format!("subscription[{i}]")) {
+                    subs.push(s);
+                }
+            }
+        }
+        Some(_) => v.err(
+            "subscription",
+            "must be an array of tables ([[subscription]])",
+        ),
+    }
+
+    let mqtt = mqtt.and_then(|m| v.mqtt(m, base));
+    let mongodb = mongo.map(|m| v.mongo(m));
+    let bucket = v.bucket(bucket);
+    let flush = v.flush(flush);
+    let subscriptions: Vec<Subscription> = subs
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, s)| v.subscription(s, &format!("subscription[{i}]")))
+        .collect();
+
+    match (mqtt, mongodb) {
+        (Some(mqtt), Some(mongodb)) if v.errors.is_empty() => Ok(Settings {
+            mqtt,
+            mongodb,
+            bucket,
+            flush,
+            subscriptions,
+        }),
+        _ => Err(v.errors),
+    }
+}
+
+#[derive(Default)]
+struct Validator {
+    errors: Vec<ConfigError>,
+}
+
+impl Validator {
+    fn err(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(ConfigError {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    fn section<T: DeserializeOwned>(
+        &mut self,
+        table: &toml::Table,
+        name: &str,
+        required: bool,
+    ) -> Option<T> {
+        match table.get(name) {
+            Some(value @ toml::Value::Table(_)) => self.value(value, name),
+            Some(_) => {
+                self.err(name, "must be a table");
+                None
+            }
+            None => {
+                if required {
+                    self.err(name, "missing required section");
+                }
+                None
+            }
+        }
+    }
+
+    /// Deserializes one value, recording every error with its full path.
+    ///
+    /// serde stops at the first error, so after each one the offending key is
+    /// taken out and the value read again; a required key taken out this way
+    /// is not reported a second time as missing.
+    fn value<T: DeserializeOwned>(&mut self, value: &toml::Value, prefix: &str) -> Option<T> {
+        let mut value = value.clone();
+        let mut reported: Vec<Vec<String>> = Vec::new();
+        for _ in 0..64 {
+            let e = match serde_path_to_error::deserialize(value.clone()) {
+                Ok(v) => return reported.is_empty().then_some(v),
+                Err(e) => e,
+            };
+            let mut keys: Vec<String> = e
+                .path()
+                .iter()
+                .filter_map(|seg| match seg {
+                    serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                    _ => None,
+                })
+                .collect();
+            let message = e.into_inner().to_string();
+            // serde names a missing field in the message only.
+            let missing = message
+                .strip_prefix("missing field `")
+                .and_then(|m| m.split('`').next())
+                .map(str::to_string);
+            if let Some(field) = &missing {
+                keys.push(field.clone());
+            }
+            let path = std::iter::once(prefix.to_string())
+                .chain(keys.iter().cloned())
+                .collect::<Vec<_>>()
+                .join(".");
+            if !reported.contains(&keys) {
+                match missing {
+                    Some(_) => self.err(path, "required key is missing"),
+                    None => self.err(path, message),
+                }
+            }
+            if missing.is_some() || keys.is_empty() || !remove_key(&mut value, &keys) {
+                return None;
+            }
+            reported.push(keys);
+        }
+        None
+    }
+
+    fn duration(&mut self, path: &str, raw: Option<&str>, default: &str) -> Duration {
+        let text = raw.unwrap_or(default);
+        match humantime::parse_duration(text) {
+            Ok(d) => d,
+            Err(e) => {
+                self.err(
+                    path,
+                    format!("invalid duration {text:?}: {e} (e.g. \"500ms\", \"1h\")"),
+                );
+                humantime::parse_duration(default).unwrap_or_default()
+            }
+        }
+    }
+
+    fn positive_duration(&mut self, path: &str, raw: Option<&str>, default: &str) -> Duration {
+        let d = self.duration(path, raw, default);
+        if d.is_zero() {
+            self.err(path, "must be greater than zero");
+        }
+        d
+    }
+
+    fn size(&mut self, path: &str, raw: Option<RawSize>, default: u64) -> u64 {
+        match raw {
+            None => default,
+            Some(RawSize::Bytes(n)) => n,
+            Some(RawSize::Text(t)) => match t.trim().parse::<bytesize::ByteSize>() {
+                Ok(b) => b.as_u64(),
+                Err(e) => {
+                    self.err(path, format!("invalid size {t:?}: {e} (e.g. \"256KiB\")"));
+                    default
+                }
+            },
+        }
+    }
+
+    fn int_in(&mut self, path: &str, raw: Option<i64>, default: i64, min: i64, max: i64) -> i64 {
+        let n = raw.unwrap_or(default);
+        if n < min || n > max {
+            self.err(path, format!("must be between {min} and {max}, got {n}"));
+            return default;
+        }
+        n
+    }
+
+    fn mqtt(&mut self, m: RawMqtt, base: Option<&Path>) -> Option<MqttSettings> {
+        let (host, port) = match parse_mqtt_url(&m.url) {
+            Ok(hp) => hp,
+            Err(e) => {
+                self.err("mqtt.url", e);
+                (String::new(), 0)
+            }
+        };
+        if m.client_id.trim().is_empty() {
+            self.err(
+                "mqtt.client_id",
+                "must not be empty: the persistent session is kept under it",
+            );
+        } else if m.client_id.len() > 65535 {
+            self.err("mqtt.client_id", "is too long");
+        }
+        let password = match (m.password, m.password_file) {
+            (Some(_), Some(_)) => {
+                self.err(
+                    "mqtt.password_file",
+                    "set either password or password_file, not both",
+                );
+                None
+            }
+            (Some(p), None) => Some(Secret::new(p)),
+            (None, Some(f)) => {
+                let p = base
+                    .map(|b| b.join(&f))
+                    .unwrap_or_else(|| PathBuf::from(&f));
+                match std::fs::read_to_string(&p) {
+                    Ok(s) => Some(Secret::new(s.trim_end_matches(['\r', '\n']))),
+                    Err(e) => {
+                        self.err(
+                            "mqtt.password_file",
+                            format!("cannot read {}: {e}", p.display()),
+                        );
+                        None
+                    }
+                }
+            }
+            (None, None) => None,
+        };
+        if password.is_some() && m.username.is_none() {
+            self.err("mqtt.username", "a password needs a username");
+        }
+        let keep_alive = self.duration("mqtt.keep_alive", m.keep_alive.as_deref(), "30s");
+        if keep_alive < Duration::from_secs(5) || keep_alive > Duration::from_secs(65535) {
+            self.err("mqtt.keep_alive", "must be between 5s and 18h12m15s");
+        }
+        let max_inflight = self.int_in("mqtt.max_inflight", m.max_inflight, 20, 1, 65535) as usize;
+        let max_packet_size = self.size("mqtt.max_packet_size", m.max_packet_size, 4 << 20);
+        let max_payload_size = self.size("mqtt.max_payload_size", m.max_payload_size, 256 << 10);
+        if max_packet_size > 256 << 20 {
+            self.err(
+                "mqtt.max_packet_size",
+                "must be at most 256MiB (the MQTT limit)",
+            );
+        }
+        if max_payload_size == 0 || max_payload_size > max_packet_size {
+            self.err(
+                "mqtt.max_payload_size",
+                "must be between 1 byte and mqtt.max_packet_size",
+            );
+        }
+        Some(MqttSettings {
+            host,
+            port,
+            client_id: m.client_id,
+            username: m.username,
+            password,
+            keep_alive,
+            max_inflight,
+            max_packet_size: max_packet_size as usize,
+            max_payload_size: max_payload_size as usize,
+        })
+    }
+
+    fn mongo(&mut self, m: RawMongo) -> MongoSettings {
+        if !(m.uri.starts_with("mongodb://") || m.uri.starts_with("mongodb+srv://")) {
+            self.err(
+                "mongodb.uri",
+                "must start with mongodb:// or mongodb+srv://",
+            );
+        }
+        check_name(
+            self,
+            "mongodb.database",
+            &m.database,
+            &['/', '\\', '.', ' ', '"', '$'],
+        );
+        let collection = m.collection.unwrap_or_else(|| "readings".into());
+        check_name(self, "mongodb.collection", &collection, &['$']);
+        if collection.starts_with("system.") {
+            self.err("mongodb.collection", "must not start with \"system.\"");
+        }
+        let write_concern = match m.write_concern {
+            None => WriteConcern::Majority,
+            Some(RawWriteConcern::Tag(t)) if t == "majority" => WriteConcern::Majority,
+            Some(RawWriteConcern::Tag(t)) => {
+                self.err(
+                    "mongodb.write_concern",
+                    format!("must be \"majority\" or a number of nodes, got {t:?}"),
+                );
+                WriteConcern::Majority
+            }
+            Some(RawWriteConcern::Nodes(n)) if (1..=50).contains(&n) => {
+                WriteConcern::Nodes(n as u32)
+            }
+            Some(RawWriteConcern::Nodes(n)) => {
+                self.err(
+                    "mongodb.write_concern",
+                    format!("a number of nodes must be between 1 and 50, got {n} (0 would not wait for the write)"),
+                );
+                WriteConcern::Majority
+            }
+        };
+        MongoSettings {
+            uri: Secret::new(m.uri),
+            database: m.database,
+            collection,
+            write_concern,
+            journal: m.journal.unwrap_or(true),
+        }
+    }
+
+    fn bucket(&mut self, b: RawBucket) -> BucketSettings {
+        let window = self.positive_duration("bucket.window", b.window.as_deref(), "1h");
+        if !window.subsec_nanos().is_multiple_of(1_000_000) {
+            self.err("bucket.window", "must be a whole number of milliseconds");
+        }
+        let max_samples = self.int_in("bucket.max_samples", b.max_samples, 200, 1, 100_000) as u32;
+        let max_bytes = self.size("bucket.max_bytes", b.max_bytes, 256 << 10);
+        if !(64..=MAX_BUCKET_BYTES).contains(&max_bytes) {
+            self.err("bucket.max_bytes", "must be between 64 bytes and 8MiB");
+        }
+        let max_lateness =
+            self.positive_duration("bucket.max_lateness", b.max_lateness.as_deref(), "7d");
+        let max_future = self.duration("bucket.max_future", b.max_future.as_deref(), "5m");
+        BucketSettings {
+            window,
+            max_samples,
+            max_bytes: max_bytes.min(MAX_BUCKET_BYTES) as u32,
+            max_lateness,
+            max_future,
+        }
+    }
+
+    fn flush(&mut self, f: RawFlush) -> FlushSettings {
+        let interval = self.positive_duration("flush.interval", f.interval.as_deref(), "1s");
+        let max_pending_samples = self.int_in(
+            "flush.max_pending_samples",
+            f.max_pending_samples,
+            1_000_000,
+            1,
+            100_000_000,
+        ) as usize;
+        FlushSettings {
+            interval,
+            max_pending_samples,
+        }
+    }
+
+    fn subscription(&mut self, s: RawSubscription, path: &str) -> Option<Subscription> {
+        let pattern = match TopicPattern::parse(&s.topic) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                self.err(format!("{path}.topic"), e);
+                None
+            }
+        };
+        let format = match s.format.as_deref() {
+            None | Some("json") => PayloadFormat::Json,
+            Some("number") => PayloadFormat::Number,
+            Some(other) => {
+                self.err(
+                    format!("{path}.format"),
+                    format!("must be \"json\" or \"number\", got {other:?}"),
+                );
+                PayloadFormat::Json
+            }
+        };
+        let timestamp_field = s.timestamp_field.unwrap_or_else(|| "ts".into());
+        if let Err(e) = crate::decode::check_field_name(&timestamp_field) {
+            self.err(format!("{path}.timestamp_field"), e.to_string());
+        }
+        if let Some(f) = &s.sensor_field {
+            if let Err(e) = crate::decode::check_field_name(f) {
+                self.err(format!("{path}.sensor_field"), e.to_string());
+            }
+            if format == PayloadFormat::Number {
+                self.err(format!("{path}.sensor_field"), "needs format = \"json\"");
+            }
+        }
+        if let Some(f) = &s.field {
+            if let Err(e) = crate::decode::check_field_name(f) {
+                self.err(format!("{path}.field"), e.to_string());
+            }
+        }
+        let qos = self.int_in(&format!("{path}.qos"), s.qos, 1, 0, 2) as u8;
+        let pattern = pattern?;
+        if s.sensor_field.is_none() && !pattern.has_sensor() {
+            self.err(
+                format!("{path}.topic"),
+                "needs a {sensor} placeholder, or set sensor_field to read the sensor id from the payload",
+            );
+        }
+        if format == PayloadFormat::Number && !pattern.has_field() && s.field.is_none() {
+            self.err(
+                format!("{path}.field"),
+                "format = \"number\" needs a {field} placeholder in the topic or a field name here",
+            );
+        }
+        Some(Subscription {
+            pattern,
+            format,
+            timestamp_field,
+            sensor_field: s.sensor_field,
+            field: s.field,
+            qos,
+        })
+    }
+}
+
+/// Removes the key at `path` from nested tables; false if it was not there.
+fn remove_key(value: &mut toml::Value, path: &[String]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut v = value;
+    for p in parents {
+        match v.get_mut(p.as_str()) {
+            Some(next) => v = next,
+            None => return false,
+        }
+    }
+    v.as_table_mut().is_some_and(|t| t.remove(last).is_some())
+}
+
+fn check_name(v: &mut Validator, path: &str, name: &str, forbidden: &[char]) {
+    if name.is_empty() {
+        v.err(path, "must not be empty");
+    } else if let Some(c) = name.chars().find(|c| forbidden.contains(c) || *c == '\0') {
+        v.err(path, format!("must not contain {c:?}"));
+    } else if name.len() > 120 {
+        v.err(path, "is longer than 120 bytes");
+    }
+}
+
+/// `mqtt://host:port` (port defaults to 1883).
+fn parse_mqtt_url(text: &str) -> Result<(String, u16), String> {
+    let url = url::Url::parse(text).map_err(|e| format!("invalid URL {text:?}: {e}"))?;
+    if url.scheme() != "mqtt" && url.scheme() != "tcp" {
+        return Err(format!(
+            "unsupported scheme {:?}: use mqtt://host:port",
+            url.scheme()
+        ));
+    }
+    let host = url
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| format!("no host in {text:?}"))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("put credentials in mqtt.username and mqtt.password, not in the URL".into());
+    }
+    if url.path() != "" && url.path() != "/" {
+        return Err(format!("unexpected path {:?} in the URL", url.path()));
+    }
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    Ok((host, url.port().unwrap_or(1883)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [mqtt]
+        url = "mqtt://127.0.0.1:1883"
+        client_id = "palletd-test"
+        [mongodb]
+        uri = "mongodb://127.0.0.1:27017"
+        database = "palletd"
+        [[subscription]]
+        topic = "sensors/{sensor}/telemetry"
+    "#;
+
+    fn errors(text: &str) -> Vec<String> {
+        parse(text, None)
+            .err()
+            .unwrap_or_default()
+            .iter()
+            .map(|e| e.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn example_config_parses_and_validates() {
+        let s = parse(EXAMPLE, None).expect("the example config is valid");
+        assert_eq!(s.mongodb.collection, "readings");
+        assert_eq!(s.bucket.max_samples, 200);
+        assert_eq!(s.bucket.max_bytes, 256 * 1024);
+        assert_eq!(s.flush.interval, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let s = parse(MINIMAL, None).unwrap();
+        assert_eq!(s.mqtt.port, 1883);
+        assert_eq!(s.mqtt.keep_alive, Duration::from_secs(30));
+        assert_eq!(s.mongodb.write_concern, WriteConcern::Majority);
+        assert!(s.mongodb.journal);
+        assert_eq!(s.bucket.window, Duration::from_secs(3600));
+        assert_eq!(s.flush.max_pending_samples, 1_000_000);
+        assert_eq!(s.subscriptions[0].qos, 1);
+        assert_eq!(s.subscriptions[0].timestamp_field, "ts");
+    }
+
+    #[test]
+    fn every_error_is_reported_with_its_path() {
+        let text = MINIMAL
+            .replace(
+                "mqtt://127.0.0.1:1883\"",
+                "mqtt://127.0.0.1:1883\"\nkeep_alive = \"soon\"",
+            )
+            .replace(
+                "database = \"palletd\"",
+                "database = \"palletd\"\nwrite_concern = 0",
+            )
+            + "[bucket]\nmax_bytes = \"9MiB\"\nwindow = \"0s\"\n[flush]\nbogus = 1\n";
+        let errs = errors(&text);
+        let joined = errs.join("\n");
+        assert!(
+            joined.contains("mqtt.keep_alive: invalid duration"),
+            "{joined}"
+        );
+        assert!(joined.contains("mongodb.write_concern:"), "{joined}");
+        assert!(joined.contains("bucket.max_bytes:"), "{joined}");
+        assert!(
+            joined.contains("bucket.window: must be greater than zero"),
+            "{joined}"
+        );
+        assert!(joined.contains("flush.bogus: unknown field"), "{joined}");
+        assert_eq!(errs.len(), 5, "{joined}");
+    }
+
+    #[test]
+    fn missing_and_unknown_keys_name_their_path() {
+        let text = MINIMAL.replace("client_id = \"palletd-test\"", "clientid = \"x\"");
+        let joined = errors(&text).join("\n");
+        assert!(joined.contains("mqtt.clientid: unknown field"), "{joined}");
+        let text = MINIMAL.replace("client_id = \"palletd-test\"", "");
+        let joined = errors(&text).join("\n");
+        assert!(
+            joined.contains("mqtt.client_id: required key is missing"),
+            "{joined}"
+        );
+        let joined = errors(&(MINIMAL.to_string() + "[extra]\n")).join("\n");
+        assert!(joined.contains("extra: unknown section"), "{joined}");
+    }
+
+    #[test]
+    fn subscription_errors_carry_their_index() {
+        let text = MINIMAL.to_string()
+            + "[[subscription]]\ntopic = \"a/{sensor}/{sensor}\"\n[[subscription]]\ntopic = \"b/{sensor}\"\nformat = \"number\"\nqos = 3\n";
+        let joined = errors(&text).join("\n");
+        assert!(joined.contains("subscription[1].topic:"), "{joined}");
+        assert!(joined.contains("subscription[2].field:"), "{joined}");
+        assert!(joined.contains("subscription[2].qos:"), "{joined}");
+    }
+
+    #[test]
+    fn bad_url_and_toml_syntax_are_errors() {
+        let joined = errors(&MINIMAL.replace("mqtt://127.0.0.1:1883", "http://x")).join("\n");
+        assert!(joined.contains("mqtt.url: unsupported scheme"), "{joined}");
+        let joined = errors("[mqtt\nurl=").join("\n");
+        assert!(joined.contains("invalid TOML"), "{joined}");
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let text = MINIMAL.replace(
+            "client_id = \"palletd-test\"",
+            "client_id = \"c\"\nusername = \"u\"\npassword = \"hunter2\"",
+        );
+        let s = parse(&text, None).unwrap();
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert_eq!(
+            s.mqtt.password.as_ref().map(Secret::expose),
+            Some("hunter2")
+        );
+    }
+}

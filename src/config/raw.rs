@@ -1,0 +1,74 @@
+//! The TOML file as written: plain serde structs, no validation beyond types.
+//!
+//! Durations and sizes are kept as written (strings) so that validation can
+//! report every bad value with its path instead of stopping at the first.
+
+use serde::Deserialize;
+
+/// A size written either as a number of bytes or as a string like `"256KiB"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawSize {
+    Bytes(u64),
+    Text(String),
+}
+
+/// A write concern: `"majority"` or a number of nodes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawWriteConcern {
+    Nodes(i64),
+    Tag(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMqtt {
+    pub url: String,
+    pub client_id: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub password_file: Option<String>,
+    pub keep_alive: Option<String>,
+    pub max_inflight: Option<i64>,
+    pub max_packet_size: Option<RawSize>,
+    pub max_payload_size: Option<RawSize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMongo {
+    pub uri: String,
+    pub database: String,
+    pub collection: Option<String>,
+    pub write_concern: Option<RawWriteConcern>,
+    pub journal: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBucket {
+    pub window: Option<String>,
+    pub max_samples: Option<i64>,
+    pub max_bytes: Option<RawSize>,
+    pub max_lateness: Option<String>,
+    pub max_future: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFlush {
+    pub interval: Option<String>,
+    pub max_pending_samples: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSubscription {
+    pub topic: String,
+    pub format: Option<String>,
+    pub timestamp_field: Option<String>,
+    pub sensor_field: Option<String>,
+    pub field: Option<String>,
+    pub qos: Option<i64>,
+}

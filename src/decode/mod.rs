@@ -1,0 +1,628 @@
+//! Topic patterns and payload formats -> [`Reading`]s. Pure: no I/O, no
+//! clock (the caller passes "now"), never panics on any input.
+//!
+//! One MQTT message decodes to zero or more readings plus zero or more
+//! rejections. A rejection of the whole message (bad JSON, unknown topic, too
+//! large) leaves no readings; a rejection of one sample (bad timestamp, bad
+//! field name, a clock far off) leaves the message's other samples intact.
+
+mod topic;
+
+use std::fmt;
+
+pub use topic::{TopicMatch, TopicPattern};
+
+use crate::config::Subscription;
+
+/// How a subscription's payloads are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadFormat {
+    /// A JSON object, or an array of objects.
+    Json,
+    /// A bare number; its field name comes from `{field}` or `field`.
+    Number,
+}
+
+/// A value of one field of a sample.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FieldValue {
+    /// Stored and rolled up. JSON integers become doubles too, so that a
+    /// field's rollups never mix types (integers beyond 2^53 lose precision).
+    Num(f64),
+    /// Stored, not rolled up.
+    Str(String),
+    /// Stored, not rolled up.
+    Bool(bool),
+}
+
+/// One sample of one sensor: a timestamp in milliseconds since the Unix epoch
+/// (BSON dates have millisecond precision) and its fields in payload order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reading {
+    pub sensor: String,
+    pub ts_ms: i64,
+    pub fields: Vec<(String, FieldValue)>,
+}
+
+/// Why a message or a sample was rejected. `cause()` is a bounded label for
+/// metrics and log throttling.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("payload of {size} bytes exceeds mqtt.max_payload_size ({limit} bytes)")]
+    PayloadTooLarge { size: usize, limit: usize },
+    #[error("topic {0:?} matches no subscription pattern")]
+    UnknownTopic(String),
+    #[error("invalid sensor id: {0}")]
+    BadSensor(String),
+    #[error("invalid payload: {0}")]
+    BadPayload(String),
+    #[error("sample {index}: invalid timestamp: {message}")]
+    BadTimestamp { index: usize, message: String },
+    #[error("sample {index}: timestamp {ts} is {what}")]
+    TimeOutOfRange {
+        index: usize,
+        ts: String,
+        what: String,
+    },
+    #[error("sample {index}: {message}")]
+    BadField { index: usize, message: String },
+}
+
+impl DecodeError {
+    pub fn cause(&self) -> &'static str {
+        match self {
+            DecodeError::PayloadTooLarge { .. } => "payload_too_large",
+            DecodeError::UnknownTopic(_) => "unknown_topic",
+            DecodeError::BadSensor(_) => "bad_sensor",
+            DecodeError::BadPayload(_) => "bad_payload",
+            DecodeError::BadTimestamp { .. } => "bad_timestamp",
+            DecodeError::TimeOutOfRange { .. } => "time_out_of_range",
+            DecodeError::BadField { .. } => "bad_field",
+        }
+    }
+}
+
+/// A field name MongoDB cannot take as part of a path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("field name {0:?} is not allowed: it must be non-empty, must not contain '.' or NUL, must not start with '$'")]
+pub struct BadFieldName(pub String);
+
+/// Checks a field name: `sum.<name>` must be a valid MongoDB path.
+pub fn check_field_name(name: &str) -> Result<(), BadFieldName> {
+    if name.is_empty() || name.contains('.') || name.starts_with('$') || name.contains('\0') {
+        return Err(BadFieldName(name.to_string()));
+    }
+    Ok(())
+}
+
+/// Longest sensor id accepted.
+pub const MAX_SENSOR_ID_LEN: usize = 128;
+
+/// What one MQTT message decoded to.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Decoded {
+    pub readings: Vec<Reading>,
+    pub errors: Vec<DecodeError>,
+}
+
+/// Time bounds and size limits the decoder applies.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_payload_size: usize,
+    pub max_lateness_ms: i64,
+    pub max_future_ms: i64,
+}
+
+/// Decodes messages for a set of subscriptions.
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    subscriptions: Vec<Subscription>,
+    limits: Limits,
+}
+
+impl Decoder {
+    pub fn new(subscriptions: Vec<Subscription>, limits: Limits) -> Self {
+        Decoder {
+            subscriptions,
+            limits,
+        }
+    }
+
+    /// Decodes one message received at `now_ms`.
+    pub fn decode(&self, topic: &str, payload: &[u8], now_ms: i64) -> Decoded {
+        let mut out = Decoded::default();
+        if payload.len() > self.limits.max_payload_size {
+            out.errors.push(DecodeError::PayloadTooLarge {
+                size: payload.len(),
+                limit: self.limits.max_payload_size,
+            });
+            return out;
+        }
+        let Some((sub, m)) = self
+            .subscriptions
+            .iter()
+            .find_map(|s| s.pattern.matches(topic).map(|m| (s, m)))
+        else {
+            out.errors
+                .push(DecodeError::UnknownTopic(topic.to_string()));
+            return out;
+        };
+        let result = match sub.format {
+            PayloadFormat::Number => decode_number(sub, m, payload, now_ms),
+            PayloadFormat::Json => decode_json(sub, m, payload, now_ms, &mut out.errors),
+        };
+        match result {
+            Ok(readings) => {
+                for r in readings {
+                    match self.check_time(&r, now_ms, out.readings.len() + out.errors.len()) {
+                        Ok(()) => out.readings.push(r),
+                        Err(e) => out.errors.push(e),
+                    }
+                }
+            }
+            Err(e) => out.errors.push(e),
+        }
+        out
+    }
+
+    fn check_time(&self, r: &Reading, now_ms: i64, index: usize) -> Result<(), DecodeError> {
+        let what = if r.ts_ms > now_ms.saturating_add(self.limits.max_future_ms) {
+            "in the future beyond bucket.max_future"
+        } else if r.ts_ms < now_ms.saturating_sub(self.limits.max_lateness_ms) {
+            "older than bucket.max_lateness"
+        } else {
+            return Ok(());
+        };
+        Err(DecodeError::TimeOutOfRange {
+            index,
+            ts: format_ts(r.ts_ms),
+            what: format!("{what} (received at {})", format_ts(now_ms)),
+        })
+    }
+}
+
+fn format_ts(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_else(|| format!("{ms}ms"))
+}
+
+fn check_sensor(id: &str) -> Result<(), DecodeError> {
+    if id.is_empty() {
+        return Err(DecodeError::BadSensor("empty sensor id".into()));
+    }
+    if id.len() > MAX_SENSOR_ID_LEN {
+        return Err(DecodeError::BadSensor(format!(
+            "longer than {MAX_SENSOR_ID_LEN} bytes"
+        )));
+    }
+    if id.chars().any(|c| c.is_control()) {
+        return Err(DecodeError::BadSensor(format!(
+            "{id:?} contains control characters"
+        )));
+    }
+    Ok(())
+}
+
+fn decode_number(
+    sub: &Subscription,
+    m: TopicMatch<'_>,
+    payload: &[u8],
+    now_ms: i64,
+) -> Result<Vec<Reading>, DecodeError> {
+    let sensor = m.sensor.unwrap_or_default();
+    check_sensor(sensor)?;
+    let field = m.field.or(sub.field.as_deref()).unwrap_or_default();
+    check_field_name(field).map_err(|e| DecodeError::BadField {
+        index: 0,
+        message: e.to_string(),
+    })?;
+    let text = std::str::from_utf8(payload)
+        .map_err(|_| DecodeError::BadPayload("not UTF-8 text".into()))?
+        .trim();
+    let value: f64 = text
+        .parse()
+        .map_err(|_| DecodeError::BadPayload(format!("not a number: {:?}", truncate(text, 64))))?;
+    if !value.is_finite() {
+        return Err(DecodeError::BadPayload(format!(
+            "not a finite number: {text:?}"
+        )));
+    }
+    Ok(vec![Reading {
+        sensor: sensor.to_string(),
+        ts_ms: now_ms,
+        fields: vec![(field.to_string(), FieldValue::Num(value))],
+    }])
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn decode_json(
+    sub: &Subscription,
+    m: TopicMatch<'_>,
+    payload: &[u8],
+    now_ms: i64,
+    errors: &mut Vec<DecodeError>,
+) -> Result<Vec<Reading>, DecodeError> {
+    let value: serde_json::Value = serde_json::from_slice(payload)
+        .map_err(|e| DecodeError::BadPayload(format!("invalid JSON: {e}")))?;
+    let objects = match value {
+        serde_json::Value::Object(o) => vec![o],
+        serde_json::Value::Array(items) => {
+            if items.is_empty() {
+                return Err(DecodeError::BadPayload("empty array: no samples".into()));
+            }
+            let mut objects = Vec::with_capacity(items.len());
+            for (i, item) in items.into_iter().enumerate() {
+                match item {
+                    serde_json::Value::Object(o) => objects.push(o),
+                    _ => {
+                        return Err(DecodeError::BadPayload(format!(
+                            "array element {i} is not an object"
+                        )))
+                    }
+                }
+            }
+            objects
+        }
+        _ => {
+            return Err(DecodeError::BadPayload(
+                "expected a JSON object or an array of objects".into(),
+            ))
+        }
+    };
+    let topic_sensor = match (&sub.sensor_field, m.sensor) {
+        (None, Some(s)) => {
+            check_sensor(s)?;
+            Some(s)
+        }
+        _ => None,
+    };
+    let mut readings = Vec::with_capacity(objects.len());
+    for (index, mut obj) in objects.into_iter().enumerate() {
+        match sample_from_object(sub, topic_sensor, &mut obj, index, now_ms) {
+            Ok(r) => readings.push(r),
+            Err(e) => errors.push(e),
+        }
+    }
+    Ok(readings)
+}
+
+fn sample_from_object(
+    sub: &Subscription,
+    topic_sensor: Option<&str>,
+    obj: &mut serde_json::Map<String, serde_json::Value>,
+    index: usize,
+    now_ms: i64,
+) -> Result<Reading, DecodeError> {
+    let sensor = match &sub.sensor_field {
+        Some(f) => match obj.remove(f) {
+            Some(serde_json::Value::String(s)) => {
+                check_sensor(&s)?;
+                s
+            }
+            Some(serde_json::Value::Number(n)) => n.to_string(),
+            Some(_) => {
+                return Err(DecodeError::BadSensor(format!(
+                    "sample {index}: field {f:?} is not a string"
+                )))
+            }
+            None => {
+                return Err(DecodeError::BadSensor(format!(
+                    "sample {index}: field {f:?} is missing"
+                )))
+            }
+        },
+        None => topic_sensor.unwrap_or_default().to_string(),
+    };
+    let ts_ms = match obj.remove(&sub.timestamp_field) {
+        None => now_ms,
+        Some(v) => {
+            parse_timestamp(&v).map_err(|message| DecodeError::BadTimestamp { index, message })?
+        }
+    };
+    let mut fields = Vec::with_capacity(obj.len());
+    for (name, value) in std::mem::take(obj) {
+        let value = match value {
+            serde_json::Value::Null => continue,
+            serde_json::Value::Bool(b) => FieldValue::Bool(b),
+            serde_json::Value::String(s) => FieldValue::Str(s),
+            serde_json::Value::Number(n) => match n.as_f64() {
+                Some(f) if f.is_finite() => FieldValue::Num(f),
+                _ => {
+                    return Err(DecodeError::BadField {
+                        index,
+                        message: format!("field {name:?}: number out of range"),
+                    })
+                }
+            },
+            serde_json::Value::Array(_) | serde_json::Value::Object(_) => {
+                return Err(DecodeError::BadField {
+                    index,
+                    message: format!("field {name:?}: nested objects and arrays are not supported"),
+                })
+            }
+        };
+        check_field_name(&name).map_err(|e| DecodeError::BadField {
+            index,
+            message: e.to_string(),
+        })?;
+        if name == "ts" {
+            return Err(DecodeError::BadField {
+                index,
+                message: "field \"ts\" is reserved for the sample timestamp".into(),
+            });
+        }
+        fields.push((name, value));
+    }
+    Ok(Reading {
+        sensor,
+        ts_ms,
+        fields,
+    })
+}
+
+/// RFC 3339 text, or an epoch number whose unit is told by its magnitude:
+/// below 1e11 seconds, below 1e14 milliseconds, below 1e17 microseconds,
+/// else nanoseconds. Integers are truncated to the millisecond (floor),
+/// fractional numbers rounded to the nearest millisecond.
+pub fn parse_timestamp(v: &serde_json::Value) -> Result<i64, String> {
+    match v {
+        serde_json::Value::String(s) => chrono::DateTime::parse_from_rfc3339(s.trim())
+            .map(|t| t.timestamp_millis())
+            .map_err(|e| format!("{:?} is not RFC 3339: {e}", truncate(s, 64))),
+        serde_json::Value::Number(n) => {
+            // Integers exactly (nanoseconds exceed f64 precision), floats rounded.
+            if let Some(i) = n.as_i64() {
+                let ms = match i.unsigned_abs() {
+                    a if a < 100_000_000_000 => i.checked_mul(1000),
+                    a if a < 100_000_000_000_000 => Some(i),
+                    a if a < 100_000_000_000_000_000 => Some(i.div_euclid(1000)),
+                    _ => Some(i.div_euclid(1_000_000)),
+                };
+                return ms
+                    .filter(|ms| ms.unsigned_abs() <= 8_640_000_000_000_000)
+                    .ok_or_else(|| format!("{n} is outside the representable date range"));
+            }
+            let x = n.as_f64().ok_or("not a number")?;
+            if !x.is_finite() {
+                return Err("not a finite number".into());
+            }
+            let ms = match x.abs() {
+                a if a < 1e11 => x * 1e3,
+                a if a < 1e14 => x,
+                a if a < 1e17 => x / 1e3,
+                _ => x / 1e6,
+            };
+            if ms.abs() > 8.64e15 {
+                return Err(format!("{n} is outside the representable date range"));
+            }
+            Ok(ms.round() as i64)
+        }
+        other => Err(format!(
+            "expected RFC 3339 text or an epoch number, got {other}"
+        )),
+    }
+}
+
+impl fmt::Display for PayloadFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PayloadFormat::Json => "json",
+            PayloadFormat::Number => "number",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const NOW: i64 = 1_787_234_400_000; // 2026-08-20T14:00:00Z
+
+    fn sub(topic: &str, format: PayloadFormat) -> Subscription {
+        Subscription {
+            pattern: TopicPattern::parse(topic).unwrap(),
+            format,
+            timestamp_field: "ts".into(),
+            sensor_field: None,
+            field: None,
+            qos: 1,
+        }
+    }
+
+    fn decoder() -> Decoder {
+        let mut by_payload = sub("fleet/telemetry", PayloadFormat::Json);
+        by_payload.sensor_field = Some("device".into());
+        Decoder::new(
+            vec![
+                sub("sensors/{sensor}/telemetry", PayloadFormat::Json),
+                sub("plant/{sensor}/{field}", PayloadFormat::Number),
+                by_payload,
+            ],
+            Limits {
+                max_payload_size: 1024,
+                max_lateness_ms: 7 * 86_400_000,
+                max_future_ms: 300_000,
+            },
+        )
+    }
+
+    #[test]
+    fn json_object_with_rfc3339_timestamp() {
+        let d = decoder().decode(
+            "sensors/s1/telemetry",
+            br#"{"ts": "2026-08-20T14:00:03Z", "temp": 21.7, "humidity": 45, "ok": true, "note": "x", "gone": null}"#,
+            NOW,
+        );
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        let r = &d.readings[0];
+        assert_eq!(r.sensor, "s1");
+        assert_eq!(r.ts_ms, NOW + 3000);
+        let names: Vec<&str> = r.fields.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names.len(), 4);
+        assert!(r
+            .fields
+            .contains(&("humidity".into(), FieldValue::Num(45.0))));
+        assert!(r.fields.contains(&("ok".into(), FieldValue::Bool(true))));
+        assert!(r
+            .fields
+            .contains(&("note".into(), FieldValue::Str("x".into()))));
+    }
+
+    #[test]
+    fn epoch_units_are_told_by_magnitude() {
+        let secs = NOW / 1000;
+        for (v, want) in [
+            (serde_json::json!(secs), NOW),
+            (serde_json::json!(secs as f64 + 0.25), NOW + 250),
+            (serde_json::json!(NOW), NOW),
+            (serde_json::json!(NOW * 1000 + 999), NOW),
+            (serde_json::json!(NOW * 1_000_000 + 1), NOW),
+        ] {
+            assert_eq!(parse_timestamp(&v), Ok(want), "{v}");
+        }
+        assert!(parse_timestamp(&serde_json::json!("yesterday")).is_err());
+        assert!(parse_timestamp(&serde_json::json!(true)).is_err());
+        assert_eq!(
+            parse_timestamp(&serde_json::json!("2026-08-20T16:00:00+02:00")),
+            Ok(NOW)
+        );
+    }
+
+    #[test]
+    fn array_gives_several_samples_and_missing_ts_means_arrival() {
+        let d = decoder().decode(
+            "sensors/s1/telemetry",
+            br#"[{"temp": 1}, {"temp": 2, "ts": 1787234401}]"#,
+            NOW,
+        );
+        assert_eq!(d.readings.len(), 2);
+        assert_eq!(d.readings[0].ts_ms, NOW);
+        assert_eq!(d.readings[1].ts_ms, NOW + 1000);
+    }
+
+    #[test]
+    fn bare_number_takes_field_from_topic() {
+        let d = decoder().decode("plant/p7/pressure", b" 1013.25\n", NOW);
+        assert_eq!(
+            d.readings,
+            vec![Reading {
+                sensor: "p7".into(),
+                ts_ms: NOW,
+                fields: vec![("pressure".into(), FieldValue::Num(1013.25))]
+            }]
+        );
+        assert_eq!(
+            decoder().decode("plant/p7/pressure", b"NaN", NOW).errors[0].cause(),
+            "bad_payload"
+        );
+        assert_eq!(
+            decoder().decode("plant/p7/pressure", b"abc", NOW).errors[0].cause(),
+            "bad_payload"
+        );
+    }
+
+    #[test]
+    fn sensor_from_payload_field() {
+        let d = decoder().decode("fleet/telemetry", br#"{"device": "d-9", "v": 1}"#, NOW);
+        assert_eq!(d.readings[0].sensor, "d-9");
+        assert_eq!(
+            d.readings[0].fields,
+            vec![("v".into(), FieldValue::Num(1.0))]
+        );
+        let d = decoder().decode("fleet/telemetry", br#"{"v": 1}"#, NOW);
+        assert_eq!(d.errors[0].cause(), "bad_sensor");
+    }
+
+    #[test]
+    fn garbage_is_rejected_with_a_cause() {
+        let cases: &[(&str, &[u8], &str)] = &[
+            ("sensors/s1/telemetry", b"{not json", "bad_payload"),
+            ("sensors/s1/telemetry", b"42", "bad_payload"),
+            ("sensors/s1/telemetry", b"[]", "bad_payload"),
+            ("sensors/s1/telemetry", b"[1]", "bad_payload"),
+            ("sensors//telemetry", b"{}", "bad_sensor"),
+            ("nowhere/s1", b"{}", "unknown_topic"),
+            (
+                "sensors/s1/telemetry",
+                br#"{"ts": "soon"}"#,
+                "bad_timestamp",
+            ),
+            (
+                "sensors/s1/telemetry",
+                br#"{"ts": 4102444800}"#,
+                "time_out_of_range",
+            ),
+            (
+                "sensors/s1/telemetry",
+                br#"{"ts": 946684800}"#,
+                "time_out_of_range",
+            ),
+            ("sensors/s1/telemetry", br#"{"a.b": 1}"#, "bad_field"),
+            ("sensors/s1/telemetry", br#"{"$set": 1}"#, "bad_field"),
+            ("sensors/s1/telemetry", br#"{"o": {"x": 1}}"#, "bad_field"),
+        ];
+        for (topic, payload, cause) in cases {
+            let d = decoder().decode(topic, payload, NOW);
+            assert!(
+                d.readings.is_empty(),
+                "{topic} {:?}",
+                String::from_utf8_lossy(payload)
+            );
+            assert_eq!(d.errors.len(), 1);
+            assert_eq!(d.errors[0].cause(), *cause, "{:?}", d.errors[0]);
+        }
+        let big = vec![b' '; 2000];
+        assert_eq!(
+            decoder().decode("sensors/s1/telemetry", &big, NOW).errors[0].cause(),
+            "payload_too_large"
+        );
+    }
+
+    #[test]
+    fn one_bad_sample_keeps_the_others() {
+        let d = decoder().decode(
+            "sensors/s1/telemetry",
+            br#"[{"temp": 1}, {"ts": 4102444800, "temp": 2}, {"temp": 3}]"#,
+            NOW,
+        );
+        assert_eq!(d.readings.len(), 2);
+        assert_eq!(d.errors.len(), 1);
+        assert!(
+            d.errors[0].to_string().starts_with("sample 1:"),
+            "{}",
+            d.errors[0]
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics_on_any_bytes(topic in "[a-z/{}+#]{0,20}", payload in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = decoder().decode(&topic, &payload, NOW);
+        }
+
+        #[test]
+        fn decoded_readings_are_valid(payload in "[\\[\\]{}\",:0-9a-z.$ -]{0,80}") {
+            let d = decoder().decode("sensors/s1/telemetry", payload.as_bytes(), NOW);
+            for r in d.readings {
+                prop_assert_eq!(r.sensor.as_str(), "s1");
+                for (name, v) in &r.fields {
+                    prop_assert!(check_field_name(name).is_ok());
+                    if let FieldValue::Num(x) = v { prop_assert!(x.is_finite()); }
+                }
+                prop_assert!((r.ts_ms - NOW).abs() <= 7 * 86_400_000);
+            }
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! Sends flushes to MongoDB: bucket statements as ordered `update` commands,
+//! dead letters as `insert` commands, both with the configured write concern.
+//!
+//! This is the one place that decides what is retriable:
+//! - A command that fails as a whole (network, no primary, timeout, auth, a
+//!   write concern error) is retried with capped, jittered backoff, for as
+//!   long as it takes or until shutdown gives up. Its samples stay in memory
+//!   and their messages stay unacknowledged. Logged once per outage (ERROR:
+//!   data waits) and once on recovery (INFO).
+//! - A statement that the server rejects with a transient code (`writeErrors`
+//!   with e.g. NotWritablePrimary, WriteConflict) is retried from that
+//!   statement on: the ordered command applied exactly the statements before it.
+//! - A statement rejected for any other code is permanent: its outcome is
+//!   `Rejected` and the caller sends its samples to the dead letter; the
+//!   statements after it go on.
+//!
+//! A retried command after an ambiguous failure (the server may have applied
+//! it before the connection broke) can store a sample twice; palletd's
+//! guarantee here is at least once.
+
+use std::time::{Duration, Instant};
+
+use bson::{doc, rawdoc, Document, RawArrayBuf, RawDocumentBuf};
+use mongodb::error::ErrorKind;
+use mongodb::{Client, Database};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::bucket::{Shape, Statement};
+use crate::config::{MongoSettings, WriteConcern};
+
+/// The server's limit on statements per write command.
+const MAX_BATCH_STATEMENTS: usize = 100_000;
+/// Stay under the 16 MiB command size with room for the envelope.
+const MAX_BATCH_BYTES: usize = 16 * 1024 * 1024 - 64 * 1024;
+
+/// Server error codes after which the same statement may simply be sent again.
+const TRANSIENT_CODES: &[i32] = &[
+    6, 7, 24, 46, 50, 89, 91, 112, 189, 262, 9001, 10107, 11000, 11600, 11602, 13435, 13436,
+];
+
+/// What became of one statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Applied; `inserted` tells whether the upsert created a new bucket.
+    Applied { inserted: bool },
+    /// Rejected permanently by the server, with its message.
+    Rejected(String),
+}
+
+/// Shutdown gave up while the database was still failing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("gave up writing: shutdown deadline passed")]
+pub struct Aborted;
+
+pub struct Writer {
+    db: Database,
+    collection: String,
+    deadletter: String,
+    write_concern: Document,
+    shape: Shape,
+    indexes_ready: bool,
+    outage: Option<Instant>,
+}
+
+impl Writer {
+    pub fn new(client: &Client, settings: &MongoSettings, shape: Shape) -> Self {
+        let w = match settings.write_concern {
+            WriteConcern::Majority => bson::Bson::from("majority"),
+            WriteConcern::Nodes(n) => bson::Bson::from(n as i32),
+        };
+        Writer {
+            db: client.database(&settings.database),
+            collection: settings.collection.clone(),
+            deadletter: settings.deadletter_collection(),
+            write_concern: doc! { "w": w, "j": settings.journal },
+            shape,
+            indexes_ready: false,
+            outage: None,
+        }
+    }
+
+    /// Creates the indexes (idempotent), retrying until it succeeds.
+    pub async fn ensure_indexes(&mut self, abort: &CancellationToken) -> Result<(), Aborted> {
+        if self.indexes_ready {
+            return Ok(());
+        }
+        let mut backoff = Backoff::default();
+        loop {
+            let coll = self.db.collection::<Document>(&self.collection);
+            let dl = self.db.collection::<Document>(&self.deadletter);
+            let result = async {
+                coll.create_indexes(crate::bucket::index_models()).await?;
+                dl.create_index(
+                    mongodb::IndexModel::builder()
+                        .keys(doc! { "receivedAt": 1 })
+                        .build(),
+                )
+                .await
+            }
+            .await;
+            match result {
+                Ok(_) => {
+                    self.recovered();
+                    info!(collection = %self.collection, "Indexes are in place.");
+                    self.indexes_ready = true;
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.failed("create indexes", &e);
+                    backoff.wait(abort).await?;
+                }
+            }
+        }
+    }
+
+    /// Inserts dead-letter documents. A document the server refuses outright
+    /// is logged at ERROR and dropped: it is already garbage.
+    pub async fn write_deadletters(
+        &mut self,
+        docs: &[Document],
+        abort: &CancellationToken,
+    ) -> Result<(), Aborted> {
+        if docs.is_empty() {
+            return Ok(());
+        }
+        self.ensure_indexes(abort).await?;
+        let mut backoff = Backoff::default();
+        let mut rest = docs;
+        while !rest.is_empty() {
+            let (batch_len, batch) = build_batch(rest.iter().map(|d| {
+                RawDocumentBuf::from_document(d).unwrap_or_else(|_| RawDocumentBuf::new())
+            }));
+            let cmd = self.command("insert", &self.deadletter, "documents", batch, false);
+            match self.db.run_raw_command(cmd).await {
+                Ok(reply) => {
+                    let reply = Reply::parse(&reply);
+                    if let Some(wce) = reply.write_concern_error {
+                        self.failed_msg("write dead letters", &wce);
+                        backoff.wait(abort).await?;
+                        continue;
+                    }
+                    self.recovered();
+                    for (index, code, msg) in reply.write_errors {
+                        error!(index, code, error = %msg, "Dead letter refused by the database; dropped.");
+                    }
+                    rest = &rest[batch_len..];
+                    backoff = Backoff::default();
+                }
+                Err(e) => {
+                    self.failed("write dead letters", &e);
+                    backoff.wait(abort).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies statements in order, in as few `update` commands as the
+    /// server's limits allow, and reports each statement's outcome.
+    pub async fn write_statements(
+        &mut self,
+        statements: &[Statement],
+        abort: &CancellationToken,
+    ) -> Result<Vec<Outcome>, Aborted> {
+        self.ensure_indexes(abort).await?;
+        let mut outcomes = Vec::with_capacity(statements.len());
+        let mut backoff = Backoff::default();
+        let encoded: Vec<RawDocumentBuf> =
+            statements.iter().map(|s| s.to_bson(&self.shape)).collect();
+        while outcomes.len() < statements.len() {
+            let start = outcomes.len();
+            let (batch_len, batch) = build_batch(encoded[start..].iter().cloned());
+            let cmd = self.command("update", &self.collection, "updates", batch, true);
+            let reply = match self.db.run_raw_command(cmd).await {
+                Ok(r) => Reply::parse(&r),
+                Err(e) => {
+                    self.failed("write buckets", &e);
+                    backoff.wait(abort).await?;
+                    continue;
+                }
+            };
+            if let Some(wce) = &reply.write_concern_error {
+                self.failed_msg("write buckets", wce);
+                backoff.wait(abort).await?;
+                continue;
+            }
+            self.recovered();
+            // Ordered: everything before the first error was applied.
+            let first_error = reply.write_errors.first().cloned();
+            let applied = first_error.as_ref().map_or(batch_len, |e| e.0);
+            for i in 0..applied {
+                outcomes.push(Outcome::Applied {
+                    inserted: reply.upserted.contains(&i),
+                });
+            }
+            if let Some((_, code, msg)) = first_error {
+                if TRANSIENT_CODES.contains(&code) {
+                    debug!(code, error = %msg, "Transient statement error; retrying from it.");
+                    backoff.wait(abort).await?;
+                } else {
+                    outcomes.push(Outcome::Rejected(format!(
+                        "rejected by the database (code {code}): {msg}"
+                    )));
+                    backoff = Backoff::default();
+                }
+            } else {
+                backoff = Backoff::default();
+            }
+        }
+        Ok(outcomes)
+    }
+
+    fn command(
+        &self,
+        name: &str,
+        collection: &str,
+        field: &str,
+        batch: RawArrayBuf,
+        ordered: bool,
+    ) -> RawDocumentBuf {
+        let mut cmd = rawdoc! { name: collection };
+        cmd.append(field, batch);
+        cmd.append("ordered", ordered);
+        cmd.append(
+            "writeConcern",
+            RawDocumentBuf::from_document(&self.write_concern).unwrap_or_default(),
+        );
+        cmd
+    }
+
+    fn failed(&mut self, what: &str, e: &mongodb::error::Error) {
+        let kind = error_kind(e);
+        self.failed_msg(what, &format!("{kind}: {e}"));
+    }
+
+    fn failed_msg(&mut self, what: &str, e: &str) {
+        if self.outage.is_none() {
+            self.outage = Some(Instant::now());
+            error!(error = %e, "Cannot {what}; holding the data and retrying until the database accepts it.");
+        } else {
+            debug!(error = %e, "Still cannot {what}.");
+        }
+    }
+
+    fn recovered(&mut self) {
+        if let Some(since) = self.outage.take() {
+            info!(
+                after = %humantime::format_duration(Duration::from_secs(since.elapsed().as_secs())),
+                "Database writes recovered."
+            );
+        }
+    }
+}
+
+/// A bounded label for a driver error, for logs (and metrics later).
+pub fn error_kind(e: &mongodb::error::Error) -> &'static str {
+    match &*e.kind {
+        ErrorKind::Io(_) => "network",
+        ErrorKind::ServerSelection { .. } => "server_selection",
+        ErrorKind::ConnectionPoolCleared { .. } => "pool_cleared",
+        ErrorKind::Authentication { .. } => "authentication",
+        ErrorKind::Command(_) => "command",
+        ErrorKind::Write(_) => "write",
+        ErrorKind::DnsResolve { .. } => "dns",
+        ErrorKind::InvalidTlsConfig { .. } => "tls_config",
+        _ => "other",
+    }
+}
+
+/// Takes a prefix of documents that fits one command; returns its length.
+/// Always takes at least one, so a single large document still goes out.
+fn build_batch(docs: impl Iterator<Item = RawDocumentBuf>) -> (usize, RawArrayBuf) {
+    let mut arr = RawArrayBuf::new();
+    let mut n = 0;
+    let mut bytes = 0;
+    for d in docs {
+        let len = d.as_bytes().len() + 8;
+        if n > 0 && (n >= MAX_BATCH_STATEMENTS || bytes + len > MAX_BATCH_BYTES) {
+            break;
+        }
+        bytes += len;
+        n += 1;
+        arr.push(d);
+    }
+    (n, arr)
+}
+
+/// The parts of a write command's reply that matter here.
+#[derive(Debug, Default)]
+struct Reply {
+    upserted: Vec<usize>,
+    /// (index, code, message), by index.
+    write_errors: Vec<(usize, i32, String)>,
+    write_concern_error: Option<String>,
+}
+
+impl Reply {
+    fn parse(reply: &Document) -> Reply {
+        let mut out = Reply::default();
+        if let Ok(ups) = reply.get_array("upserted") {
+            out.upserted = ups
+                .iter()
+                .filter_map(|u| u.as_document()?.get("index").and_then(as_usize))
+                .collect();
+        }
+        if let Ok(errs) = reply.get_array("writeErrors") {
+            out.write_errors = errs
+                .iter()
+                .filter_map(|e| {
+                    let e = e.as_document()?;
+                    let index = e.get("index").and_then(as_usize)?;
+                    let code = e.get("code").and_then(|c| c.as_i32()).unwrap_or(-1);
+                    let msg = e.get_str("errmsg").unwrap_or("").to_string();
+                    Some((index, code, msg))
+                })
+                .collect();
+            out.write_errors.sort_by_key(|e| e.0);
+        }
+        if let Ok(wce) = reply.get_document("writeConcernError") {
+            out.write_concern_error = Some(format!(
+                "write concern error (code {}): {}",
+                wce.get("code").and_then(|c| c.as_i32()).unwrap_or(-1),
+                wce.get_str("errmsg").unwrap_or("")
+            ));
+        }
+        out
+    }
+}
+
+fn as_usize(b: &bson::Bson) -> Option<usize> {
+    match b {
+        bson::Bson::Int32(i) => usize::try_from(*i).ok(),
+        bson::Bson::Int64(i) => usize::try_from(*i).ok(),
+        _ => None,
+    }
+}
+
+/// Capped exponential backoff with full jitter: 100 ms doubling to 30 s.
+#[derive(Debug)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            next: Duration::from_millis(100),
+        }
+    }
+}
+
+impl Backoff {
+    pub const CAP: Duration = Duration::from_secs(30);
+
+    /// The next delay: uniformly between half and all of the current step.
+    pub fn next_delay(&mut self) -> Duration {
+        let step = self.next;
+        self.next = (self.next * 2).min(Self::CAP);
+        let half = step / 2;
+        half + half.mul_f64(rand::random::<f64>())
+    }
+
+    /// Sleeps for the next delay, or returns `Aborted` when `abort` fires.
+    pub async fn wait(&mut self, abort: &CancellationToken) -> Result<(), Aborted> {
+        let d = self.next_delay();
+        tokio::select! {
+            _ = tokio::time::sleep(d) => Ok(()),
+            _ = abort.cancelled() => {
+                warn!("Shutdown deadline reached while retrying a database write.");
+                Err(Aborted)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_its_cap() {
+        let mut b = Backoff::default();
+        let delays: Vec<Duration> = (0..20).map(|_| b.next_delay()).collect();
+        assert!(delays[0] <= Duration::from_millis(100));
+        assert!(delays.iter().all(|d| *d <= Backoff::CAP));
+        assert!(delays[19] >= Backoff::CAP / 2);
+    }
+
+    #[test]
+    fn batches_split_at_the_size_limit() {
+        let big = rawdoc! { "x": "y".repeat(6 * 1024 * 1024) };
+        let docs = vec![big.clone(), big.clone(), big.clone()];
+        let (n, _) = build_batch(docs.into_iter());
+        assert_eq!(n, 2);
+        let (n, _) = build_batch(std::iter::once(
+            rawdoc! { "x": "y".repeat(17 * 1024 * 1024) },
+        ));
+        assert_eq!(n, 1, "a single document always goes out");
+    }
+
+    #[test]
+    fn reply_parsing_finds_upserts_and_errors() {
+        let r = Reply::parse(&doc! {
+            "n": 3, "upserted": [{"index": 2, "_id": 1}, {"index": 0i64, "_id": 2}],
+            "writeErrors": [{"index": 3, "code": 2, "errmsg": "bad"}],
+        });
+        assert_eq!(r.upserted, vec![2, 0]);
+        assert_eq!(r.write_errors, vec![(3, 2, "bad".to_string())]);
+        assert!(r.write_concern_error.is_none());
+    }
+}

@@ -1,0 +1,95 @@
+//! The command line as an operator meets it: print-config, check-config and
+//! exit codes. No services needed.
+
+use std::process::{Command, Output};
+
+fn palletd(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_palletd"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn check(text: &str) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("palletd.toml");
+    std::fs::write(&path, text).unwrap();
+    let out = palletd(&["check-config", "--config", path.to_str().unwrap()]);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code(), text)
+}
+
+#[test]
+fn print_config_is_the_example_file_and_it_validates() {
+    let out = palletd(&["print-config"]);
+    assert!(out.status.success());
+    let example =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml.example"))
+            .unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), example);
+    let (code, text) = check(&example);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("configuration is valid"), "{text}");
+}
+
+#[test]
+fn invalid_configs_exit_78_naming_the_offending_path() {
+    let example =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml.example"))
+            .unwrap();
+    let cases: Vec<(String, &[&str])> = vec![
+        (
+            example.replace("keep_alive = \"30s\"", "keep_alive = \"thirty\""),
+            &["mqtt.keep_alive:"],
+        ),
+        (
+            example.replace("max_bytes = \"256KiB\"", "max_bytes = \"64MiB\""),
+            &["bucket.max_bytes:"],
+        ),
+        (
+            example.replace("client_id = \"palletd-edge-1\"", "client_idd = \"x\""),
+            &[
+                "mqtt.client_idd: unknown field",
+                "mqtt.client_id: required key is missing",
+            ],
+        ),
+        (
+            example.replace("format = \"number\"", "format = \"xml\""),
+            &["subscription[1].format:"],
+        ),
+        (
+            example
+                .replace("write_concern = \"majority\"", "write_concern = \"most\"")
+                .replace("interval = \"1s\"", "interval = \"0s\""),
+            &["mongodb.write_concern:", "flush.interval:"],
+        ),
+        (
+            example.replace("url = \"mqtt://127.0.0.1:1883\"", "url = \"http://broker\""),
+            &["mqtt.url:"],
+        ),
+        (
+            example.clone() + "\n[surprise]\nx = 1\n",
+            &["surprise: unknown section"],
+        ),
+    ];
+    for (text, needles) in cases {
+        let (code, out) = check(&text);
+        assert_eq!(code, Some(78), "{out}");
+        for n in needles {
+            assert!(out.contains(n), "expected {n:?} in:\n{out}");
+        }
+    }
+}
+
+#[test]
+fn run_with_a_bad_config_exits_78() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[mqtt]\n").unwrap();
+    let out = palletd(&["--config", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(78));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("mqtt.url: required key is missing"));
+    let out = palletd(&["run", "--config", "/nonexistent/palletd.toml"]);
+    assert_eq!(out.status.code(), Some(78));
+}

@@ -1,0 +1,538 @@
+//! Test harness: a real Mosquitto and a real SecantusDB server per test, on
+//! free ports with their own temporary directories, palletd as a child
+//! process, and helpers to publish and to read the stored buckets back.
+//!
+//! A missing service binary fails the test with the command that installs it
+//! (`scripts/install-test-services` does both).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bson::{doc, Bson, Document};
+use futures_util::TryStreamExt;
+use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
+
+pub const INSTALL_HINT: &str = "run `scripts/install-test-services` (installs Mosquitto from Debian and SecantusDB from crates.io)";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free local port")
+}
+
+fn find_binary(env: &str, names: &[&str], extra: &[PathBuf]) -> PathBuf {
+    if let Some(p) = std::env::var_os(env) {
+        return PathBuf::from(p);
+    }
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    dirs.extend(extra.iter().cloned());
+    for d in &dirs {
+        for n in names {
+            let p = d.join(n);
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    panic!("{} not found (set {env} or {INSTALL_HINT})", names[0]);
+}
+
+fn wait_for_port(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not start listening on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn kill_and_wait(child: &mut Child, signal: &str) {
+    let _ = Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
+
+/// A Mosquitto broker on a free port.
+pub struct Broker {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    config: String,
+}
+
+impl Broker {
+    /// A broker with persistence, a 1 s $SYS interval and room for many
+    /// queued and in-flight messages per client.
+    pub fn start() -> Broker {
+        Self::start_with("max_inflight_messages 100\nmax_queued_messages 100000\n")
+    }
+
+    pub fn start_with(extra: &str) -> Broker {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let config = format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nsys_interval 1\n{extra}",
+            dir.path().display()
+        );
+        let mut b = Broker {
+            port,
+            dir,
+            child: None,
+            config,
+        };
+        b.spawn();
+        b
+    }
+
+    fn spawn(&mut self) {
+        let bin = find_binary(
+            "PALLETD_MOSQUITTO",
+            &["mosquitto"],
+            &[PathBuf::from("/usr/sbin")],
+        );
+        let conf = self.dir.path().join("mosquitto.conf");
+        std::fs::write(&conf, &self.config).unwrap();
+        let child = Command::new(bin)
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start mosquitto: {e}; {INSTALL_HINT}"));
+        self.child = Some(child);
+        wait_for_port(self.port, "mosquitto");
+    }
+
+    /// Stops the broker (SIGTERM: it saves its persistent state).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill_and_wait(&mut c, "-TERM");
+        }
+    }
+
+    /// Starts it again on the same port with the same state.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    pub fn url(&self) -> String {
+        format!("mqtt://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill_and_wait(&mut c, "-KILL");
+        }
+    }
+}
+
+/// A SecantusDB server (MongoDB wire protocol) on a free port.
+pub struct Database {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Database {
+    pub fn start() -> Database {
+        let mut d = Database {
+            port: 0,
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+        };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&mut self) {
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_default();
+        let bin = find_binary(
+            "PALLETD_SECANTUSD",
+            &["secantusd-rs", "secantusd-py"],
+            &[home.join(".cache/palletd-test/secantus/bin")],
+        );
+        let mut child = Command::new(bin)
+            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
+            .arg("--storage-path")
+            .arg(self.dir.path().join("data"))
+            .args(["--cache-size", "256M", "--log-level", "WARNING"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start secantusd-rs: {e}; {INSTALL_HINT}"));
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let port = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(addr) = line.split("listening on ").nth(1) {
+                        break addr
+                            .rsplit(':')
+                            .next()
+                            .unwrap()
+                            .trim()
+                            .parse::<u16>()
+                            .unwrap();
+                    }
+                }
+                _ => panic!("secantusd-rs exited before listening"),
+            }
+        };
+        // Keep draining its output so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        self.port = port;
+        self.child = Some(child);
+        wait_for_port(port, "secantusd-rs");
+    }
+
+    /// Stops the server (SIGTERM, waits for it to exit).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill_and_wait(&mut c, "-TERM");
+        }
+    }
+
+    /// Starts it again on the same port with the same data.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none());
+        self.spawn();
+    }
+
+    pub fn uri(&self) -> String {
+        format!("mongodb://127.0.0.1:{}/?directConnection=true", self.port)
+    }
+
+    pub async fn client(&self) -> mongodb::Client {
+        let mut opts = mongodb::options::ClientOptions::parse(self.uri())
+            .await
+            .unwrap();
+        opts.server_selection_timeout = Some(Duration::from_secs(5));
+        mongodb::Client::with_options(opts).unwrap()
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill_and_wait(&mut c, "-KILL");
+        }
+    }
+}
+
+/// A palletd configuration for tests; `extra` is appended verbatim and may
+/// add sections ([bucket], [flush], more [[subscription]]s).
+pub fn config(
+    broker: &Broker,
+    db: &Database,
+    database: &str,
+    client_id: &str,
+    extra: &str,
+) -> String {
+    format!(
+        r#"
+[mqtt]
+url = "{}"
+client_id = "{client_id}"
+keep_alive = "5s"
+max_inflight = 100
+
+[mongodb]
+uri = "{}"
+database = "{database}"
+
+{extra}
+
+[[subscription]]
+topic = "sensors/{{sensor}}/telemetry"
+
+[[subscription]]
+topic = "plant/{{sensor}}/{{field}}"
+format = "number"
+"#,
+        broker.url(),
+        db.uri()
+    )
+}
+
+/// palletd running as a child process.
+pub struct Palletd {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    log: PathBuf,
+}
+
+impl Palletd {
+    pub fn start(config: &str) -> Palletd {
+        Self::start_with_args(config, &[])
+    }
+
+    pub fn start_with_args(config: &str, args: &[&str]) -> Palletd {
+        Self::start_with(config, args, "palletd=debug,info")
+    }
+
+    pub fn start_with(config: &str, args: &[&str], rust_log: &str) -> Palletd {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("palletd.toml");
+        std::fs::write(&conf, config).unwrap();
+        let log = dir.path().join("palletd.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_palletd"))
+            .arg("run")
+            .arg("--config")
+            .arg(&conf)
+            .args(args)
+            .env("RUST_LOG", rust_log)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Palletd { child, dir, log }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn kill(&mut self) {
+        kill_and_wait(&mut self.child, "-KILL");
+    }
+
+    /// Sends SIGTERM and waits for the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "palletd did not exit after SIGTERM:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Polls until the log contains `needle`.
+    pub fn wait_for_log(&self, needle: &str, within: Duration) {
+        self.wait_for_log_count(needle, 1, within)
+    }
+
+    /// Polls until the log contains `needle` at least `n` times.
+    pub fn wait_for_log_count(&self, needle: &str, n: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.log().matches(needle).count() < n {
+            assert!(
+                Instant::now() < deadline,
+                "palletd never logged {needle:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Palletd {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            kill_and_wait(&mut self.child, "-KILL");
+        }
+    }
+}
+
+/// An MQTT publisher whose QoS 1 publishes are all acknowledged by the broker
+/// when `publish_all` returns.
+pub struct Publisher {
+    client: AsyncClient,
+    acks: tokio::sync::mpsc::UnboundedReceiver<()>,
+    sent: usize,
+}
+
+impl Publisher {
+    pub async fn connect(broker: &Broker, id: &str) -> Publisher {
+        let mut opts = MqttOptions::new(id, "127.0.0.1", broker.port);
+        opts.set_max_packet_size(4 << 20, 4 << 20);
+        opts.set_inflight(200);
+        let (client, mut eventloop) = AsyncClient::new(opts, 1000);
+        let (tx, acks) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::PubAck(_))) => {
+                        let _ = tx.send(());
+                    }
+                    Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        });
+        Publisher {
+            client,
+            acks,
+            sent: 0,
+        }
+    }
+
+    pub async fn publish(&mut self, topic: &str, payload: impl Into<Vec<u8>>) {
+        self.client
+            .publish(topic, QoS::AtLeastOnce, false, payload.into())
+            .await
+            .unwrap();
+        self.sent += 1;
+    }
+
+    /// Waits until the broker acknowledged every publish so far.
+    pub async fn flush(&mut self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while self.sent > 0 {
+            match tokio::time::timeout_at(deadline, self.acks.recv()).await {
+                Ok(Some(())) => self.sent -= 1,
+                _ => panic!("broker did not acknowledge {} publishes", self.sent),
+            }
+        }
+    }
+}
+
+/// All documents of a collection.
+pub async fn all_docs(client: &mongodb::Client, db: &str, coll: &str) -> Vec<Document> {
+    client
+        .database(db)
+        .collection::<Document>(coll)
+        .find(doc! {})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+/// Polls until `f` returns true, or panics with `what` after `within`.
+pub async fn eventually<F, Fut>(within: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if f().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Number of samples stored in all buckets.
+pub async fn stored_samples(client: &mongodb::Client, db: &str) -> usize {
+    all_docs(client, db, "readings")
+        .await
+        .iter()
+        .map(|b| b.get_array("samples").map_or(0, |s| s.len()))
+        .sum()
+}
+
+/// Checks every invariant of a bucket document; panics naming the broken one.
+pub fn check_bucket(b: &Document, window_ms: i64, max_samples: usize, max_bytes: usize) {
+    let samples = b.get_array("samples").expect("samples");
+    let count = b.get_i32("count").expect("count") as usize;
+    assert_eq!(count, samples.len(), "count == samples.length: {b}");
+    assert!(count <= max_samples, "count <= max_samples: {b}");
+    let size = b.get_i32("size").expect("size") as usize;
+    assert!(size <= max_bytes, "size <= max_bytes: {b}");
+    let bytes: usize = samples
+        .iter()
+        .map(|s| bson::to_vec(s.as_document().unwrap()).unwrap().len())
+        .sum();
+    assert_eq!(size, bytes, "size equals the samples' BSON bytes: {b}");
+    assert!(!b.get_bool("closed").expect("closed"), "closed == false");
+    let start = b.get_datetime("startTs").unwrap().timestamp_millis();
+    let end = b.get_datetime("endTs").unwrap().timestamp_millis();
+    assert_eq!(
+        start.rem_euclid(window_ms),
+        0,
+        "startTs aligned to the window"
+    );
+    assert_eq!(end, start + window_ms, "endTs = startTs + window");
+    let ts: Vec<i64> = samples
+        .iter()
+        .map(|s| {
+            s.as_document()
+                .unwrap()
+                .get_datetime("ts")
+                .unwrap()
+                .timestamp_millis()
+        })
+        .collect();
+    assert!(
+        ts.iter().all(|t| (start..end).contains(t)),
+        "sample ts in [startTs, endTs)"
+    );
+    assert_eq!(
+        b.get_datetime("minTs").unwrap().timestamp_millis(),
+        *ts.iter().min().unwrap()
+    );
+    assert_eq!(
+        b.get_datetime("maxTs").unwrap().timestamp_millis(),
+        *ts.iter().max().unwrap()
+    );
+    // Rollups recomputed from the samples.
+    let mut sums: std::collections::BTreeMap<String, (f64, i32, f64, f64)> = Default::default();
+    for s in samples {
+        for (k, v) in s.as_document().unwrap() {
+            if let Bson::Double(x) = v {
+                let e = sums
+                    .entry(k.clone())
+                    .or_insert((0.0, 0, f64::MAX, f64::MIN));
+                e.0 += x;
+                e.1 += 1;
+                e.2 = e.2.min(*x);
+                e.3 = e.3.max(*x);
+            }
+        }
+    }
+    let empty = Document::new();
+    let (sum, n, min, max) = (
+        b.get_document("sum").unwrap_or(&empty),
+        b.get_document("n").unwrap_or(&empty),
+        b.get_document("min").unwrap_or(&empty),
+        b.get_document("max").unwrap_or(&empty),
+    );
+    assert_eq!(n.len(), sums.len(), "one n.<field> per numeric field: {b}");
+    for (k, (s, c, lo, hi)) in sums {
+        let stored = sum.get_f64(&k).unwrap();
+        assert!(
+            (stored - s).abs() <= 1e-9 * s.abs().max(1.0),
+            "sum.{k}: {stored} vs {s}"
+        );
+        assert_eq!(n.get_i32(&k).unwrap(), c, "n.{k}");
+        assert_eq!(min.get_f64(&k).unwrap(), lo, "min.{k}");
+        assert_eq!(max.get_f64(&k).unwrap(), hi, "max.{k}");
+    }
+}
+
+pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}

@@ -1,0 +1,559 @@
+//! palletd end to end: a real Mosquitto, a real SecantusDB, palletd as a
+//! child process. Each test starts its own services on free ports.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use bson::{Bson, Document};
+use rand::{Rng, SeedableRng};
+
+use common::*;
+
+const HOUR_MS: i64 = 3_600_000;
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// What a published reading must look like once stored.
+#[derive(Debug, Clone)]
+struct Expected {
+    /// `None`: no timestamp was sent, so it is the arrival time.
+    ts_ms: Option<i64>,
+    fields: BTreeMap<String, Bson>,
+}
+
+/// Unwinds every bucket into (sensor, seq) -> [(ts, sample)].
+fn unwind(buckets: &[Document]) -> HashMap<(String, i64), Vec<(i64, Document)>> {
+    let mut out: HashMap<(String, i64), Vec<(i64, Document)>> = HashMap::new();
+    for b in buckets {
+        let sensor = b.get_str("sensorId").unwrap().to_string();
+        for s in b.get_array("samples").unwrap() {
+            let mut s = s.as_document().unwrap().clone();
+            let ts = s.get_datetime("ts").unwrap().timestamp_millis();
+            s.remove("ts");
+            let seq = s.get_f64("seq").unwrap() as i64;
+            out.entry((sensor.clone(), seq)).or_default().push((ts, s));
+        }
+    }
+    out
+}
+
+/// A timestamp in one of the accepted forms, and the milliseconds it means.
+fn timestamp(rng: &mut impl Rng, ts_ms: i64) -> (Option<serde_json::Value>, Option<i64>) {
+    let dt = chrono::DateTime::from_timestamp_millis(ts_ms).unwrap();
+    match rng.gen_range(0..7) {
+        0 => (
+            Some(
+                dt.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                    .into(),
+            ),
+            Some(ts_ms),
+        ),
+        1 => {
+            let offset = chrono::FixedOffset::east_opt(2 * 3600).unwrap();
+            (
+                Some(dt.with_timezone(&offset).to_rfc3339().into()),
+                Some(ts_ms),
+            )
+        }
+        2 => (Some((ts_ms / 1000).into()), Some(ts_ms / 1000 * 1000)),
+        3 => (Some(ts_ms.into()), Some(ts_ms)),
+        4 => (
+            Some((ts_ms * 1000 + rng.gen_range(0..1000)).into()),
+            Some(ts_ms),
+        ),
+        5 => (
+            Some((ts_ms * 1_000_000 + rng.gen_range(0..1_000_000)).into()),
+            Some(ts_ms),
+        ),
+        _ => (None, None),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_payloads_from_50_sensors_are_stored_exactly_once() {
+    let broker = Broker::start();
+    let db = Database::start();
+    let mut palletd = Palletd::start(&config(&broker, &db, "mixed", "palletd-mixed", ""));
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut publisher = Publisher::connect(&broker, "pub-mixed").await;
+    let mut expected: HashMap<(String, i64), Expected> = HashMap::new();
+    let started = now_ms();
+    let mut seq = 0i64;
+    while seq < 10_000 {
+        let sensor = format!("s{:02}", rng.gen_range(0..50));
+        let form = rng.gen_range(0..10);
+        if form == 0 {
+            // A bare number: field name from the topic, arrival time.
+            seq += 1;
+            publisher
+                .publish(&format!("plant/{sensor}/seq"), seq.to_string())
+                .await;
+            let fields = BTreeMap::from([("seq".to_string(), Bson::Double(seq as f64))]);
+            expected.insert(
+                (sensor, seq),
+                Expected {
+                    ts_ms: None,
+                    fields,
+                },
+            );
+            continue;
+        }
+        let n = if form < 4 {
+            rng.gen_range(1..=6).min(10_000 - seq)
+        } else {
+            1
+        };
+        let mut objects = Vec::new();
+        for _ in 0..n {
+            seq += 1;
+            let ts = started - rng.gen_range(0..3 * HOUR_MS);
+            let (ts_json, ts_ms) = timestamp(&mut rng, ts);
+            let temp = (rng.gen_range(-200..400) as f64) / 10.0;
+            let mut obj = serde_json::json!({ "seq": seq, "temp": temp });
+            let mut fields = BTreeMap::from([
+                ("seq".to_string(), Bson::Double(seq as f64)),
+                ("temp".to_string(), Bson::Double(temp)),
+            ]);
+            if rng.gen_bool(0.5) {
+                let h = rng.gen_range(0..100) as f64;
+                obj["humidity"] = h.into();
+                fields.insert("humidity".into(), Bson::Double(h));
+            }
+            if rng.gen_bool(0.2) {
+                obj["status"] = "ok".into();
+                fields.insert("status".into(), Bson::String("ok".into()));
+            }
+            if rng.gen_bool(0.2) {
+                obj["door"] = true.into();
+                fields.insert("door".into(), Bson::Boolean(true));
+            }
+            if rng.gen_bool(0.1) {
+                obj["dropped"] = serde_json::Value::Null;
+            }
+            if let Some(t) = ts_json {
+                obj["ts"] = t;
+            }
+            objects.push(obj);
+            expected.insert((sensor.clone(), seq), Expected { ts_ms, fields });
+        }
+        let payload = if form < 4 {
+            serde_json::Value::Array(objects)
+        } else {
+            objects.pop().unwrap()
+        };
+        publisher
+            .publish(&format!("sensors/{sensor}/telemetry"), payload.to_string())
+            .await;
+    }
+    publisher.flush().await;
+    assert_eq!(expected.len(), 10_000);
+
+    let client = db.client().await;
+    eventually(
+        Duration::from_secs(120),
+        "all 10,000 readings stored",
+        || async { stored_samples(&client, "mixed").await >= 10_000 },
+    )
+    .await;
+    // Give a duplicate the chance to show up before counting exactly.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let finished = now_ms();
+
+    let buckets = all_docs(&client, "mixed", "readings").await;
+    for b in &buckets {
+        check_bucket(b, HOUR_MS, 200, 256 * 1024);
+    }
+    let stored = unwind(&buckets);
+    assert_eq!(stored.len(), expected.len(), "same set of (sensor, seq)");
+    for (key, want) in &expected {
+        let got = stored.get(key).unwrap_or_else(|| panic!("{key:?} missing"));
+        assert_eq!(got.len(), 1, "{key:?} stored {} times", got.len());
+        let (ts, sample) = &got[0];
+        match want.ts_ms {
+            Some(t) => assert_eq!(*ts, t, "{key:?} ts"),
+            None => assert!((started..=finished).contains(ts), "{key:?} arrival ts {ts}"),
+        }
+        let fields: BTreeMap<String, Bson> =
+            sample.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        assert_eq!(&fields, &want.fields, "{key:?} fields");
+    }
+    assert!(all_docs(&client, "mixed", "readings_deadletter")
+        .await
+        .is_empty());
+    // Every message was acknowledged once stored: the broker holds none.
+    eventually(
+        Duration::from_secs(30),
+        "the broker holds no message for palletd",
+        || async { broker_held_messages(&broker).await == 0 },
+    )
+    .await;
+    assert_eq!(palletd.terminate(), Some(0));
+}
+
+/// Publishes `n` single readings of one sensor, all in the current window.
+async fn publish_in_one_window(broker: &Broker, sensor: &str, n: i64, pad: usize) {
+    let mut publisher = Publisher::connect(broker, &format!("pub-{sensor}")).await;
+    let start = now_ms().div_euclid(HOUR_MS) * HOUR_MS;
+    for i in 0..n {
+        let payload = serde_json::json!({ "ts": start + i, "seq": i, "pad": "x".repeat(pad) });
+        publisher
+            .publish(&format!("sensors/{sensor}/telemetry"), payload.to_string())
+            .await;
+    }
+    publisher.flush().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_bucket_rolls_over_to_new_document() {
+    let broker = Broker::start();
+    let db = Database::start();
+    let cfg = config(
+        &broker,
+        &db,
+        "rollover",
+        "palletd-rollover",
+        "[bucket]\nmax_samples = 7\n",
+    );
+    let mut palletd = Palletd::start(&cfg);
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    publish_in_one_window(&broker, "r1", 30, 0).await;
+
+    let client = db.client().await;
+    eventually(Duration::from_secs(60), "30 samples stored", || async {
+        stored_samples(&client, "rollover").await >= 30
+    })
+    .await;
+    let buckets = all_docs(&client, "rollover", "readings").await;
+    for b in &buckets {
+        check_bucket(b, HOUR_MS, 7, 256 * 1024);
+    }
+    let mut counts: Vec<i32> = buckets
+        .iter()
+        .map(|b| b.get_i32("count").unwrap())
+        .collect();
+    counts.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(
+        counts,
+        vec![7, 7, 7, 7, 2],
+        "all buckets but the last are full"
+    );
+    assert_eq!(unwind(&buckets).len(), 30);
+    assert_eq!(palletd.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bucket_rolls_over_at_the_byte_cap() {
+    let broker = Broker::start();
+    let db = Database::start();
+    let cfg = config(
+        &broker,
+        &db,
+        "bysize",
+        "palletd-bysize",
+        "[bucket]\nmax_samples = 1000\nmax_bytes = 1000\n",
+    );
+    let mut palletd = Palletd::start(&cfg);
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    publish_in_one_window(&broker, "b1", 40, 100).await;
+
+    let client = db.client().await;
+    eventually(Duration::from_secs(60), "40 samples stored", || async {
+        stored_samples(&client, "bysize").await >= 40
+    })
+    .await;
+    let buckets = all_docs(&client, "bysize", "readings").await;
+    assert!(buckets.len() > 1, "the byte cap started several buckets");
+    let mut not_full = 0;
+    for b in &buckets {
+        check_bucket(b, HOUR_MS, 1000, 1000);
+        let samples = b.get_array("samples").unwrap();
+        let one = bson::to_vec(samples[0].as_document().unwrap())
+            .unwrap()
+            .len() as i32;
+        if b.get_i32("size").unwrap() + one <= 1000 {
+            not_full += 1;
+        }
+    }
+    assert_eq!(not_full, 1, "all buckets but the last are full by size");
+    assert_eq!(unwind(&buckets).len(), 40);
+    assert_eq!(palletd.terminate(), Some(0));
+}
+
+/// Messages Mosquitto holds beyond its retained ones (the $SYS topics are
+/// retained), read from $SYS: in flight to or queued for a client.
+async fn broker_held_messages(broker: &Broker) -> i64 {
+    let mut opts = rumqttc::MqttOptions::new("sys-reader", "127.0.0.1", broker.port);
+    opts.set_keep_alive(Duration::from_secs(5));
+    let (client, mut eventloop) = rumqttc::AsyncClient::new(opts, 10);
+    for topic in [
+        "$SYS/broker/store/messages/count",
+        "$SYS/broker/retained messages/count",
+    ] {
+        client
+            .subscribe(topic, rumqttc::QoS::AtMostOnce)
+            .await
+            .unwrap();
+    }
+    let read = async {
+        let (mut stored, mut retained) = (None, None);
+        loop {
+            if let Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) =
+                eventloop.poll().await
+            {
+                let n = String::from_utf8_lossy(&p.payload)
+                    .trim()
+                    .parse::<i64>()
+                    .unwrap();
+                if p.topic.contains("store") {
+                    stored = Some(n);
+                } else {
+                    retained = Some(n);
+                }
+                if let (Some(s), Some(r)) = (stored, retained) {
+                    return s - r;
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("no $SYS store counts from the broker")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readings_are_acknowledged_only_after_they_are_stored() {
+    let broker = Broker::start();
+    let mut db = Database::start();
+    db.stop();
+    let cfg = config(&broker, &db, "ackafter", "palletd-ackafter", "");
+    let mut palletd = Palletd::start(&cfg);
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+
+    let mut publisher = Publisher::connect(&broker, "pub-ackafter").await;
+    for seq in 0..150 {
+        let payload = serde_json::json!({ "seq": seq, "temp": 20.5 });
+        publisher
+            .publish("sensors/a1/telemetry", payload.to_string())
+            .await;
+    }
+    publisher.flush().await;
+    // palletd received them and tried to write: the database is down.
+    palletd.wait_for_log("holding the data and retrying", Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = broker_held_messages(&broker).await;
+    assert!(
+        held >= 150,
+        "the broker still holds every unacknowledged message: {held}"
+    );
+    palletd.kill();
+
+    db.start_again();
+    let mut palletd = Palletd::start(&cfg);
+    let client = db.client().await;
+    eventually(
+        Duration::from_secs(60),
+        "all 150 readings stored after restart",
+        || async { stored_samples(&client, "ackafter").await >= 150 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stored = unwind(&all_docs(&client, "ackafter", "readings").await);
+    assert_eq!(stored.len(), 150);
+    assert!(
+        stored.values().all(|v| v.len() == 1),
+        "no reading stored twice"
+    );
+    assert_eq!(palletd.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_goes_to_the_dead_letter_and_good_readings_are_stored() {
+    let broker = Broker::start();
+    let db = Database::start();
+    // A first run subscribes to a topic the second run's config no longer
+    // has; the persistent session keeps that subscription, so its messages
+    // arrive at a palletd that has no pattern for them.
+    let legacy = config(
+        &broker,
+        &db,
+        "garbage",
+        "palletd-garbage",
+        "[[subscription]]\ntopic = \"legacy/{sensor}\"\n",
+    );
+    let mut first = Palletd::start(&legacy);
+    first.wait_for_log("Subscribed.", Duration::from_secs(30));
+    assert_eq!(first.terminate(), Some(0));
+    let mut palletd = Palletd::start(&config(&broker, &db, "garbage", "palletd-garbage", ""));
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+
+    let now = now_ms();
+    let garbage: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("sensors/g1/telemetry", b"{not json".to_vec(), "bad_payload"),
+        ("sensors/g1/telemetry", b"[1, 2]".to_vec(), "bad_payload"),
+        (
+            "sensors/g1/telemetry",
+            b"\"just text\"".to_vec(),
+            "bad_payload",
+        ),
+        (
+            "sensors/g1/telemetry",
+            vec![b'7'; 1_000_000],
+            "payload_too_large",
+        ),
+        ("legacy/g1", br#"{"temp": 1}"#.to_vec(), "unknown_topic"),
+        (
+            "sensors//telemetry",
+            br#"{"temp": 1}"#.to_vec(),
+            "bad_sensor",
+        ),
+        (
+            "sensors/g1/telemetry",
+            br#"{"ts": "last tuesday", "temp": 1}"#.to_vec(),
+            "bad_timestamp",
+        ),
+        (
+            "sensors/g1/telemetry",
+            serde_json::json!({"ts": now + 365 * 24 * HOUR_MS, "temp": 1})
+                .to_string()
+                .into_bytes(),
+            "time_out_of_range",
+        ),
+        (
+            "sensors/g1/telemetry",
+            br#"{"a.b": 1}"#.to_vec(),
+            "bad_field",
+        ),
+        (
+            "sensors/g1/telemetry",
+            br#"{"$where": 1}"#.to_vec(),
+            "bad_field",
+        ),
+        ("plant/g1/temp", b"warm".to_vec(), "bad_payload"),
+    ];
+    let mut publisher = Publisher::connect(&broker, "pub-garbage").await;
+    let mut good = 0;
+    for (topic, payload, _) in &garbage {
+        publisher.publish(topic, payload.clone()).await;
+        for _ in 0..3 {
+            good += 1;
+            let payload = serde_json::json!({ "seq": good, "temp": 19.0 });
+            publisher
+                .publish("sensors/ok1/telemetry", payload.to_string())
+                .await;
+        }
+    }
+    publisher.flush().await;
+
+    let client = db.client().await;
+    eventually(
+        Duration::from_secs(60),
+        "dead letters and good readings stored",
+        || async {
+            all_docs(&client, "garbage", "readings_deadletter")
+                .await
+                .len()
+                >= garbage.len()
+                && stored_samples(&client, "garbage").await >= good as usize
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let dead = all_docs(&client, "garbage", "readings_deadletter").await;
+    assert_eq!(dead.len(), garbage.len(), "one dead letter per bad message");
+    let mut causes: Vec<&str> = dead.iter().map(|d| d.get_str("cause").unwrap()).collect();
+    let mut want: Vec<&str> = garbage.iter().map(|g| g.2).collect();
+    causes.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(causes, want);
+    for d in &dead {
+        assert!(d.get_datetime("receivedAt").is_ok());
+        assert!(!d.get_str("error").unwrap().is_empty());
+        assert!(d.get_str("topic").is_ok());
+        assert!(matches!(d.get("payload"), Some(Bson::Binary(_))));
+    }
+    let big = dead
+        .iter()
+        .find(|d| d.get_str("cause") == Ok("payload_too_large"))
+        .unwrap();
+    assert_eq!(big.get_i64("payloadSize"), Ok(1_000_000));
+    let buckets = all_docs(&client, "garbage", "readings").await;
+    let stored = unwind(&buckets);
+    assert_eq!(stored.len(), good as usize, "every good reading stored");
+    assert!(
+        buckets.iter().all(|b| b.get_str("sensorId") == Ok("ok1")),
+        "no garbage in a bucket"
+    );
+    assert_eq!(palletd.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stores_pending_samples_and_exits_zero() {
+    let broker = Broker::start();
+    let db = Database::start();
+    // A long interval and a large in-flight allowance: nothing is flushed
+    // until shutdown.
+    let cfg = config(
+        &broker,
+        &db,
+        "sigterm",
+        "palletd-sigterm",
+        "[flush]\ninterval = \"1h\"\n",
+    )
+    .replace("max_inflight = 100", "max_inflight = 1000");
+    let mut palletd = Palletd::start_with(&cfg, &[], "palletd=trace,info");
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let mut publisher = Publisher::connect(&broker, "pub-sigterm").await;
+    for seq in 0..60 {
+        let payload = serde_json::json!({ "seq": seq, "v": seq });
+        publisher
+            .publish("sensors/t1/telemetry", payload.to_string())
+            .await;
+    }
+    publisher.flush().await;
+    palletd.wait_for_log_count("Message received.", 60, Duration::from_secs(30));
+    let client = db.client().await;
+    // The first tick flushed nothing yet: nothing pending then.
+    assert_eq!(
+        stored_samples(&client, "sigterm").await,
+        0,
+        "nothing flushed before SIGTERM"
+    );
+
+    assert_eq!(palletd.terminate(), Some(0), "{}", palletd.log());
+    assert!(palletd
+        .log()
+        .contains("Flushing buffered samples before exit."));
+    let stored = unwind(&all_docs(&client, "sigterm", "readings").await);
+    assert_eq!(stored.len(), 60, "every pending sample stored before exit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_timeout_exits_nonzero_and_says_what_was_left() {
+    let broker = Broker::start();
+    let mut db = Database::start();
+    db.stop();
+    let cfg = config(&broker, &db, "timeout", "palletd-timeout", "");
+    let mut palletd = Palletd::start_with_args(&cfg, &["--shutdown-timeout", "2s"]);
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let mut publisher = Publisher::connect(&broker, "pub-timeout").await;
+    for seq in 0..5 {
+        publisher
+            .publish(
+                "sensors/x1/telemetry",
+                serde_json::json!({ "seq": seq }).to_string(),
+            )
+            .await;
+    }
+    publisher.flush().await;
+    palletd.wait_for_log("holding the data and retrying", Duration::from_secs(30));
+    assert_eq!(palletd.terminate(), Some(1));
+    let log = palletd.log();
+    assert!(log.contains("shutdown timed out"), "{log}");
+    assert!(log.contains("5 message(s) not acknowledged"), "{log}");
+}
