@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use bson::{doc, rawdoc, RawArrayBuf, RawBson, RawDocumentBuf};
+use bson::{rawdoc, RawArrayBuf, RawBson, RawDocumentBuf};
 
 use crate::decode::{FieldValue, Reading};
 
@@ -232,18 +232,6 @@ fn close_statement(st: Statement, memory: &mut HashMap<i64, Fill>, out: &mut Vec
     out.push(st);
 }
 
-/// The indexes made at start-up.
-pub fn index_models() -> Vec<mongodb::IndexModel> {
-    vec![
-        mongodb::IndexModel::builder()
-            .keys(doc! { "sensorId": 1, "startTs": 1 })
-            .build(),
-        mongodb::IndexModel::builder()
-            .keys(doc! { "closed": 1, "endTs": 1 })
-            .build(),
-    ]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,6 +436,48 @@ mod tests {
                 prop_assert!(b.2 <= SHAPE.max_samples && b.3 <= SHAPE.max_bytes);
                 prop_assert!(b.4.windows(2).all(|w| w[0] < w[1]), "arrival order kept");
             }
+            stored.sort();
+            prop_assert_eq!(stored, sent);
+        }
+
+        /// With closer runs between flushes (sealing every window that
+        /// ended by a cutoff and forgetting its memory), every sample is
+        /// still stored exactly once, sealed buckets are never written
+        /// again, and no bucket exceeds a cap.
+        #[test]
+        fn closer_runs_never_lose_duplicate_or_overfill(
+            flushes in proptest::collection::vec(
+                (proptest::collection::vec((0i64..6000, 0usize..60), 0..20), proptest::option::of(0i64..7000)), 1..10),
+        ) {
+            let mut db = Db::default();
+            let mut memory: HashMap<i64, Fill> = HashMap::new();
+            let mut msg = 0u64;
+            let mut sent = Vec::new();
+            for (batch, closer_cutoff) in &flushes {
+                let samples: Vec<Sample> = batch.iter().map(|(ts, pad)| { msg += 1; sent.push(msg); sample(*ts, msg, *pad) }).collect();
+                let mut out = Vec::new();
+                plan("s", samples, &mut memory, &SHAPE, &mut out);
+                for st in &out {
+                    let sealed_before: Vec<(u32, usize)> = db.buckets.iter().filter(|b| b.1).map(|b| (b.2, b.4.len())).collect();
+                    let inserted = db.apply(st, &SHAPE);
+                    let sealed_after: Vec<(u32, usize)> = db.buckets.iter().filter(|b| b.1).map(|b| (b.2, b.4.len())).collect();
+                    prop_assert_eq!(sealed_before, sealed_after, "a sealed bucket was written");
+                    match st.fill_after(inserted) {
+                        Some(f) => { memory.insert(st.start_ms, f); }
+                        None => { memory.remove(&st.start_ms); }
+                    }
+                }
+                if let Some(cutoff) = closer_cutoff {
+                    for b in db.buckets.iter_mut().filter(|b| b.0 + SHAPE.window_ms <= *cutoff) {
+                        b.1 = true;
+                    }
+                    memory.retain(|start, _| start + SHAPE.window_ms > *cutoff);
+                }
+            }
+            for b in &db.buckets {
+                prop_assert!(b.2 <= SHAPE.max_samples && b.3 <= SHAPE.max_bytes);
+            }
+            let mut stored: Vec<u64> = db.buckets.iter().flat_map(|b| b.4.iter().copied()).collect();
             stored.sort();
             prop_assert_eq!(stored, sent);
         }

@@ -84,6 +84,43 @@ impl Buffer {
         Ok(())
     }
 
+    /// (sensor, window start) pairs among the samples `take(all)` would take
+    /// whose open-bucket fill is not known.
+    pub fn unknown_windows(&self, all: bool) -> Vec<(String, i64)> {
+        let names: Vec<&String> = if all {
+            self.sensors.keys().collect()
+        } else {
+            self.ready.iter().collect()
+        };
+        let mut out = Vec::new();
+        for name in names {
+            let Some(buf) = self.sensors.get(name) else {
+                continue;
+            };
+            let mut starts: Vec<i64> = buf
+                .pending
+                .iter()
+                .map(|s| self.shape.window_start(s.ts_ms))
+                .filter(|w| !buf.memory.contains_key(w))
+                .collect();
+            starts.sort_unstable();
+            starts.dedup();
+            out.extend(starts.into_iter().map(|w| (name.clone(), w)));
+        }
+        out
+    }
+
+    /// Records fills learned from the database; an asked pair that is not in
+    /// `found` has no open bucket (fill zero).
+    pub fn learn(&mut self, asked: &[(String, i64)], found: HashMap<(String, i64), Fill>) {
+        for key in asked {
+            if let Some(buf) = self.sensors.get_mut(&key.0) {
+                buf.memory
+                    .insert(key.1, found.get(key).copied().unwrap_or_default());
+            }
+        }
+    }
+
     /// Takes pending samples as statements: every sensor's when `all`, else
     /// only the ready sensors'. Statements of one sensor are contiguous and in
     /// arrival order.

@@ -16,7 +16,11 @@
 //! - [`buffer`]: per-sensor pending samples and open-bucket memory. Sans-IO.
 //! - [`bucket`]: the bucket document and the upsert statements. Sans-IO.
 //! - [`writer`]: sends statements and dead letters; decides what is retried.
-//! - [`pipeline`]: the task tying decode, buffer, writer and acks together.
+//! - [`closer`]: seals buckets whose window is over.
+//! - [`schema`]: indexes and retention (TTL) set up at start-up.
+//! - [`pipeline`]: the task tying decode, buffer, writer, closer and acks
+//!   together.
+//! - [`telemetry`]: metric names.
 //! - [`shutdown`]: signals and the shutdown order.
 //!
 //! A PUBLISH is acknowledged only when every sample it carried is stored
@@ -24,11 +28,14 @@
 
 pub mod bucket;
 pub mod buffer;
+pub mod closer;
 pub mod config;
 pub mod decode;
 pub mod ingest;
 pub mod pipeline;
+pub mod schema;
 pub mod shutdown;
+pub mod telemetry;
 pub mod writer;
 
 use std::time::Duration;
@@ -96,8 +103,9 @@ pub async fn run(
     shutdown_timeout: Duration,
 ) -> Result<(), RunError> {
     let shape = shape(&settings);
+    telemetry::describe();
     let client = mongo_client(&settings).await?;
-    let writer = writer::Writer::new(&client, &settings.mongodb, shape);
+    let writer = writer::Writer::new(&client, &settings, shape);
     let decoder = Decoder::new(
         settings.subscriptions.clone(),
         Limits {
@@ -117,9 +125,12 @@ pub async fn run(
     tracker.spawn(connection.run(tx, stop.clone(), done.clone(), abort.clone()));
     let pipeline_task = {
         let (stop, done, abort) = (stop.clone(), done.clone(), abort.clone());
-        let interval = settings.flush.interval;
+        let intervals = pipeline::Intervals {
+            flush: settings.flush.interval,
+            closer: settings.closer.interval,
+        };
         tracker.spawn(async move {
-            let result = pipeline.run(rx, interval, stop, abort).await;
+            let result = pipeline.run(rx, intervals, stop, abort).await;
             done.cancel();
             result
         })

@@ -11,7 +11,9 @@
 //!   sensors only);
 //! - at once when `flush.max_pending_samples` samples are buffered, or when
 //!   `mqtt.max_inflight` messages wait for acknowledgement (the broker sends
-//!   no more until some are acknowledged), both for all sensors.
+//!   no more until some are acknowledged), both for all sensors;
+//! - right before each closer run (every `closer.interval`), which therefore
+//!   never overlaps a write.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -23,9 +25,11 @@ use tracing::{debug, info, warn};
 
 use crate::bucket::{Sample, Shape};
 use crate::buffer::Buffer;
+use crate::closer::Closer;
 use crate::decode::Decoder;
 use crate::ingest::acks::AckQueue;
 use crate::ingest::{AckToken, Acker, Message};
+use crate::telemetry;
 use crate::writer::{Aborted, Outcome, Writer};
 
 /// Dead-letter payloads are kept up to this size (`truncated: true` beyond).
@@ -37,6 +41,13 @@ const LOG_EVERY: Duration = Duration::from_secs(60);
 struct DeadLetter {
     msg: u64,
     doc: Document,
+}
+
+/// How often the pipeline flushes and runs the closer.
+#[derive(Debug, Clone, Copy)]
+pub struct Intervals {
+    pub flush: Duration,
+    pub closer: Duration,
 }
 
 /// What was left undone when shutdown gave up.
@@ -58,6 +69,10 @@ pub struct Pipeline {
     max_unacked: usize,
     max_lateness_ms: i64,
     throttle: LogThrottle,
+    closer: Closer,
+    /// Windows ending at or before this were sealed by the last closer run.
+    sealed_until: Option<i64>,
+    closer_failing: bool,
 }
 
 impl Pipeline {
@@ -79,6 +94,9 @@ impl Pipeline {
             max_unacked: settings.mqtt.max_inflight,
             max_lateness_ms: settings.bucket.max_lateness.as_millis() as i64,
             throttle: LogThrottle::default(),
+            closer: Closer::new(&settings.mongodb.collection, settings.closer.grace),
+            sealed_until: None,
+            closer_failing: false,
         }
     }
 
@@ -88,12 +106,14 @@ impl Pipeline {
     pub async fn run(
         mut self,
         mut rx: mpsc::Receiver<Message>,
-        interval: Duration,
+        intervals: Intervals,
         stop: CancellationToken,
         abort: CancellationToken,
     ) -> Result<(), Leftover> {
-        let mut ticker = tokio::time::interval(interval);
+        let mut ticker = tokio::time::interval(intervals.flush);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut closer_ticker = tokio::time::interval(intervals.closer);
+        closer_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 biased;
@@ -104,15 +124,23 @@ impl Pipeline {
                         let all = self.buffer.pending() >= self.max_pending
                             || self.acks.len() >= self.max_unacked;
                         if (all || self.buffer.has_ready()) && self.flush(all, &abort).await.is_err() {
-                            return Err(self.leftover());
+                            return Err(self.leftover(&rx));
                         }
                     }
                     None => break,
                 },
                 _ = ticker.tick() => {
                     if self.flush(true, &abort).await.is_err() {
-                        return Err(self.leftover());
+                        return Err(self.leftover(&rx));
                     }
+                }
+                _ = closer_ticker.tick() => {
+                    // Flush first: what arrived before the run joins its bucket
+                    // before the bucket is sealed.
+                    if self.flush(true, &abort).await.is_err() {
+                        return Err(self.leftover(&rx));
+                    }
+                    self.close_buckets().await;
                 }
             }
         }
@@ -126,16 +154,51 @@ impl Pipeline {
             info!(samples = pending, "Flushing buffered samples before exit.");
         }
         if self.flush(true, &abort).await.is_err() {
-            return Err(self.leftover());
+            return Err(self.leftover(&rx));
         }
         Ok(())
     }
 
-    fn leftover(&self) -> Leftover {
+    /// One closer run. A failure is logged and retried at the next interval;
+    /// it never holds up the data path.
+    async fn close_buckets(&mut self) {
+        // The seal is hinted to the closer's index: it must exist. One
+        // attempt; the writer logs the outage and the next run tries again.
+        if !self.writer.try_ensure_indexes().await {
+            return;
+        }
+        let now = crate::now_ms();
+        match self.closer.run(self.writer.db(), now).await {
+            Ok(sealed) => {
+                if self.closer_failing {
+                    info!("The closer works again.");
+                    self.closer_failing = false;
+                }
+                if sealed > 0 {
+                    metrics::counter!(telemetry::BUCKETS_SEALED).increment(sealed);
+                    debug!(sealed, "Sealed buckets.");
+                }
+                let cutoff = self.closer.cutoff(now);
+                self.sealed_until = Some(cutoff);
+                // Sealed windows' buckets take no more samples: forget them.
+                let window = self.buffer.shape().window_ms;
+                self.buffer.forget_before(cutoff - window + 1);
+            }
+            Err(e) => {
+                if !self.closer_failing {
+                    warn!(error = %e, "The closer could not seal buckets; retrying at its next interval.");
+                    self.closer_failing = true;
+                }
+            }
+        }
+    }
+
+    fn leftover(&self, rx: &mpsc::Receiver<Message>) -> Leftover {
         Leftover {
             samples: self.buffer.pending(),
             dead_letters: self.deadletters.len(),
-            unacknowledged: self.acks.len(),
+            // Messages still in the channel were not acknowledged either.
+            unacknowledged: self.acks.len() + rx.len(),
         }
     }
 
@@ -158,6 +221,7 @@ impl Pipeline {
 
     fn dead_letter(&mut self, msg: u64, m: &Message, cause: &'static str, error: String) {
         self.throttle.log(cause, &m.topic, &error);
+        metrics::counter!(telemetry::SAMPLES_DEAD_LETTERED, "cause" => cause).increment(1);
         let keep = m.payload.len().min(DEADLETTER_PAYLOAD_MAX);
         let mut doc = doc! {
             "receivedAt": bson::DateTime::from_millis(m.received_ms),
@@ -177,6 +241,16 @@ impl Pipeline {
     /// ready ones), then releases the acknowledgements that became due.
     async fn flush(&mut self, all: bool, abort: &CancellationToken) -> Result<(), Aborted> {
         let started = Instant::now();
+        // Learn the fill of open buckets palletd has no memory of (after a
+        // restart, or a sensor seen for the first time), so the batch fills
+        // them instead of starting new ones.
+        let unknown = self.buffer.unknown_windows(all);
+        if !unknown.is_empty() {
+            match self.writer.open_fills(&unknown).await {
+                Ok(found) => self.buffer.learn(&unknown, found),
+                Err(e) => debug!(error = %e, "Could not learn open bucket fills; writing without."),
+            }
+        }
         let statements = self.buffer.take(all);
         let mut samples = 0;
         if !statements.is_empty() {
@@ -192,6 +266,11 @@ impl Pipeline {
                 match outcome {
                     Outcome::Applied { inserted } => {
                         self.buffer.settle(st, Some(inserted));
+                        let window = self.buffer.shape().window_ms;
+                        if self.sealed_until.is_some_and(|t| st.start_ms + window <= t) {
+                            metrics::counter!(telemetry::SAMPLES_LATE_INTO_SEALED)
+                                .increment(st.samples.len() as u64);
+                        }
                         samples += st.samples.len();
                         for s in &st.samples {
                             self.acks.resolve(s.msg, 1);

@@ -26,8 +26,8 @@ use mongodb::{Client, Database};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::bucket::{Shape, Statement};
-use crate::config::{MongoSettings, WriteConcern};
+use crate::bucket::{Fill, Shape, Statement};
+use crate::config::{Settings, WriteConcern};
 
 /// The server's limit on statements per write command.
 const MAX_BATCH_STATEMENTS: usize = 100_000;
@@ -55,6 +55,7 @@ pub struct Aborted;
 
 pub struct Writer {
     db: Database,
+    settings: Settings,
     collection: String,
     deadletter: String,
     write_concern: Document,
@@ -64,13 +65,15 @@ pub struct Writer {
 }
 
 impl Writer {
-    pub fn new(client: &Client, settings: &MongoSettings, shape: Shape) -> Self {
+    pub fn new(client: &Client, all: &Settings, shape: Shape) -> Self {
+        let settings = &all.mongodb;
         let w = match settings.write_concern {
             WriteConcern::Majority => bson::Bson::from("majority"),
             WriteConcern::Nodes(n) => bson::Bson::from(n as i32),
         };
         Writer {
             db: client.database(&settings.database),
+            settings: all.clone(),
             collection: settings.collection.clone(),
             deadletter: settings.deadletter_collection(),
             write_concern: doc! { "w": w, "j": settings.journal },
@@ -82,36 +85,82 @@ impl Writer {
 
     /// Creates the indexes (idempotent), retrying until it succeeds.
     pub async fn ensure_indexes(&mut self, abort: &CancellationToken) -> Result<(), Aborted> {
-        if self.indexes_ready {
-            return Ok(());
-        }
         let mut backoff = Backoff::default();
-        loop {
-            let coll = self.db.collection::<Document>(&self.collection);
-            let dl = self.db.collection::<Document>(&self.deadletter);
-            let result = async {
-                coll.create_indexes(crate::bucket::index_models()).await?;
-                dl.create_index(
-                    mongodb::IndexModel::builder()
-                        .keys(doc! { "receivedAt": 1 })
-                        .build(),
-                )
-                .await
-            }
-            .await;
-            match result {
-                Ok(_) => {
-                    self.recovered();
-                    info!(collection = %self.collection, "Indexes are in place.");
-                    self.indexes_ready = true;
-                    return Ok(());
-                }
-                Err(e) => {
-                    self.failed("create indexes", &e);
-                    backoff.wait(abort).await?;
-                }
-            }
+        while !self.try_ensure_indexes().await {
+            backoff.wait(abort).await?;
         }
+        Ok(())
+    }
+
+    /// One attempt at creating the indexes; true once they are in place.
+    pub async fn try_ensure_indexes(&mut self) -> bool {
+        if self.indexes_ready {
+            return true;
+        }
+        match crate::schema::ensure(&self.db, &self.settings).await {
+            Ok(()) => {
+                self.recovered();
+                info!(collection = %self.collection, "Indexes are in place.");
+                self.indexes_ready = true;
+            }
+            Err(e) => self.failed("create indexes", &e),
+        }
+        self.indexes_ready
+    }
+
+    /// The database, for the closer.
+    pub fn db(&self) -> &Database {
+        &self.db
+    }
+
+    /// Learns the fill of the open buckets of (sensor, window start) pairs:
+    /// one query on the `{sensorId, startTs}` index. Where a window has
+    /// several open buckets, the emptiest is reported; a pair with no open
+    /// bucket is absent. One attempt: the fill only improves packing.
+    pub async fn open_fills(
+        &self,
+        pairs: &[(String, i64)],
+    ) -> mongodb::error::Result<std::collections::HashMap<(String, i64), Fill>> {
+        let mut sensors: Vec<&str> = pairs.iter().map(|p| p.0.as_str()).collect();
+        sensors.sort_unstable();
+        sensors.dedup();
+        let mut starts: Vec<i64> = pairs.iter().map(|p| p.1).collect();
+        starts.sort_unstable();
+        starts.dedup();
+        let starts: Vec<bson::DateTime> = starts
+            .into_iter()
+            .map(bson::DateTime::from_millis)
+            .collect();
+        let filter = doc! {
+            "sensorId": { "$in": sensors },
+            "startTs": { "$in": starts },
+            "closed": false,
+        };
+        let mut cursor = self
+            .db
+            .collection::<Document>(&self.collection)
+            .find(filter)
+            .projection(doc! { "_id": 0, "sensorId": 1, "startTs": 1, "count": 1, "size": 1 })
+            .await?;
+        let mut best: std::collections::HashMap<(String, i64), Fill> = Default::default();
+        while cursor.advance().await? {
+            let d = cursor.deserialize_current()?;
+            let (Ok(sensor), Ok(start)) = (d.get_str("sensorId"), d.get_datetime("startTs")) else {
+                continue;
+            };
+            let fill = Fill {
+                count: d.get_i32("count").unwrap_or(0).max(0) as u32,
+                bytes: d.get_i32("size").unwrap_or(0).max(0) as u32,
+            };
+            best.entry((sensor.to_string(), start.timestamp_millis()))
+                .and_modify(|f| {
+                    if fill.count < f.count {
+                        *f = fill;
+                    }
+                })
+                .or_insert(fill);
+        }
+        Ok(best)
     }
 
     /// Inserts dead-letter documents. A document the server refuses outright

@@ -539,7 +539,8 @@ async fn shutdown_timeout_exits_nonzero_and_says_what_was_left() {
     let mut db = Database::start();
     db.stop();
     let cfg = config(&broker, &db, "timeout", "palletd-timeout", "");
-    let mut palletd = Palletd::start_with_args(&cfg, &["--shutdown-timeout", "2s"]);
+    let mut palletd =
+        Palletd::start_with(&cfg, &["--shutdown-timeout", "2s"], "palletd=trace,info");
     palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
     let mut publisher = Publisher::connect(&broker, "pub-timeout").await;
     for seq in 0..5 {
@@ -551,6 +552,7 @@ async fn shutdown_timeout_exits_nonzero_and_says_what_was_left() {
             .await;
     }
     publisher.flush().await;
+    palletd.wait_for_log_count("Message received.", 5, Duration::from_secs(30));
     palletd.wait_for_log("holding the data and retrying", Duration::from_secs(30));
     assert_eq!(palletd.terminate(), Some(1));
     let log = palletd.log();

@@ -14,7 +14,10 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 
 use crate::decode::{PayloadFormat, TopicPattern};
-use raw::{RawBucket, RawFlush, RawMongo, RawMqtt, RawSize, RawSubscription, RawWriteConcern};
+use raw::{
+    RawBucket, RawCloser, RawFlush, RawMongo, RawMqtt, RawRetention, RawSize, RawSubscription,
+    RawWriteConcern,
+};
 
 /// The annotated example configuration; `palletd print-config` prints it and
 /// `config.toml.example` is exactly this text.
@@ -96,6 +99,8 @@ pub struct Settings {
     pub mongodb: MongoSettings,
     pub bucket: BucketSettings,
     pub flush: FlushSettings,
+    pub closer: CloserSettings,
+    pub retention: RetentionSettings,
     pub subscriptions: Vec<Subscription>,
 }
 
@@ -163,6 +168,25 @@ pub struct FlushSettings {
 }
 
 #[derive(Debug, Clone)]
+pub struct CloserSettings {
+    /// How often the closer runs.
+    pub interval: Duration,
+    /// A bucket is sealed once its window ended more than this long ago, so
+    /// samples that arrive a little late still join the open bucket.
+    pub grace: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct RetentionSettings {
+    /// Buckets are deleted this long after their window ended (TTL index on
+    /// `endTs`); `None` keeps them forever.
+    pub expire_after: Option<Duration>,
+    /// Dead letters are deleted this long after they were received (TTL index
+    /// on `receivedAt`); `None` keeps them forever. Default 7 days.
+    pub deadletter_expire_after: Option<Duration>,
+}
+
+#[derive(Debug, Clone)]
 pub struct Subscription {
     pub pattern: TopicPattern,
     pub format: PayloadFormat,
@@ -172,6 +196,16 @@ pub struct Subscription {
     pub field: Option<String>,
     pub qos: u8,
 }
+
+const SECTIONS: &[&str] = &[
+    "mqtt",
+    "mongodb",
+    "bucket",
+    "flush",
+    "closer",
+    "retention",
+    "subscription",
+];
 
 /// Reads and validates a configuration file.
 pub fn load(path: &Path) -> Result<Settings, ConfigErrors> {
@@ -200,10 +234,10 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
         }
     };
     for key in table.keys() {
-        if !["mqtt", "mongodb", "bucket", "flush", "subscription"].contains(&key.as_str()) {
+        if !SECTIONS.contains(&key.as_str()) {
             v.err(
                 key,
-                "unknown section (expected mqtt, mongodb, bucket, flush, subscription)",
+                format!("unknown section (expected one of {})", SECTIONS.join(", ")),
             );
         }
     }
@@ -211,6 +245,8 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     let mongo: Option<RawMongo> = v.section(&table, "mongodb", true);
     let bucket: RawBucket = v.section(&table, "bucket", false).unwrap_or_default();
     let flush: RawFlush = v.section(&table, "flush", false).unwrap_or_default();
+    let closer: RawCloser = v.section(&table, "closer", false).unwrap_or_default();
+    let retention: RawRetention = v.section(&table, "retention", false).unwrap_or_default();
     let mut subs: Vec<RawSubscription> = Vec::new();
     match table.get("subscription") {
         None => v.err("subscription", "at least one [[subscription]] is required"),
@@ -234,6 +270,8 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     let mongodb = mongo.map(|m| v.mongo(m));
     let bucket = v.bucket(bucket);
     let flush = v.flush(flush);
+    let closer = v.closer(closer);
+    let retention = v.retention(retention);
     let subscriptions: Vec<Subscription> = subs
         .into_iter()
         .enumerate()
@@ -246,6 +284,8 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
             mongodb,
             bucket,
             flush,
+            closer,
+            retention,
             subscriptions,
         }),
         _ => Err(v.errors),
@@ -541,6 +581,50 @@ impl Validator {
         }
     }
 
+    fn closer(&mut self, c: RawCloser) -> CloserSettings {
+        CloserSettings {
+            interval: self.positive_duration("closer.interval", c.interval.as_deref(), "1m"),
+            grace: self.duration("closer.grace", c.grace.as_deref(), "5m"),
+        }
+    }
+
+    /// `"off"` turns a retention off; otherwise a positive duration of whole
+    /// seconds (TTL indexes count in seconds).
+    fn retention_value(
+        &mut self,
+        path: &str,
+        raw: Option<&str>,
+        default: Option<&str>,
+    ) -> Option<Duration> {
+        let text = raw.or(default)?;
+        if text.trim() == "off" {
+            return None;
+        }
+        let d = self.positive_duration(path, Some(text), "1s");
+        if d.subsec_nanos() != 0 {
+            self.err(path, "must be a whole number of seconds");
+        }
+        if d.as_secs() > i32::MAX as u64 {
+            self.err(path, "is longer than a TTL index allows (about 68 years)");
+        }
+        Some(d)
+    }
+
+    fn retention(&mut self, r: RawRetention) -> RetentionSettings {
+        RetentionSettings {
+            expire_after: self.retention_value(
+                "retention.expire_after",
+                r.expire_after.as_deref(),
+                None,
+            ),
+            deadletter_expire_after: self.retention_value(
+                "retention.deadletter_expire_after",
+                r.deadletter_expire_after.as_deref(),
+                Some("7d"),
+            ),
+        }
+    }
+
     fn subscription(&mut self, s: RawSubscription, path: &str) -> Option<Subscription> {
         let pattern = match TopicPattern::parse(&s.topic) {
             Ok(p) => Some(p),
@@ -696,6 +780,13 @@ mod tests {
         assert_eq!(s.bucket.window, Duration::from_secs(3600));
         assert_eq!(s.flush.max_pending_samples, 1_000_000);
         assert_eq!(s.subscriptions[0].qos, 1);
+        assert_eq!(s.closer.interval, Duration::from_secs(60));
+        assert_eq!(s.closer.grace, Duration::from_secs(300));
+        assert_eq!(s.retention.expire_after, None);
+        assert_eq!(
+            s.retention.deadletter_expire_after,
+            Some(Duration::from_secs(7 * 86400))
+        );
         assert_eq!(s.subscriptions[0].timestamp_field, "ts");
     }
 
@@ -750,6 +841,24 @@ mod tests {
         assert!(joined.contains("subscription[1].topic:"), "{joined}");
         assert!(joined.contains("subscription[2].field:"), "{joined}");
         assert!(joined.contains("subscription[2].qos:"), "{joined}");
+    }
+
+    #[test]
+    fn retention_can_be_set_or_turned_off() {
+        let text = MINIMAL.to_string()
+            + "[retention]\nexpire_after = \"30d\"\ndeadletter_expire_after = \"off\"\n";
+        let s = parse(&text, None).unwrap();
+        assert_eq!(
+            s.retention.expire_after,
+            Some(Duration::from_secs(30 * 86400))
+        );
+        assert_eq!(s.retention.deadletter_expire_after, None);
+        let joined =
+            errors(&(MINIMAL.to_string() + "[retention]\nexpire_after = \"1500ms\"\n")).join("\n");
+        assert!(
+            joined.contains("retention.expire_after: must be a whole number of seconds"),
+            "{joined}"
+        );
     }
 
     #[test]

@@ -62,6 +62,20 @@ pub struct RawFlush {
     pub max_pending_samples: Option<i64>,
 }
 
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCloser {
+    pub interval: Option<String>,
+    pub grace: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRetention {
+    pub expire_after: Option<String>,
+    pub deadletter_expire_after: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawSubscription {
