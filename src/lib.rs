@@ -20,7 +20,9 @@
 //! - [`schema`]: indexes and retention (TTL) set up at start-up.
 //! - [`pipeline`]: the task tying decode, buffer, writer, closer and acks
 //!   together.
-//! - [`telemetry`]: metric names.
+//! - [`telemetry`]: metrics, `/metrics` `/healthz` `/readyz`, systemd notify.
+//! - [`simulate`] and [`query`]: the `palletd simulate` load generator and
+//!   `palletd query` to read back what was stored.
 //! - [`shutdown`]: signals and the shutdown order.
 //!
 //! A PUBLISH is acknowledged only when every sample it carried is stored
@@ -33,11 +35,14 @@ pub mod config;
 pub mod decode;
 pub mod ingest;
 pub mod pipeline;
+pub mod query;
 pub mod schema;
 pub mod shutdown;
+pub mod simulate;
 pub mod telemetry;
 pub mod writer;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -56,10 +61,16 @@ pub enum RunError {
     /// The settings cannot work (e.g. an unparsable MongoDB URI).
     #[error("configuration error: {0}")]
     Config(String),
+    /// The HTTP endpoint could not start.
+    #[error("{0}")]
+    Http(String),
     /// Shutdown did not finish within its deadline.
     #[error("shutdown timed out with {} sample(s) not stored, {} dead letter(s) not written and {} message(s) not acknowledged (the broker will redeliver them)", .0.samples, .0.dead_letters, .0.unacknowledged)]
     ShutdownTimeout(Leftover),
 }
+
+/// `/readyz` fails while a flush has been running (retrying) longer than this.
+pub const READY_FLUSH_BOUND: Duration = Duration::from_secs(10);
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
@@ -103,7 +114,8 @@ pub async fn run(
     shutdown_timeout: Duration,
 ) -> Result<(), RunError> {
     let shape = shape(&settings);
-    telemetry::describe();
+    let metrics = telemetry::install();
+    let health = Arc::new(telemetry::Health::default());
     let client = mongo_client(&settings).await?;
     let writer = writer::Writer::new(&client, &settings, shape);
     let decoder = Decoder::new(
@@ -115,14 +127,46 @@ pub async fn run(
         },
     );
     let connection = ingest::Connection::new(&settings.mqtt, &settings.subscriptions);
-    let pipeline = Pipeline::new(&settings, decoder, connection.acker(), writer, shape);
+    let pipeline = Pipeline::new(
+        &settings,
+        decoder,
+        connection.acker(),
+        writer,
+        shape,
+        health.clone(),
+    );
     // Room for the broker's whole in-flight window, so ingest never waits.
     let (tx, rx) = mpsc::channel(settings.mqtt.max_inflight.max(1024));
 
     let done = CancellationToken::new();
     let abort = CancellationToken::new();
     let tracker = TaskTracker::new();
-    tracker.spawn(connection.run(tx, stop.clone(), done.clone(), abort.clone()));
+    // The HTTP endpoint and the supervisor stop when the pipeline is done.
+    if let Some(addr) = settings.http.listen {
+        let server = telemetry::serve(
+            addr,
+            metrics.clone(),
+            health.clone(),
+            READY_FLUSH_BOUND,
+            done.clone(),
+        )
+        .await
+        .map_err(|e| RunError::Http(format!("cannot listen on {addr} (http.listen): {e}")))?;
+        tracker.spawn(server);
+    }
+    tracker.spawn(telemetry::supervise(
+        client.database(&settings.mongodb.database),
+        health.clone(),
+        metrics,
+        done.clone(),
+    ));
+    tracker.spawn(connection.run(
+        tx,
+        stop.clone(),
+        done.clone(),
+        abort.clone(),
+        health.clone(),
+    ));
     let pipeline_task = {
         let (stop, done, abort) = (stop.clone(), done.clone(), abort.clone());
         let intervals = pipeline::Intervals {

@@ -41,6 +41,75 @@ enum Command {
     CheckConfig,
     /// Print the annotated example configuration.
     PrintConfig,
+    /// Publish simulated sensor readings (a load generator).
+    Simulate(SimulateArgs),
+    /// Print stored readings or rollups of one sensor, or what is stored.
+    Query(QueryArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct SimulateArgs {
+    /// Broker URL; defaults to [mqtt] url of --config, else mqtt://127.0.0.1:1883.
+    #[arg(long)]
+    url: Option<String>,
+    /// Number of sensors.
+    #[arg(long, default_value_t = 20)]
+    sensors: usize,
+    /// Readings per second per sensor.
+    #[arg(long, default_value_t = 1.0)]
+    rate: f64,
+    /// How long to publish.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    duration: Duration,
+    /// Topic template with a {sensor} placeholder.
+    #[arg(long, default_value = "sensors/{sensor}/telemetry")]
+    topic: String,
+    /// QoS of the publishes (0 or 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    qos: u8,
+    /// Share of sensors that send JSON arrays of several readings.
+    #[arg(long, default_value_t = 0.1)]
+    batch_share: f64,
+    /// Readings per array for batching sensors.
+    #[arg(long, default_value_t = 5)]
+    batch_size: usize,
+    /// Sensor ids are this prefix and a number.
+    #[arg(long, default_value = "sim-")]
+    sensor_prefix: String,
+    /// Seed of the random walks.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+#[derive(clap::Args, Debug)]
+struct QueryArgs {
+    /// The sensor whose readings (or --stats) to print.
+    #[arg(long)]
+    sensor: Option<String>,
+    /// Start of the range: RFC 3339, or a duration meaning that long ago ("2h").
+    #[arg(long)]
+    from: Option<String>,
+    /// End of the range (exclusive), same forms as --from.
+    #[arg(long)]
+    to: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = QueryFormat::Jsonl)]
+    format: QueryFormat,
+    /// Per-window rollups from the bucket fields, without reading samples.
+    #[arg(long, conflicts_with_all = ["summary", "buckets"])]
+    stats: bool,
+    /// Print how many buckets, samples, sensors and dead letters are stored.
+    #[arg(long, conflicts_with = "buckets")]
+    summary: bool,
+    /// Print this many bucket documents (newest first, 3 samples each).
+    #[arg(long, value_name = "N")]
+    buckets: Option<i64>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum QueryFormat {
+    Jsonl,
+    Csv,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -69,6 +138,25 @@ fn main() -> ExitCode {
             }
             Err(code) => code,
         },
+        Command::Simulate(args) => {
+            init_logging(cli.log_format);
+            let settings = match &cli.config {
+                Some(_) => match load(&cli) {
+                    Ok(s) => Some(s),
+                    Err(code) => return code,
+                },
+                None => None,
+            };
+            exit(simulate(args, settings.as_ref()))
+        }
+        Command::Query(args) => {
+            init_logging(cli.log_format);
+            let settings = match load(&cli) {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
+            exit(query(args, &settings))
+        }
         Command::Run => {
             init_logging(cli.log_format);
             let settings = match load(&cli) {
@@ -88,6 +176,136 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+fn exit(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("palletd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn simulate(
+    args: &SimulateArgs,
+    settings: Option<&palletd::config::Settings>,
+) -> anyhow::Result<()> {
+    let (host, port) = match (&args.url, settings) {
+        (Some(url), _) => palletd::config::parse_mqtt_url(url).map_err(anyhow::Error::msg)?,
+        (None, Some(s)) => (s.mqtt.host.clone(), s.mqtt.port),
+        (None, None) => ("127.0.0.1".to_string(), 1883),
+    };
+    anyhow::ensure!(args.sensors > 0, "--sensors must be at least 1");
+    anyhow::ensure!(args.rate > 0.0, "--rate must be positive");
+    anyhow::ensure!(
+        args.topic.contains("{sensor}"),
+        "--topic needs a {{sensor}} placeholder"
+    );
+    let credentials = settings.and_then(|s| {
+        let user = s.mqtt.username.clone()?;
+        let pass = s
+            .mqtt
+            .password
+            .as_ref()
+            .map(|p| p.expose().to_string())
+            .unwrap_or_default();
+        Some((user, pass))
+    });
+    let client_id = match settings {
+        Some(s) => format!("{}-sim-{}", s.mqtt.client_id, std::process::id()),
+        None => format!("palletd-sim-{}", std::process::id()),
+    };
+    let opts = palletd::simulate::SimOptions {
+        host,
+        port,
+        credentials,
+        client_id,
+        sensors: args.sensors,
+        rate: args.rate,
+        duration: args.duration,
+        topic: args.topic.clone(),
+        qos: if args.qos == 0 {
+            rumqttc::QoS::AtMostOnce
+        } else {
+            rumqttc::QoS::AtLeastOnce
+        },
+        batch_share: args.batch_share,
+        batch_size: args.batch_size,
+        sensor_prefix: args.sensor_prefix.clone(),
+        seed: args.seed,
+        max_packet_size: settings.map_or(4 << 20, |s| s.mqtt.max_packet_size),
+    };
+    let target = args.sensors as f64 * args.rate;
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let report = runtime.block_on(async {
+        let stop = CancellationToken::new();
+        palletd::shutdown::stop_on_signal(stop.clone()).await?;
+        anyhow::Ok(palletd::simulate::run(opts, stop).await?)
+    })?;
+    println!(
+        "published {} readings in {} messages over {:.1}s: {:.1} readings/s (target {:.1}); max lag behind schedule {:.3}s; {} not acknowledged by the broker",
+        report.readings,
+        report.messages,
+        report.elapsed.as_secs_f64(),
+        report.rate(),
+        target,
+        report.max_lag.as_secs_f64(),
+        report.unacknowledged
+    );
+    Ok(())
+}
+
+fn query(args: &QueryArgs, settings: &palletd::config::Settings) -> anyhow::Result<()> {
+    use palletd::query::{self, Format, Range};
+    let now = palletd::now_ms();
+    let range = Range {
+        from: args
+            .from
+            .as_deref()
+            .map(|t| query::parse_time(t, now))
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
+        to: args
+            .to
+            .as_deref()
+            .map(|t| query::parse_time(t, now))
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
+    };
+    let format = match args.format {
+        QueryFormat::Jsonl => Format::Jsonl,
+        QueryFormat::Csv => Format::Csv,
+    };
+    let window_ms = settings.bucket.window.as_millis() as i64;
+    let coll = settings.mongodb.collection.clone();
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let client = palletd::mongo_client(settings).await?;
+        let db = client.database(&settings.mongodb.database);
+        let stdout = std::io::stdout();
+        let mut out = std::io::BufWriter::new(stdout.lock());
+        if args.summary {
+            query::print_summary(&db, &coll, &mut out).await?;
+        } else if let Some(n) = args.buckets {
+            query::print_buckets(&db, &coll, args.sensor.as_deref(), n, &mut out).await?;
+        } else {
+            let sensor = args
+                .sensor
+                .as_deref()
+                .context("--sensor ID is needed (or --summary, or --buckets N)")?;
+            if args.stats {
+                let stats = query::window_stats(&db, &coll, sensor, range, window_ms).await?;
+                query::print_stats(sensor, &stats, format, &mut out)?;
+            } else {
+                query::print_readings(&db, &coll, sensor, range, window_ms, format, &mut out)
+                    .await?;
+            }
+        }
+        std::io::Write::flush(&mut out)?;
+        anyhow::Ok(())
+    })
 }
 
 fn load(cli: &Cli) -> Result<palletd::config::Settings, ExitCode> {

@@ -16,6 +16,7 @@
 //!   never overlaps a write.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
@@ -29,7 +30,7 @@ use crate::closer::Closer;
 use crate::decode::Decoder;
 use crate::ingest::acks::AckQueue;
 use crate::ingest::{AckToken, Acker, Message};
-use crate::telemetry;
+use crate::telemetry::{self, Health};
 use crate::writer::{Aborted, Outcome, Writer};
 
 /// Dead-letter payloads are kept up to this size (`truncated: true` beyond).
@@ -37,6 +38,13 @@ pub const DEADLETTER_PAYLOAD_MAX: usize = 64 * 1024;
 
 /// How often a cause of rejection is logged at most.
 const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// A message waiting for its acknowledgement.
+struct Unacked {
+    /// `None` for QoS 0: released in order, but nothing to send.
+    ack: Option<AckToken>,
+    received_ms: i64,
+}
 
 struct DeadLetter {
     msg: u64,
@@ -61,7 +69,7 @@ pub struct Leftover {
 pub struct Pipeline {
     decoder: Decoder,
     buffer: Buffer,
-    acks: AckQueue<AckToken>,
+    acks: AckQueue<Unacked>,
     acker: Acker,
     writer: Writer,
     deadletters: Vec<DeadLetter>,
@@ -73,6 +81,7 @@ pub struct Pipeline {
     /// Windows ending at or before this were sealed by the last closer run.
     sealed_until: Option<i64>,
     closer_failing: bool,
+    health: Arc<Health>,
 }
 
 impl Pipeline {
@@ -82,6 +91,7 @@ impl Pipeline {
         acker: Acker,
         writer: Writer,
         shape: Shape,
+        health: Arc<Health>,
     ) -> Self {
         Pipeline {
             decoder,
@@ -97,6 +107,7 @@ impl Pipeline {
             closer: Closer::new(&settings.mongodb.collection, settings.closer.grace),
             sealed_until: None,
             closer_failing: false,
+            health,
         }
     }
 
@@ -206,7 +217,14 @@ impl Pipeline {
     fn receive(&mut self, m: Message) {
         let decoded = self.decoder.decode(&m.topic, &m.payload, m.received_ms);
         let items = (decoded.readings.len() + decoded.errors.len()) as u32;
-        let seq = self.acks.push(m.ack, items);
+        let seq = self.acks.push(
+            Some(Unacked {
+                ack: m.ack,
+                received_ms: m.received_ms,
+            }),
+            items,
+        );
+        metrics::counter!(telemetry::SAMPLES_DECODED).increment(decoded.readings.len() as u64);
         for reading in &decoded.readings {
             let sample = Sample::encode(reading, seq);
             if let Err(e) = self.buffer.push(&reading.sensor, sample) {
@@ -221,7 +239,7 @@ impl Pipeline {
 
     fn dead_letter(&mut self, msg: u64, m: &Message, cause: &'static str, error: String) {
         self.throttle.log(cause, &m.topic, &error);
-        metrics::counter!(telemetry::SAMPLES_DEAD_LETTERED, "cause" => cause).increment(1);
+        metrics::counter!(telemetry::DEAD_LETTERS, "cause" => cause).increment(1);
         let keep = m.payload.len().min(DEADLETTER_PAYLOAD_MAX);
         let mut doc = doc! {
             "receivedAt": bson::DateTime::from_millis(m.received_ms),
@@ -253,6 +271,10 @@ impl Pipeline {
         }
         let statements = self.buffer.take(all);
         let mut samples = 0;
+        let writing = !statements.is_empty() || !self.deadletters.is_empty();
+        if writing {
+            self.health.flush_started();
+        }
         if !statements.is_empty() {
             let outcomes = match self.writer.write_statements(&statements, abort).await {
                 Ok(o) => o,
@@ -266,6 +288,9 @@ impl Pipeline {
                 match outcome {
                     Outcome::Applied { inserted } => {
                         self.buffer.settle(st, Some(inserted));
+                        if inserted {
+                            metrics::counter!(telemetry::BUCKETS_CREATED).increment(1);
+                        }
                         let window = self.buffer.shape().window_ms;
                         if self.sealed_until.is_some_and(|t| st.start_ms + window <= t) {
                             metrics::counter!(telemetry::SAMPLES_LATE_INTO_SEALED)
@@ -309,6 +334,13 @@ impl Pipeline {
                 - self.buffer.shape().window_ms;
             self.buffer.forget_before(keep_from);
         }
+        if writing {
+            self.health.flush_finished(samples as u64);
+            metrics::counter!(telemetry::FLUSHES).increment(1);
+            metrics::counter!(telemetry::STATEMENTS).increment(statements.len() as u64);
+            metrics::counter!(telemetry::SAMPLES_STORED).increment(samples as u64);
+            metrics::histogram!(telemetry::FLUSH_SECONDS).record(started.elapsed().as_secs_f64());
+        }
         let acked = self.release_acks();
         if samples > 0 || acked > 0 {
             debug!(
@@ -324,7 +356,17 @@ impl Pipeline {
 
     fn release_acks(&mut self) -> usize {
         let acker = &self.acker;
-        self.acks.pop_ready(|t| acker.ack(t))
+        let released = self.acks.pop_ready(|u| {
+            if let Some(a) = u.ack {
+                acker.ack(a);
+            }
+        });
+        let oldest = self.acks.oldest().map_or(0.0, |u| {
+            (crate::now_ms() - u.received_ms).max(0) as f64 / 1000.0
+        });
+        metrics::gauge!(telemetry::OLDEST_UNACKED_SECONDS).set(oldest);
+        metrics::gauge!(telemetry::PENDING_SAMPLES).set(self.buffer.pending() as f64);
+        released
     }
 }
 

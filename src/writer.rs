@@ -244,6 +244,12 @@ impl Writer {
                 });
             }
             if let Some((_, code, msg)) = first_error {
+                let kind = if TRANSIENT_CODES.contains(&code) {
+                    "statement_transient"
+                } else {
+                    "statement_rejected"
+                };
+                metrics::counter!(crate::telemetry::DATABASE_ERRORS, "kind" => kind).increment(1);
                 if TRANSIENT_CODES.contains(&code) {
                     debug!(code, error = %msg, "Transient statement error; retrying from it.");
                     backoff.wait(abort).await?;
@@ -280,10 +286,15 @@ impl Writer {
 
     fn failed(&mut self, what: &str, e: &mongodb::error::Error) {
         let kind = error_kind(e);
+        metrics::counter!(crate::telemetry::DATABASE_ERRORS, "kind" => kind).increment(1);
         self.failed_msg(what, &format!("{kind}: {e}"));
     }
 
     fn failed_msg(&mut self, what: &str, e: &str) {
+        if e.starts_with("write concern") {
+            metrics::counter!(crate::telemetry::DATABASE_ERRORS, "kind" => "write_concern")
+                .increment(1);
+        }
         if self.outage.is_none() {
             self.outage = Some(Instant::now());
             error!(error = %e, "Cannot {what}; holding the data and retrying until the database accepts it.");

@@ -15,8 +15,8 @@ use serde::de::DeserializeOwned;
 
 use crate::decode::{PayloadFormat, TopicPattern};
 use raw::{
-    RawBucket, RawCloser, RawFlush, RawMongo, RawMqtt, RawRetention, RawSize, RawSubscription,
-    RawWriteConcern,
+    RawBucket, RawCloser, RawFlush, RawHttp, RawMongo, RawMqtt, RawRetention, RawSize,
+    RawSubscription, RawWriteConcern,
 };
 
 /// The annotated example configuration; `palletd print-config` prints it and
@@ -101,6 +101,7 @@ pub struct Settings {
     pub flush: FlushSettings,
     pub closer: CloserSettings,
     pub retention: RetentionSettings,
+    pub http: HttpSettings,
     pub subscriptions: Vec<Subscription>,
 }
 
@@ -187,6 +188,13 @@ pub struct RetentionSettings {
 }
 
 #[derive(Debug, Clone)]
+pub struct HttpSettings {
+    /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` (an
+    /// empty `listen`) turns the endpoint off.
+    pub listen: Option<std::net::SocketAddr>,
+}
+
+#[derive(Debug, Clone)]
 pub struct Subscription {
     pub pattern: TopicPattern,
     pub format: PayloadFormat,
@@ -204,6 +212,7 @@ const SECTIONS: &[&str] = &[
     "flush",
     "closer",
     "retention",
+    "http",
     "subscription",
 ];
 
@@ -247,6 +256,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     let flush: RawFlush = v.section(&table, "flush", false).unwrap_or_default();
     let closer: RawCloser = v.section(&table, "closer", false).unwrap_or_default();
     let retention: RawRetention = v.section(&table, "retention", false).unwrap_or_default();
+    let http: RawHttp = v.section(&table, "http", false).unwrap_or_default();
     let mut subs: Vec<RawSubscription> = Vec::new();
     match table.get("subscription") {
         None => v.err("subscription", "at least one [[subscription]] is required"),
@@ -272,6 +282,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     let flush = v.flush(flush);
     let closer = v.closer(closer);
     let retention = v.retention(retention);
+    let http = v.http(http);
     let subscriptions: Vec<Subscription> = subs
         .into_iter()
         .enumerate()
@@ -286,6 +297,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
             flush,
             closer,
             retention,
+            http,
             subscriptions,
         }),
         _ => Err(v.errors),
@@ -625,6 +637,20 @@ impl Validator {
         }
     }
 
+    fn http(&mut self, h: RawHttp) -> HttpSettings {
+        let text = h.listen.unwrap_or_else(|| "127.0.0.1:9464".into());
+        if text.trim().is_empty() {
+            return HttpSettings { listen: None };
+        }
+        match text.trim().parse() {
+            Ok(addr) => HttpSettings { listen: Some(addr) },
+            Err(_) => {
+                self.err("http.listen", format!("{text:?} is not an address:port (e.g. \"127.0.0.1:9464\"; empty to turn off)"));
+                HttpSettings { listen: None }
+            }
+        }
+    }
+
     fn subscription(&mut self, s: RawSubscription, path: &str) -> Option<Subscription> {
         let pattern = match TopicPattern::parse(&s.topic) {
             Ok(p) => Some(p),
@@ -712,7 +738,7 @@ fn check_name(v: &mut Validator, path: &str, name: &str, forbidden: &[char]) {
 }
 
 /// `mqtt://host:port` (port defaults to 1883).
-fn parse_mqtt_url(text: &str) -> Result<(String, u16), String> {
+pub fn parse_mqtt_url(text: &str) -> Result<(String, u16), String> {
     let url = url::Url::parse(text).map_err(|e| format!("invalid URL {text:?}: {e}"))?;
     if url.scheme() != "mqtt" && url.scheme() != "tcp" {
         return Err(format!(

@@ -71,6 +71,11 @@ impl<T> AckQueue<T> {
         released
     }
 
+    /// The token of the oldest message not yet released.
+    pub fn oldest(&self) -> Option<&T> {
+        self.entries.front().and_then(|e| e.token.as_ref())
+    }
+
     /// Messages received and not yet released.
     pub fn len(&self) -> usize {
         self.entries.len()

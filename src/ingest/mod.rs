@@ -25,7 +25,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use std::sync::Arc;
+
 use crate::config::{MqttSettings, Subscription};
+use crate::telemetry::{self, Health};
 use crate::writer::Backoff;
 
 /// One received PUBLISH, as the pipeline sees it.
@@ -115,8 +118,13 @@ impl Connection {
         stop: CancellationToken,
         done: CancellationToken,
         abort: CancellationToken,
+        health: Arc<Health>,
     ) {
         let mut backoff = Backoff::default();
+        // Shows the loop is alive while the broker is quiet (it polls
+        // only on traffic and keep-alive pings).
+        let mut beat = tokio::time::interval(Duration::from_secs(1));
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut down_since: Option<std::time::Instant> = None;
         let mut disconnecting = false;
         let mut subscribed = false;
@@ -130,17 +138,26 @@ impl Connection {
                     }
                     continue;
                 }
+                _ = beat.tick() => {
+                    health.ingest_beat();
+                    continue;
+                }
                 ev = self.eventloop.poll() => ev,
             };
+            health.ingest_beat();
             match event {
                 Ok(Event::Incoming(Packet::ConnAck(ack))) => {
                     backoff = Backoff::default();
+                    health.set_broker_connected(true);
                     match down_since.take() {
-                        Some(t) => info!(
+                        Some(t) => {
+                            metrics::counter!(telemetry::BROKER_RECONNECTS).increment(1);
+                            info!(
                             session_present = ack.session_present,
                             after = ?Duration::from_secs(t.elapsed().as_secs()),
                             "Reconnected to the MQTT broker."
-                        ),
+                            )
+                        }
                         None => info!(
                             session_present = ack.session_present,
                             "Connected to the MQTT broker."
@@ -178,6 +195,7 @@ impl Connection {
                         continue;
                     }
                     tracing::trace!(topic = %p.topic, pkid = p.pkid, "Message received.");
+                    metrics::counter!(telemetry::MESSAGES_RECEIVED).increment(1);
                     let ack = (p.qos != QoS::AtMostOnce).then_some(AckToken {
                         qos: p.qos,
                         pkid: p.pkid,
@@ -194,11 +212,13 @@ impl Connection {
                     }
                 }
                 Ok(Event::Outgoing(Outgoing::Disconnect)) => {
+                    health.set_broker_connected(false);
                     info!("Disconnected from the MQTT broker.");
                     return;
                 }
                 Ok(_) => {}
                 Err(e) => {
+                    health.set_broker_connected(false);
                     if disconnecting {
                         return;
                     }

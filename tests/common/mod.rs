@@ -255,6 +255,9 @@ max_inflight = 100
 uri = "{}"
 database = "{database}"
 
+[http]
+listen = "127.0.0.1:{}"
+
 {extra}
 
 [[subscription]]
@@ -265,8 +268,19 @@ topic = "plant/{{sensor}}/{{field}}"
 format = "number"
 "#,
         broker.url(),
-        db.uri()
+        db.uri(),
+        free_port()
     )
+}
+
+/// The port of `[http] listen` in a config made by [`config`].
+pub fn http_port(config: &str) -> u16 {
+    config
+        .split("listen = \"127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .and_then(|p| p.parse().ok())
+        .expect("config has an [http] listen port")
 }
 
 /// palletd running as a child process.
@@ -286,6 +300,15 @@ impl Palletd {
     }
 
     pub fn start_with(config: &str, args: &[&str], rust_log: &str) -> Palletd {
+        Self::start_with_env(config, args, rust_log, &[])
+    }
+
+    pub fn start_with_env(
+        config: &str,
+        args: &[&str],
+        rust_log: &str,
+        env: &[(&str, &str)],
+    ) -> Palletd {
         let dir = tempfile::tempdir().unwrap();
         let conf = dir.path().join("palletd.toml");
         std::fs::write(&conf, config).unwrap();
@@ -296,6 +319,7 @@ impl Palletd {
             .arg(&conf)
             .args(args)
             .env("RUST_LOG", rust_log)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -529,6 +553,28 @@ pub fn check_bucket(b: &Document, window_ms: i64, max_samples: usize, max_bytes:
         assert_eq!(min.get_f64(&k).unwrap(), lo, "min.{k}");
         assert_eq!(max.get_f64(&k).unwrap(), hi, "max.{k}");
     }
+}
+
+/// A plain HTTP/1.0 GET on 127.0.0.1: (status, body).
+pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("HTTP endpoint listening");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
 }
 
 pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {

@@ -1,0 +1,533 @@
+//! Running palletd as a service: metrics and health, the systemd notify
+//! protocol, `palletd query`, JSON logs, the unit file and the Compose file.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::net::UnixDatagram;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bson::Document;
+
+use common::*;
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// Samples of a metric in a parsed scrape, by their labels.
+fn metric(scrape: &prometheus_parse::Scrape, name: &str, label: Option<(&str, &str)>) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter(|s| label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+fn scrape(port: u16) -> prometheus_parse::Scrape {
+    let (status, body) = http_get(port, "/metrics");
+    assert_eq!(status, 200);
+    let lines = body.lines().map(|l| Ok(l.to_string()));
+    prometheus_parse::Scrape::parse(lines).expect("/metrics is Prometheus text")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_match_what_was_stored_and_readyz_follows_the_database() {
+    let broker = Broker::start();
+    let mut db = Database::start();
+    let cfg = config(&broker, &db, "metrics", "palletd-metrics", "");
+    let port = http_port(&cfg);
+    let mut palletd = Palletd::start(&cfg);
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    assert_eq!(http_get(port, "/healthz").0, 200);
+
+    let mut publisher = Publisher::connect(&broker, "pub-metrics").await;
+    for seq in 0..30 {
+        publisher
+            .publish(
+                "sensors/m1/telemetry",
+                serde_json::json!({ "seq": seq, "v": 1.5 }).to_string(),
+            )
+            .await;
+    }
+    let batch = serde_json::json!([{ "seq": 30 }, { "seq": 31 }, { "seq": 32 }]);
+    publisher
+        .publish("sensors/m2/telemetry", batch.to_string())
+        .await;
+    publisher.publish("sensors/m2/telemetry", "{broken").await;
+    publisher.flush().await;
+    let client = db.client().await;
+    eventually(Duration::from_secs(30), "33 samples stored", || async {
+        stored_samples(&client, "metrics").await >= 33
+    })
+    .await;
+    eventually(Duration::from_secs(10), "metrics caught up", || async {
+        let s = scrape(port);
+        metric(&s, "palletd_samples_stored_total", None) >= 33.0
+            && metric(&s, "palletd_dead_letters_total", None) >= 1.0
+    })
+    .await;
+    let s = scrape(port);
+    assert_eq!(metric(&s, "palletd_messages_received_total", None), 32.0);
+    assert_eq!(metric(&s, "palletd_samples_decoded_total", None), 33.0);
+    assert_eq!(metric(&s, "palletd_samples_stored_total", None), 33.0);
+    assert_eq!(
+        metric(
+            &s,
+            "palletd_dead_letters_total",
+            Some(("cause", "bad_payload"))
+        ),
+        1.0
+    );
+    assert_eq!(metric(&s, "palletd_buckets_created_total", None), 2.0);
+    assert_eq!(metric(&s, "palletd_pending_samples", None), 0.0);
+    assert_eq!(metric(&s, "palletd_broker_connected", None), 1.0);
+    assert!(metric(&s, "palletd_flush_duration_seconds_count", None) >= 1.0);
+    assert!(
+        s.samples
+            .iter()
+            .all(|x| !x.labels.values().any(|v| v.starts_with('m'))),
+        "no sensor id in a label"
+    );
+
+    eventually(Duration::from_secs(10), "ready", || async {
+        http_get(port, "/readyz").0 == 200
+    })
+    .await;
+    db.stop();
+    let stopped = Instant::now();
+    eventually(
+        Duration::from_secs(15),
+        "unready without the database",
+        || async { http_get(port, "/readyz").0 == 503 },
+    )
+    .await;
+    let (_, why) = http_get(port, "/readyz");
+    assert!(why.contains("database"), "{why}");
+    eprintln!("unready {:?} after the database stopped", stopped.elapsed());
+    db.start_again();
+    eventually(Duration::from_secs(30), "ready again", || async {
+        http_get(port, "/readyz").0 == 200
+    })
+    .await;
+    assert_eq!(palletd.terminate(), Some(0));
+}
+
+/// Collects notify datagrams for `dur`.
+fn collect(sock: &UnixDatagram, dur: Duration) -> Vec<String> {
+    let deadline = Instant::now() + dur;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        sock.set_read_timeout(Some(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+        ))
+        .unwrap();
+        if let Ok(n) = sock.recv(&mut buf) {
+            out.push(String::from_utf8_lossy(&buf[..n]).to_string());
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemd_notify_ready_and_watchdog_only_while_flushes_progress() {
+    let broker = Broker::start();
+    let mut db = Database::start();
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    let cfg = config(&broker, &db, "notify", "palletd-notify", "");
+    let mut palletd = Palletd::start_with_env(
+        &cfg,
+        &[],
+        "info",
+        &[
+            ("NOTIFY_SOCKET", sock_path.to_str().unwrap()),
+            ("WATCHDOG_USEC", "2000000"),
+        ],
+    );
+    let first = collect(&sock, Duration::from_secs(5));
+    assert!(first.iter().any(|m| m.contains("READY=1")), "{first:?}");
+    assert!(first.iter().any(|m| m.contains("STATUS=")), "{first:?}");
+    assert!(first.iter().any(|m| m.contains("WATCHDOG=1")), "{first:?}");
+
+    // Make a flush hang: the database is gone and a reading waits.
+    db.stop();
+    let mut publisher = Publisher::connect(&broker, "pub-notify").await;
+    publisher
+        .publish("sensors/n1/telemetry", r#"{"v": 1}"#)
+        .await;
+    publisher.flush().await;
+    palletd.wait_for_log("holding the data and retrying", Duration::from_secs(30));
+    // Past the watchdog interval the pets stop.
+    collect(&sock, Duration::from_secs(3));
+    let stuck = collect(&sock, Duration::from_secs(4));
+    assert!(
+        !stuck.iter().any(|m| m.contains("WATCHDOG=1")),
+        "no watchdog while stuck: {stuck:?}"
+    );
+
+    db.start_again();
+    let client = db.client().await;
+    eventually(Duration::from_secs(30), "the reading is stored", || async {
+        stored_samples(&client, "notify").await == 1
+    })
+    .await;
+    let after = collect(&sock, Duration::from_secs(4));
+    assert!(
+        after.iter().any(|m| m.contains("WATCHDOG=1")),
+        "watchdog again: {after:?}"
+    );
+    assert_eq!(palletd.terminate(), Some(0));
+}
+
+fn run_query(cfg_path: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_palletd"))
+        .arg("query")
+        .arg("--config")
+        .arg(cfg_path)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_prints_exactly_the_published_readings_in_order_across_buckets() {
+    let broker = Broker::start();
+    let db = Database::start();
+    let extra = "[bucket]\nwindow = \"1s\"\nmax_samples = 4\n[closer]\ninterval = \"1s\"\ngrace = \"1s\"\n[flush]\ninterval = \"200ms\"\n";
+    let cfg = config(&broker, &db, "query", "palletd-query", extra);
+    let mut palletd = Palletd::start(&cfg);
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let mut publisher = Publisher::connect(&broker, "pub-query").await;
+    // Three one-second windows, 10 readings each, out of order: several
+    // full buckets per window.
+    let w0 = now_ms().div_euclid(1000) * 1000 + 1000;
+    let mut published: Vec<(i64, i64)> = Vec::new();
+    for seq in 0..30i64 {
+        let ts = w0 + (seq % 3) * 1000 + (29 - seq) * 10;
+        publisher
+            .publish(
+                "sensors/q1/telemetry",
+                serde_json::json!({ "ts": ts, "seq": seq, "v": seq as f64 / 2.0 }).to_string(),
+            )
+            .await;
+        published.push((ts, seq));
+    }
+    // Another sensor must not show up.
+    publisher
+        .publish(
+            "sensors/q2/telemetry",
+            serde_json::json!({ "ts": w0, "seq": 99 }).to_string(),
+        )
+        .await;
+    publisher.flush().await;
+    let client = db.client().await;
+    eventually(Duration::from_secs(30), "buckets sealed", || async {
+        let b = all_docs(&client, "query", "readings").await;
+        b.iter().map(|b| b.get_i32("count").unwrap()).sum::<i32>() == 31
+            && b.iter().all(|b| b.get_bool("closed") == Ok(true))
+    })
+    .await;
+    // A late reading into the sealed first window: a second kind of bucket.
+    publisher
+        .publish(
+            "sensors/q1/telemetry",
+            serde_json::json!({ "ts": w0 + 5, "seq": 30, "v": 0.0 }).to_string(),
+        )
+        .await;
+    publisher.flush().await;
+    published.push((w0 + 5, 30));
+    eventually(Duration::from_secs(30), "late reading stored", || async {
+        stored_samples(&client, "query").await == 32
+    })
+    .await;
+
+    let cfg_path = write_file(palletd.dir.path(), "query.toml", &cfg);
+    let from = chrono::DateTime::from_timestamp_millis(w0)
+        .unwrap()
+        .to_rfc3339();
+    let to = chrono::DateTime::from_timestamp_millis(w0 + 2500)
+        .unwrap()
+        .to_rfc3339();
+    let out = run_query(&cfg_path, &["--sensor", "q1", "--from", &from, "--to", &to]);
+    let got: Vec<(i64, i64)> = out
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            assert_eq!(v["sensorId"], "q1");
+            let ts = chrono::DateTime::parse_from_rfc3339(v["ts"].as_str().unwrap())
+                .unwrap()
+                .timestamp_millis();
+            (ts, v["seq"].as_f64().unwrap() as i64)
+        })
+        .collect();
+    let mut want: Vec<(i64, i64)> = published
+        .iter()
+        .copied()
+        .filter(|(ts, _)| (w0..w0 + 2500).contains(ts))
+        .collect();
+    want.sort();
+    assert_eq!(got, want, "exactly the readings in range, in time order");
+
+    let csv = run_query(&cfg_path, &["--sensor", "q1", "--format", "csv"]);
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("sensorId,ts,seq,v"));
+    assert_eq!(lines.count(), 31);
+
+    // --stats matches the buckets' rollups, merged per window.
+    let stats = run_query(&cfg_path, &["--sensor", "q1", "--stats"]);
+    let buckets: Vec<Document> = all_docs(&client, "query", "readings")
+        .await
+        .into_iter()
+        .filter(|b| b.get_str("sensorId") == Ok("q1"))
+        .collect();
+    let mut want: BTreeMap<i64, (i64, f64, i64, f64, f64)> = BTreeMap::new();
+    for b in &buckets {
+        let e = want
+            .entry(b.get_datetime("startTs").unwrap().timestamp_millis())
+            .or_insert((0, 0.0, 0, f64::MAX, f64::MIN));
+        e.0 += b.get_i32("count").unwrap() as i64;
+        e.1 += b.get_document("sum").unwrap().get_f64("v").unwrap();
+        e.2 += b.get_document("n").unwrap().get_i32("v").unwrap() as i64;
+        e.3 =
+            e.3.min(b.get_document("min").unwrap().get_f64("v").unwrap());
+        e.4 =
+            e.4.max(b.get_document("max").unwrap().get_f64("v").unwrap());
+    }
+    let lines: Vec<serde_json::Value> = stats
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), want.len());
+    for (line, (start, (count, sum, n, min, max))) in lines.iter().zip(&want) {
+        let ts = chrono::DateTime::parse_from_rfc3339(line["startTs"].as_str().unwrap())
+            .unwrap()
+            .timestamp_millis();
+        assert_eq!(ts, *start);
+        assert_eq!(line["count"].as_i64(), Some(*count));
+        let v = &line["fields"]["v"];
+        assert!((v["sum"].as_f64().unwrap() - sum).abs() < 1e-9);
+        assert_eq!(v["n"].as_i64(), Some(*n));
+        assert_eq!(v["min"].as_f64(), Some(*min));
+        assert_eq!(v["max"].as_f64(), Some(*max));
+        assert!((v["avg"].as_f64().unwrap() - sum / *n as f64).abs() < 1e-9);
+    }
+    assert!(
+        lines[0]["buckets"].as_i64().unwrap() >= 3,
+        "the first window merged full and late buckets"
+    );
+    assert_eq!(palletd.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulator_publishes_what_palletd_stores() {
+    let broker = Broker::start();
+    let db = Database::start();
+    let cfg = config(&broker, &db, "sim", "palletd-sim", "");
+    let mut palletd = Palletd::start(&cfg);
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let cfg_path = write_file(palletd.dir.path(), "sim.toml", &cfg);
+    let out = Command::new(env!("CARGO_BIN_EXE_palletd"))
+        .args(["simulate", "--config"])
+        .arg(&cfg_path)
+        .args([
+            "--sensors",
+            "5",
+            "--rate",
+            "20",
+            "--duration",
+            "2s",
+            "--batch-share",
+            "0.4",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("published 200 readings"), "{report}");
+    assert!(report.contains("0 not acknowledged"), "{report}");
+    let client = db.client().await;
+    eventually(Duration::from_secs(30), "200 readings stored", || async {
+        stored_samples(&client, "sim").await == 200
+    })
+    .await;
+    let sensors: std::collections::BTreeSet<String> = all_docs(&client, "sim", "readings")
+        .await
+        .iter()
+        .map(|b| b.get_str("sensorId").unwrap().to_string())
+        .collect();
+    assert_eq!(sensors.len(), 5);
+    assert_eq!(palletd.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line() {
+    let broker = Broker::start();
+    let db = Database::start();
+    let cfg = config(&broker, &db, "logs", "palletd-logs", "");
+    let mut palletd = Palletd::start_with_args(&cfg, &["--log-format", "json"]);
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    assert_eq!(palletd.terminate(), Some(0));
+    let log = palletd.log();
+    assert!(log.lines().count() >= 3);
+    for line in log.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v["level"].is_string() && v["message"].is_string(), "{line}");
+    }
+}
+
+fn systemd_analyze() -> &'static str {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!("systemd-analyze not found; {INSTALL_HINT} (it installs Debian's systemd package)");
+    }
+    "systemd-analyze"
+}
+
+#[test]
+fn systemd_unit_verifies_and_is_hardened() {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/systemd/palletd.service"
+    ))
+    .unwrap();
+    for line in [
+        "Type=notify",
+        "WatchdogSec=",
+        "ExecStartPre=/usr/local/bin/palletd check-config --config /etc/palletd/config.toml",
+        "Restart=on-failure",
+        "RestartPreventExitStatus=78",
+        "StateDirectory=palletd",
+        "ProtectSystem=strict",
+        "NoNewPrivileges=yes",
+        "SystemCallFilter=@system-service",
+        "MemoryDenyWriteExecute=yes",
+    ] {
+        assert!(unit.contains(line), "unit has {line}");
+    }
+    let stop: u64 = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("TimeoutStopSec="))
+        .and_then(|v| v.trim_end_matches('s').parse().ok())
+        .unwrap();
+    assert!(
+        stop > 30,
+        "TimeoutStopSec is longer than the 30s shutdown timeout"
+    );
+
+    // verify checks that the executables exist: point them at the build.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("palletd.service");
+    std::fs::write(
+        &path,
+        unit.replace("/usr/local/bin/palletd", env!("CARGO_BIN_EXE_palletd")),
+    )
+    .unwrap();
+    let out = Command::new(systemd_analyze())
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(systemd_analyze())
+        .args(["security", "--offline=true", "--no-pager"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let score: f64 = text
+        .lines()
+        .find_map(|l| l.split("exposure level for palletd.service: ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no exposure level in:\n{text}"));
+    assert!(score <= 2.0, "exposure {score} > 2.0");
+}
+
+#[test]
+fn compose_file_has_the_services_health_checks_and_config_mount() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docker-compose.yml"))
+        .unwrap();
+    let doc: serde_norway::Value =
+        serde_norway::from_str(&text).expect("docker-compose.yml is YAML");
+    let services = &doc["services"];
+    assert!(services["mosquitto"]["image"]
+        .as_str()
+        .unwrap()
+        .starts_with("eclipse-mosquitto"));
+    assert!(services["mongo"]["image"]
+        .as_str()
+        .unwrap()
+        .starts_with("mongo:"));
+    for s in ["mosquitto", "mongo"] {
+        assert!(
+            services[s]["healthcheck"]["test"].is_sequence(),
+            "{s} has a health check"
+        );
+    }
+    let palletd = &services["palletd"];
+    assert_eq!(palletd["build"].as_str(), Some("."));
+    for dep in ["mosquitto", "mongo"] {
+        assert_eq!(
+            palletd["depends_on"][dep]["condition"].as_str(),
+            Some("service_healthy"),
+            "{dep}"
+        );
+    }
+    let mounts: Vec<&str> = palletd["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m.ends_with(":/etc/palletd/config.toml:ro")),
+        "{mounts:?}"
+    );
+    let sim = &services["simulator"];
+    assert_eq!(sim["profiles"][0].as_str(), Some("simulator"));
+    assert_eq!(sim["command"][0].as_str(), Some("simulate"));
+    // The mounted config is a valid palletd config.
+    let cfg = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docker/palletd.toml"))
+        .unwrap();
+    palletd::config::parse(&cfg, None).expect("docker/palletd.toml is valid");
+    let dockerfile =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Dockerfile")).unwrap();
+    assert_eq!(
+        dockerfile.matches("\nFROM ").count() + dockerfile.starts_with("FROM ") as usize,
+        2,
+        "multi-stage"
+    );
+    assert!(
+        dockerfile.contains("\nUSER palletd"),
+        "non-root runtime user"
+    );
+}
