@@ -37,12 +37,13 @@ pub struct Sample {
     pub doc: RawDocumentBuf,
     /// Numeric fields, for the rollups.
     pub nums: Vec<(String, f64)>,
-    /// Sequence number of the MQTT message it came from (for acks).
-    pub msg: u64,
+    /// Log sequence number of the sample's spool record. A sensor's samples
+    /// are in LSN order, and a bucket remembers the highest LSN applied to it.
+    pub lsn: u64,
 }
 
 impl Sample {
-    pub fn encode(reading: &Reading, msg: u64) -> Sample {
+    pub fn encode(reading: &Reading, lsn: u64) -> Sample {
         let mut doc = RawDocumentBuf::new();
         doc.append("ts", bson::DateTime::from_millis(reading.ts_ms));
         let mut nums = Vec::new();
@@ -60,8 +61,28 @@ impl Sample {
             ts_ms: reading.ts_ms,
             doc,
             nums,
-            msg,
+            lsn,
         }
+    }
+
+    /// A sample read back from the spool: the document as it was encoded.
+    pub fn from_doc(doc: RawDocumentBuf, lsn: u64) -> Option<Sample> {
+        let mut ts_ms = None;
+        let mut nums = Vec::new();
+        for field in doc.iter() {
+            let (name, value) = field.ok()?;
+            match value {
+                bson::RawBsonRef::DateTime(t) if name == "ts" => ts_ms = Some(t.timestamp_millis()),
+                bson::RawBsonRef::Double(x) => nums.push((name.to_string(), x)),
+                _ => {}
+            }
+        }
+        Some(Sample {
+            ts_ms: ts_ms?,
+            doc,
+            nums,
+            lsn,
+        })
     }
 
     /// Bytes this sample counts against `bucket.max_bytes`.
@@ -92,6 +113,11 @@ pub struct Statement {
 impl Statement {
     pub fn count(&self) -> u32 {
         self.samples.len() as u32
+    }
+
+    /// The highest LSN in the statement (its samples are in LSN order).
+    pub fn last_lsn(&self) -> u64 {
+        self.samples.iter().map(|s| s.lsn).max().unwrap_or(0)
     }
 
     /// What the gateway knows of the bucket's fill after the statement was
@@ -146,7 +172,10 @@ impl Statement {
         }
         let mut inc = rawdoc! { "count": k as i32, "size": self.bytes as i32 };
         let mut min = rawdoc! { "minTs": bson::DateTime::from_millis(min_ts) };
-        let mut max = rawdoc! { "maxTs": bson::DateTime::from_millis(max_ts) };
+        let mut max = rawdoc! {
+            "maxTs": bson::DateTime::from_millis(max_ts),
+            "lsn": self.last_lsn() as i64,
+        };
         for (name, sum, n, lo, hi) in rollups {
             inc.append(format!("sum.{name}"), sum);
             inc.append(format!("n.{name}"), n);
@@ -243,8 +272,8 @@ mod tests {
         max_bytes: 200,
     };
 
-    fn sample(ts_ms: i64, msg: u64, extra: usize) -> Sample {
-        let mut fields = vec![("v".to_string(), FieldValue::Num(msg as f64))];
+    fn sample(ts_ms: i64, lsn: u64, extra: usize) -> Sample {
+        let mut fields = vec![("v".to_string(), FieldValue::Num(lsn as f64))];
         if extra > 0 {
             fields.push(("pad".into(), FieldValue::Str("x".repeat(extra))));
         }
@@ -254,7 +283,7 @@ mod tests {
                 ts_ms,
                 fields,
             },
-            msg,
+            lsn,
         )
     }
 
@@ -274,7 +303,7 @@ mod tests {
                     && b.2 <= shape.max_samples - k
                     && b.3 <= shape.max_bytes - st.bytes
             });
-            let msgs = st.samples.iter().map(|s| s.msg);
+            let msgs = st.samples.iter().map(|s| s.lsn);
             match found {
                 Some(b) => {
                     b.2 += k;
@@ -360,6 +389,13 @@ mod tests {
         );
         let counts: Vec<u32> = out.iter().map(|s| s.count()).collect();
         assert_eq!(counts, vec![2, 2, 1]);
+    }
+
+    #[test]
+    fn a_sample_reads_back_from_its_document() {
+        let s = sample(1234, 9, 3);
+        let back = Sample::from_doc(s.doc.clone(), 9).unwrap();
+        assert_eq!(back, s);
     }
 
     #[test]

@@ -15,6 +15,10 @@ struct SensorBuf {
     /// Open-bucket fill per window start; absent means unknown.
     memory: HashMap<i64, Fill>,
     ready: bool,
+    /// Highest LSN of this sensor known to be in MongoDB; `None` until
+    /// learned from the database (after a start, for samples replayed from
+    /// the spool) or set by a write.
+    applied: Option<u64>,
 }
 
 /// All sensors' pending samples.
@@ -154,6 +158,9 @@ impl Buffer {
         let Some(buf) = self.sensors.get_mut(&st.sensor) else {
             return;
         };
+        if applied.is_some() {
+            buf.applied = Some(buf.applied.unwrap_or(0).max(st.last_lsn()));
+        }
         match applied.and_then(|inserted| st.fill_after(inserted)) {
             Some(fill) => {
                 buf.memory.insert(st.start_ms, fill);
@@ -164,12 +171,59 @@ impl Buffer {
         }
     }
 
+    /// Sensors among those `take(all)` would take whose applied LSN is not
+    /// known yet.
+    pub fn unknown_applied(&self, all: bool) -> Vec<String> {
+        let names: Vec<&String> = if all {
+            self.sensors.keys().collect()
+        } else {
+            self.ready.iter().collect()
+        };
+        names
+            .into_iter()
+            .filter(|n| {
+                self.sensors
+                    .get(*n)
+                    .is_some_and(|b| b.applied.is_none() && !b.pending.is_empty())
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Records the applied LSNs learned from the database (a sensor asked
+    /// about and not found has none) and drops the pending samples at or
+    /// below them: MongoDB already has those. Returns how many were dropped.
+    pub fn learn_applied(&mut self, asked: &[String], found: &HashMap<String, u64>) -> usize {
+        let mut dropped = 0;
+        for name in asked {
+            let Some(buf) = self.sensors.get_mut(name) else {
+                continue;
+            };
+            let applied = found.get(name).copied().unwrap_or(0);
+            buf.applied = Some(applied);
+            let before = buf.pending.len();
+            buf.pending.retain(|s| s.lsn > applied);
+            dropped += before - buf.pending.len();
+        }
+        self.pending -= dropped;
+        dropped
+    }
+
+    /// The lowest LSN of a pending sample, if any.
+    pub fn min_pending_lsn(&self) -> Option<u64> {
+        self.sensors
+            .values()
+            .filter_map(|b| b.pending.first().map(|s| s.lsn))
+            .min()
+    }
+
     /// Forgets open-bucket memory of windows that started before `start_ms`
     /// and drops sensors with nothing pending and nothing remembered, so
     /// memory follows the sensors that are active.
     pub fn forget_before(&mut self, start_ms: i64) {
         self.sensors.retain(|_, b| {
             b.memory.retain(|s, _| *s >= start_ms);
+            // A dropped sensor's applied LSN is learned again if it returns.
             !b.pending.is_empty() || !b.memory.is_empty()
         });
     }
@@ -240,6 +294,25 @@ mod tests {
         b.settle(&st, None);
         b.forget_before(60_000);
         assert_eq!(b.sensors(), 0);
+    }
+
+    #[test]
+    fn learning_applied_lsns_drops_what_mongodb_has() {
+        let mut b = Buffer::new(SHAPE);
+        for (i, sensor) in ["a", "a", "b", "a"].iter().enumerate() {
+            let mut s = sample(i as i64);
+            s.lsn = 10 + i as u64;
+            b.push(sensor, s).unwrap();
+        }
+        let mut unknown = b.unknown_applied(true);
+        unknown.sort();
+        assert_eq!(unknown, vec!["a", "b"]);
+        assert_eq!(b.min_pending_lsn(), Some(10));
+        let dropped = b.learn_applied(&unknown, &HashMap::from([("a".to_string(), 11)]));
+        assert_eq!(dropped, 2);
+        assert_eq!(b.pending(), 2);
+        assert_eq!(b.min_pending_lsn(), Some(12));
+        assert!(b.unknown_applied(true).is_empty());
     }
 
     #[test]

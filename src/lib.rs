@@ -4,14 +4,19 @@
 //! Data flows one way, each part a task that owns its state:
 //!
 //! ```text
-//!  broker ──> ingest ──(bounded channel)──> pipeline ──> writer ──> MongoDB
-//!               ^                            │ decode, buffer, plan
-//!               └──────── PUBACKs ───────────┘ (ordered ack queue)
+//!  broker ──> ingest ──> spooler ──> spool (local log, fsync)
+//!               ^          │ decode          │ durable LSN
+//!               └─ PUBACK ─┘ <───────────────┘
+//!                          │ feed (memory)   │ catch-up (disk)
+//!                          v                 v
+//!                          pipeline: buffer, plan ──> writer ──> MongoDB
+//!                                    closer, checkpoint ──> spool
 //! ```
 //!
 //! - [`config`]: the TOML file -> validated [`config::Settings`].
-//! - [`ingest`]: owns the rumqttc event loop; subscribe, reconnect; the
-//!   ordered [`ingest::acks::AckQueue`].
+//! - [`ingest`]: owns the rumqttc event loop; subscribe, reconnect,
+//!   recognise redeliveries; the ordered [`ingest::acks::AckQueue`].
+//! - [`spooler`]: decodes, appends to the [`spool`], acknowledges once durable.
 //! - [`decode`]: topic patterns and payload formats -> readings. Pure.
 //! - [`buffer`]: per-sensor pending samples and open-bucket memory. Sans-IO.
 //! - [`bucket`]: the bucket document and the upsert statements. Sans-IO.
@@ -25,8 +30,8 @@
 //!   `palletd query` to read back what was stored.
 //! - [`shutdown`]: signals and the shutdown order.
 //!
-//! A PUBLISH is acknowledged only when every sample it carried is stored
-//! with the configured write concern or it went to the dead letter.
+//! A PUBLISH is acknowledged once everything it carried is durable in the
+//! local spool; the spool is confirmed into MongoDB exactly once.
 
 pub mod bucket;
 pub mod buffer;
@@ -39,6 +44,8 @@ pub mod query;
 pub mod schema;
 pub mod shutdown;
 pub mod simulate;
+pub mod spool;
+pub mod spooler;
 pub mod telemetry;
 pub mod writer;
 
@@ -64,8 +71,11 @@ pub enum RunError {
     /// The HTTP endpoint could not start.
     #[error("{0}")]
     Http(String),
+    /// The spool cannot be opened.
+    #[error("cannot open the spool: {0}")]
+    Spool(String),
     /// Shutdown did not finish within its deadline.
-    #[error("shutdown timed out with {} sample(s) not stored, {} dead letter(s) not written and {} message(s) not acknowledged (the broker will redeliver them)", .0.samples, .0.dead_letters, .0.unacknowledged)]
+    #[error("shutdown timed out with {} sample(s) and {} dead letter(s) not yet in MongoDB (kept in the spool for the next start) and {} message(s) not acknowledged (the broker will redeliver them)", .0.samples, .0.dead_letters, .0.unacknowledged)]
     ShutdownTimeout(Leftover),
 }
 
@@ -126,22 +136,61 @@ pub async fn run(
             max_future_ms: settings.bucket.max_future.as_millis() as i64,
         },
     );
+    let spool_dir = settings.spool.dir.clone();
+    let spool_error =
+        |e: std::io::Error| RunError::Spool(format!("{} (spool.dir): {e}", spool_dir.display()));
+    let recovered = spool::recover(&settings.spool.dir).map_err(spool_error)?;
+    let spool = spool::SpoolWriter::start(
+        &settings.spool,
+        recovered.next_lsn,
+        recovered.bytes,
+        recovered.checkpoint,
+    )
+    .map_err(spool_error)?;
+    info!(
+        dir = %settings.spool.dir.display(),
+        bytes = recovered.bytes,
+        records_to_replay = recovered.records,
+        "Spool opened."
+    );
     let connection = ingest::Connection::new(&settings.mqtt, &settings.subscriptions);
+    let (feed_tx, feed_rx) = mpsc::channel(1024);
+    let spooler = spooler::Spooler {
+        decoder,
+        acker: connection.acker(),
+        spool: spool.tx.clone(),
+        durable: spool.durable.clone(),
+        stats: spool.stats.clone(),
+        next_lsn: recovered.next_lsn,
+        tag: recovered.tag,
+        max_size: settings.spool.max_size,
+        max_sample_bytes: shape.max_bytes,
+        feed: feed_tx,
+    };
     let pipeline = Pipeline::new(
         &settings,
-        decoder,
-        connection.acker(),
         writer,
         shape,
         health.clone(),
+        pipeline::SpoolHandle {
+            dir: settings.spool.dir.clone(),
+            tx: spool.tx.clone(),
+            durable: spool.durable.clone(),
+            stats: spool.stats.clone(),
+            tag: recovered.tag,
+            from: recovered.checkpoint,
+            replay: recovered.records,
+        },
     );
     // Room for the broker's whole in-flight window, so ingest never waits.
     let (tx, rx) = mpsc::channel(settings.mqtt.max_inflight.max(1024));
 
+    // `acked`: the spooler released every due acknowledgement (ingest may
+    // disconnect); `done`: the pipeline finished (the endpoints stop).
+    let acked = CancellationToken::new();
     let done = CancellationToken::new();
     let abort = CancellationToken::new();
     let tracker = TaskTracker::new();
-    // The HTTP endpoint and the supervisor stop when the pipeline is done.
     if let Some(addr) = settings.http.listen {
         let server = telemetry::serve(
             addr,
@@ -163,10 +212,19 @@ pub async fn run(
     tracker.spawn(connection.run(
         tx,
         stop.clone(),
-        done.clone(),
+        acked.clone(),
         abort.clone(),
         health.clone(),
+        ingest::Redeliveries::new(recovered.message_ids),
     ));
+    let spooler_task = {
+        let (stop, acked, abort) = (stop.clone(), acked.clone(), abort.clone());
+        tracker.spawn(async move {
+            let result = spooler.run(rx, stop, abort).await;
+            acked.cancel();
+            result
+        })
+    };
     let pipeline_task = {
         let (stop, done, abort) = (stop.clone(), done.clone(), abort.clone());
         let intervals = pipeline::Intervals {
@@ -174,7 +232,7 @@ pub async fn run(
             closer: settings.closer.interval,
         };
         tracker.spawn(async move {
-            let result = pipeline.run(rx, intervals, stop, abort).await;
+            let result = pipeline.run(feed_rx, intervals, stop, abort).await;
             done.cancel();
             result
         })
@@ -194,14 +252,25 @@ pub async fn run(
         // Every task returns promptly once aborted.
         let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
     }
-    let result = match pipeline_task.await {
-        Ok(Ok(())) if finished.is_ok() => Ok(()),
-        Ok(Ok(())) => Err(RunError::ShutdownTimeout(Leftover::default())),
-        Ok(Err(left)) => Err(RunError::ShutdownTimeout(left)),
-        Err(e) => {
-            error!(error = %e, "Pipeline task failed.");
-            Err(RunError::ShutdownTimeout(Leftover::default()))
-        }
+    // The writer thread syncs what was appended and exits.
+    tokio::task::spawn_blocking(move || spool.finish())
+        .await
+        .ok();
+    let mut left = Leftover::default();
+    match pipeline_task.await {
+        Ok(Ok(())) => {}
+        Ok(Err(l)) => left = l,
+        Err(e) => error!(error = %e, "Pipeline task failed."),
+    }
+    match spooler_task.await {
+        Ok(Ok(())) => {}
+        Ok(Err(n)) => left.unacknowledged = n,
+        Err(e) => error!(error = %e, "Spooler task failed."),
+    }
+    let result = if finished.is_ok() && left == Leftover::default() {
+        Ok(())
+    } else {
+        Err(RunError::ShutdownTimeout(left))
     };
     if result.is_ok() {
         info!("Stopped cleanly.");

@@ -1,55 +1,44 @@
-//! The task between ingest and the database: decodes each message, buffers
-//! its samples, flushes, and releases acknowledgements once everything a
-//! message carried is durable. It owns the [`Buffer`], the [`AckQueue`] and
-//! the [`Writer`]; no state is shared.
+//! The task between the spool and the database: it holds a window of the
+//! spool in memory (the [`Buffer`] and pending dead letters), flushes it to
+//! MongoDB, runs the closer, and moves the spool's checkpoint forward.
 //!
-//! A flush is awaited in this task, so at most one flush is in flight and
-//! while it lasts no new messages are taken (the channel from ingest fills
-//! and then holds the broker back). Flushes happen:
-//! - every `flush.interval` (all sensors);
-//! - early when a sensor has enough samples to fill its open bucket (ready
-//!   sensors only);
-//! - at once when `flush.max_pending_samples` samples are buffered, or when
-//!   `mqtt.max_inflight` messages wait for acknowledgement (the broker sends
-//!   no more until some are acknowledged), both for all sensors;
-//! - right before each closer run (every `closer.interval`), which therefore
-//!   never overlaps a write.
+//! Memory holds the records from the checkpoint up to the `cursor`; records
+//! at or past the cursor are on disk only. While everything fits, the
+//! spooler's in-memory feed moves the cursor along with the log (live); when
+//! memory is full (`flush.max_pending_samples`) or after a restart, the
+//! pipeline reads records back from the spool in LSN order (catch-up) as
+//! fast as flushes make room, so per-sensor order is the log's order.
+//!
+//! Only durable records are written to MongoDB, and only after their
+//! sensor's applied LSN is known (learned from the database for sensors
+//! first seen in this run), so a replay never stores a sample twice.
+//!
+//! A flush is awaited in this task, so at most one is in flight. Flushes
+//! happen every `flush.interval` (all sensors), early when a sensor can fill
+//! its open bucket (ready sensors), at once when memory is full, and right
+//! before each closer run (every `closer.interval`), which therefore never
+//! overlaps a write.
 
-use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bson::{doc, Document};
-use tokio::sync::mpsc;
+use bson::{doc, Document, RawDocumentBuf};
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::bucket::{Sample, Shape};
 use crate::buffer::Buffer;
 use crate::closer::Closer;
-use crate::decode::Decoder;
-use crate::ingest::acks::AckQueue;
-use crate::ingest::{AckToken, Acker, Message};
+use crate::spool::{Command, Entry, Reader, SpoolStats};
+use crate::spooler::{deadletter_id, Feed, LogThrottle};
 use crate::telemetry::{self, Health};
 use crate::writer::{Aborted, Outcome, Writer};
 
-/// Dead-letter payloads are kept up to this size (`truncated: true` beyond).
-pub const DEADLETTER_PAYLOAD_MAX: usize = 64 * 1024;
-
-/// How often a cause of rejection is logged at most.
-const LOG_EVERY: Duration = Duration::from_secs(60);
-
-/// A message waiting for its acknowledgement.
-struct Unacked {
-    /// `None` for QoS 0: released in order, but nothing to send.
-    ack: Option<AckToken>,
-    received_ms: i64,
-}
-
-struct DeadLetter {
-    msg: u64,
-    doc: Document,
-}
+/// Records read from the spool per catch-up step.
+const CATCH_UP_BATCH: usize = 50_000;
 
 /// How often the pipeline flushes and runs the closer.
 #[derive(Debug, Clone, Copy)]
@@ -61,20 +50,31 @@ pub struct Intervals {
 /// What was left undone when shutdown gave up.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Leftover {
+    /// Samples in memory not yet in MongoDB (they stay in the spool).
     pub samples: usize,
     pub dead_letters: usize,
+    /// Messages not acknowledged (the broker redelivers them).
     pub unacknowledged: usize,
 }
 
+/// The spool as the pipeline sees it.
+pub struct SpoolHandle {
+    pub dir: PathBuf,
+    pub tx: mpsc::Sender<Command>,
+    pub durable: watch::Receiver<u64>,
+    pub stats: Arc<SpoolStats>,
+    pub tag: u32,
+    /// First LSN not yet in memory when the pipeline starts (the checkpoint).
+    pub from: u64,
+    /// Records to replay at start.
+    pub replay: u64,
+}
+
 pub struct Pipeline {
-    decoder: Decoder,
     buffer: Buffer,
-    acks: AckQueue<Unacked>,
-    acker: Acker,
     writer: Writer,
-    deadletters: Vec<DeadLetter>,
+    deadletters: Vec<(u64, Document)>,
     max_pending: usize,
-    max_unacked: usize,
     max_lateness_ms: i64,
     throttle: LogThrottle,
     closer: Closer,
@@ -82,41 +82,63 @@ pub struct Pipeline {
     sealed_until: Option<i64>,
     closer_failing: bool,
     health: Arc<Health>,
+    spool: SpoolHandle,
+    /// First LSN not in memory: records below it are in memory or in MongoDB.
+    cursor: u64,
+    reader: Option<Reader>,
+    checkpoint_sent: u64,
+    replay: Option<(Instant, u64)>,
 }
 
 impl Pipeline {
     pub fn new(
         settings: &crate::config::Settings,
-        decoder: Decoder,
-        acker: Acker,
         writer: Writer,
         shape: Shape,
         health: Arc<Health>,
+        spool: SpoolHandle,
     ) -> Self {
+        let replay = (spool.replay > 0).then(|| (Instant::now(), spool.replay));
+        if spool.replay > 0 {
+            info!(records = spool.replay, "Replaying the spool into MongoDB.");
+        }
         Pipeline {
-            decoder,
             buffer: Buffer::new(shape),
-            acks: AckQueue::default(),
-            acker,
             writer,
             deadletters: Vec::new(),
             max_pending: settings.flush.max_pending_samples,
-            max_unacked: settings.mqtt.max_inflight,
             max_lateness_ms: settings.bucket.max_lateness.as_millis() as i64,
             throttle: LogThrottle::default(),
             closer: Closer::new(&settings.mongodb.collection, settings.closer.grace),
             sealed_until: None,
             closer_failing: false,
             health,
+            cursor: spool.from,
+            checkpoint_sent: spool.from,
+            reader: None,
+            spool,
+            replay,
         }
     }
 
-    /// Runs until `stop`, then drains what was received, flushes everything
-    /// and releases the acknowledgements that became due. Returns what was
+    fn durable(&self) -> u64 {
+        *self.spool.durable.borrow()
+    }
+
+    /// Records on disk that memory does not hold yet.
+    fn backlog(&self) -> bool {
+        self.cursor < self.durable()
+    }
+
+    fn room(&self) -> usize {
+        self.max_pending.saturating_sub(self.buffer.pending())
+    }
+
+    /// Runs until `stop`, then flushes what memory holds. Returns what was
     /// left when `abort` cut that short.
     pub async fn run(
         mut self,
-        mut rx: mpsc::Receiver<Message>,
+        mut feed: mpsc::Receiver<Feed>,
         intervals: Intervals,
         stop: CancellationToken,
         abort: CancellationToken,
@@ -125,49 +147,162 @@ impl Pipeline {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut closer_ticker = tokio::time::interval(intervals.closer);
         closer_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut durable = self.spool.durable.clone();
         loop {
-            tokio::select! {
+            let catch_up = self.backlog() && feed.is_empty() && self.room() > 0;
+            let result = tokio::select! {
                 biased;
                 _ = stop.cancelled() => break,
-                msg = rx.recv() => match msg {
-                    Some(m) => {
-                        self.receive(m);
-                        let all = self.buffer.pending() >= self.max_pending
-                            || self.acks.len() >= self.max_unacked;
-                        if (all || self.buffer.has_ready()) && self.flush(all, &abort).await.is_err() {
-                            return Err(self.leftover(&rx));
+                f = feed.recv() => match f {
+                    Some(f) => {
+                        self.accept(f);
+                        if self.buffer.pending() >= self.max_pending {
+                            self.flush(true, &abort).await
+                        } else if self.buffer.has_ready() {
+                            self.flush(false, &abort).await
+                        } else {
+                            Ok(())
                         }
                     }
                     None => break,
                 },
-                _ = ticker.tick() => {
-                    if self.flush(true, &abort).await.is_err() {
-                        return Err(self.leftover(&rx));
-                    }
-                }
+                _ = ticker.tick() => self.flush(true, &abort).await,
                 _ = closer_ticker.tick() => {
-                    // Flush first: what arrived before the run joins its bucket
-                    // before the bucket is sealed.
-                    if self.flush(true, &abort).await.is_err() {
-                        return Err(self.leftover(&rx));
-                    }
+                    // Flush first: what arrived before the run joins its
+                    // bucket before the bucket is sealed.
+                    let r = self.flush(true, &abort).await;
                     self.close_buckets().await;
+                    r
                 }
+                _ = std::future::ready(()), if catch_up => {
+                    self.catch_up().await;
+                    self.flush(true, &abort).await
+                }
+                // Wake when records become durable, to catch up.
+                changed = durable.changed(), if !catch_up => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    Ok(())
+                }
+            };
+            if result.is_err() {
+                return Err(self.leftover());
             }
         }
-        // Shutdown: take what is already in the channel, then flush it all.
-        rx.close();
-        while let Some(m) = rx.recv().await {
-            self.receive(m);
+        // Shutdown: take what the spooler already offered, flush memory.
+        // Records on disk only stay there for the next start.
+        feed.close();
+        while let Some(f) = feed.recv().await {
+            self.accept(f);
         }
         let pending = self.buffer.pending();
         if pending > 0 {
             info!(samples = pending, "Flushing buffered samples before exit.");
         }
         if self.flush(true, &abort).await.is_err() {
-            return Err(self.leftover(&rx));
+            return Err(self.leftover());
         }
         Ok(())
+    }
+
+    fn leftover(&self) -> Leftover {
+        Leftover {
+            samples: self.buffer.pending(),
+            dead_letters: self.deadletters.len(),
+            unacknowledged: 0,
+        }
+    }
+
+    /// Takes a message's records from the spooler if they continue memory's
+    /// window and fit; else they stay on disk for catch-up.
+    fn accept(&mut self, f: Feed) {
+        if f.first != self.cursor || self.buffer.pending() + f.samples.len() > self.max_pending {
+            return;
+        }
+        self.reader = None;
+        for (sensor, sample) in f.samples {
+            // Sizes were checked by the spooler.
+            let _ = self.buffer.push(&sensor, sample);
+        }
+        self.deadletters.extend(f.deadletters);
+        self.cursor = f.end;
+    }
+
+    /// Reads the next durable records from the spool into memory.
+    async fn catch_up(&mut self) {
+        let limit = self.durable();
+        let max = self.room().min(CATCH_UP_BATCH);
+        let reader = self
+            .reader
+            .take()
+            .unwrap_or_else(|| Reader::new(&self.spool.dir, self.cursor));
+        let task = tokio::task::spawn_blocking(move || {
+            let mut reader = reader;
+            let records = reader.read(max, limit);
+            (reader, records)
+        });
+        let (reader, records) = match task.await {
+            Ok((r, Ok(records))) => (r, records),
+            Ok((_, Err(e))) => {
+                error!(error = %e, "Cannot read the spool; retrying.");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                return;
+            }
+            Err(e) => {
+                error!(error = %e, "Spool reader failed.");
+                return;
+            }
+        };
+        let n = records.len();
+        for rec in records {
+            match rec.entry {
+                Entry::Sample { sensor, doc } => {
+                    let sample = RawDocumentBuf::from_bytes(doc)
+                        .ok()
+                        .and_then(|d| Sample::from_doc(d, rec.lsn));
+                    match sample {
+                        Some(s) => {
+                            let _ = self.buffer.push(&sensor, s);
+                        }
+                        None => error!(lsn = rec.lsn, "Unreadable sample in the spool; skipped."),
+                    }
+                }
+                Entry::DeadLetter { doc } => match bson::from_slice::<Document>(&doc) {
+                    Ok(d) => self.deadletters.push((rec.lsn, d)),
+                    Err(_) => error!(
+                        lsn = rec.lsn,
+                        "Unreadable dead letter in the spool; skipped."
+                    ),
+                },
+                Entry::MessageId { .. } => {}
+            }
+            self.cursor = rec.lsn + 1;
+        }
+        if n < max {
+            // The whole range up to `limit` has been read.
+            self.cursor = self.cursor.max(limit);
+        }
+        self.reader = Some(reader);
+        metrics::counter!(telemetry::SPOOL_REPLAYED).increment(n as u64);
+        if let Some((since, total)) = self.replay {
+            if !self.backlog() {
+                let secs = since.elapsed().as_secs_f64();
+                info!(
+                    records = total,
+                    seconds = format!("{secs:.1}"),
+                    per_second = (total as f64 / secs.max(1e-3)) as u64,
+                    "Spool replay done."
+                );
+                self.replay = None;
+            } else if since.elapsed() >= Duration::from_secs(5) {
+                info!(
+                    remaining = self.durable().saturating_sub(self.cursor),
+                    "Replaying the spool (LSNs left to read)."
+                );
+                self.replay = Some((Instant::now(), total));
+            }
+        }
     }
 
     /// One closer run. A failure is logged and retried at the next interval;
@@ -204,61 +339,41 @@ impl Pipeline {
         }
     }
 
-    fn leftover(&self, rx: &mpsc::Receiver<Message>) -> Leftover {
-        Leftover {
-            samples: self.buffer.pending(),
-            dead_letters: self.deadletters.len(),
-            // Messages still in the channel were not acknowledged either.
-            unacknowledged: self.acks.len() + rx.len(),
-        }
-    }
-
-    /// Decodes a message into the buffer and the dead-letter list.
-    fn receive(&mut self, m: Message) {
-        let decoded = self.decoder.decode(&m.topic, &m.payload, m.received_ms);
-        let items = (decoded.readings.len() + decoded.errors.len()) as u32;
-        let seq = self.acks.push(
-            Some(Unacked {
-                ack: m.ack,
-                received_ms: m.received_ms,
-            }),
-            items,
-        );
-        metrics::counter!(telemetry::SAMPLES_DECODED).increment(decoded.readings.len() as u64);
-        for reading in &decoded.readings {
-            let sample = Sample::encode(reading, seq);
-            if let Err(e) = self.buffer.push(&reading.sensor, sample) {
-                self.dead_letter(seq, &m, "sample_too_large", e.to_string());
+    /// Waits until the spool is durable below `lsn`.
+    async fn wait_durable(&mut self, lsn: u64, abort: &CancellationToken) -> Result<(), Aborted> {
+        let mut durable = self.spool.durable.clone();
+        while *durable.borrow_and_update() < lsn {
+            tokio::select! {
+                changed = durable.changed() => if changed.is_err() { return Err(Aborted) },
+                _ = abort.cancelled() => return Err(Aborted),
             }
         }
-        for e in &decoded.errors {
-            self.dead_letter(seq, &m, e.cause(), e.to_string());
-        }
-        self.release_acks();
-    }
-
-    fn dead_letter(&mut self, msg: u64, m: &Message, cause: &'static str, error: String) {
-        self.throttle.log(cause, &m.topic, &error);
-        metrics::counter!(telemetry::DEAD_LETTERS, "cause" => cause).increment(1);
-        let keep = m.payload.len().min(DEADLETTER_PAYLOAD_MAX);
-        let mut doc = doc! {
-            "receivedAt": bson::DateTime::from_millis(m.received_ms),
-            "topic": &m.topic,
-            "payload": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: m.payload[..keep].to_vec() },
-            "error": error,
-            "cause": cause,
-        };
-        if keep < m.payload.len() {
-            doc.insert("truncated", true);
-            doc.insert("payloadSize", m.payload.len() as i64);
-        }
-        self.deadletters.push(DeadLetter { msg, doc });
+        Ok(())
     }
 
     /// Writes dead letters and the pending samples (all sensors', or only the
-    /// ready ones), then releases the acknowledgements that became due.
+    /// ready ones), then moves the checkpoint.
     async fn flush(&mut self, all: bool, abort: &CancellationToken) -> Result<(), Aborted> {
+        if self.buffer.pending() == 0 && self.deadletters.is_empty() {
+            self.checkpoint();
+            return Ok(());
+        }
         let started = Instant::now();
+        self.health.flush_started();
+        // Nothing reaches MongoDB before it is durable in the spool.
+        self.wait_durable(self.cursor, abort).await?;
+        // Samples replayed from the spool may be in MongoDB already.
+        let unknown = self.buffer.unknown_applied(all);
+        if !unknown.is_empty() {
+            let applied = self.writer.applied_lsns_retrying(&unknown, abort).await?;
+            let dropped = self.buffer.learn_applied(&unknown, &applied);
+            if dropped > 0 {
+                info!(
+                    samples = dropped,
+                    "Skipped replayed samples that MongoDB already has."
+                );
+            }
+        }
         // Learn the fill of open buckets palletd has no memory of (after a
         // restart, or a sensor seen for the first time), so the batch fills
         // them instead of starting new ones.
@@ -271,19 +386,8 @@ impl Pipeline {
         }
         let statements = self.buffer.take(all);
         let mut samples = 0;
-        let writing = !statements.is_empty() || !self.deadletters.is_empty();
-        if writing {
-            self.health.flush_started();
-        }
         if !statements.is_empty() {
-            let outcomes = match self.writer.write_statements(&statements, abort).await {
-                Ok(o) => o,
-                Err(e) => {
-                    // Put nothing back: shutdown is giving up and the broker
-                    // still holds every unacknowledged message.
-                    return Err(e);
-                }
-            };
+            let outcomes = self.writer.write_statements(&statements, abort).await?;
             for (st, outcome) in statements.iter().zip(outcomes) {
                 match outcome {
                     Outcome::Applied { inserted } => {
@@ -297,35 +401,39 @@ impl Pipeline {
                                 .increment(st.samples.len() as u64);
                         }
                         samples += st.samples.len();
-                        for s in &st.samples {
-                            self.acks.resolve(s.msg, 1);
-                        }
                     }
                     Outcome::Rejected(error) => {
                         self.buffer.settle(st, None);
                         self.throttle
                             .log("rejected_by_database", &st.sensor, &error);
+                        metrics::counter!(telemetry::DEAD_LETTERS, "cause" => "rejected_by_database")
+                            .increment(st.samples.len() as u64);
                         for s in &st.samples {
                             let doc = doc! {
+                                "_id": deadletter_id(self.spool.tag, s.lsn),
                                 "receivedAt": bson::DateTime::now(),
                                 "sensorId": &st.sensor,
                                 "sample": bson::to_bson(&s.doc).unwrap_or(bson::Bson::Null),
                                 "error": &error,
                                 "cause": "rejected_by_database",
                             };
-                            self.deadletters.push(DeadLetter { msg: s.msg, doc });
+                            self.deadletters.push((s.lsn, doc));
                         }
                     }
                 }
             }
         }
         if !self.deadletters.is_empty() {
-            let docs: Vec<Document> = self.deadletters.iter().map(|d| d.doc.clone()).collect();
+            let docs: Vec<Document> = self.deadletters.iter().map(|d| d.1.clone()).collect();
             self.writer.write_deadletters(&docs, abort).await?;
-            for d in std::mem::take(&mut self.deadletters) {
-                self.acks.resolve(d.msg, 1);
-            }
+            self.deadletters.clear();
         }
+        self.health.flush_finished(samples as u64);
+        metrics::counter!(telemetry::FLUSHES).increment(1);
+        metrics::counter!(telemetry::STATEMENTS).increment(statements.len() as u64);
+        metrics::counter!(telemetry::SAMPLES_STORED).increment(samples as u64);
+        metrics::histogram!(telemetry::FLUSH_SECONDS).record(started.elapsed().as_secs_f64());
+        metrics::gauge!(telemetry::PENDING_SAMPLES).set(self.buffer.pending() as f64);
         if all {
             let keep_from = self
                 .buffer
@@ -334,71 +442,34 @@ impl Pipeline {
                 - self.buffer.shape().window_ms;
             self.buffer.forget_before(keep_from);
         }
-        if writing {
-            self.health.flush_finished(samples as u64);
-            metrics::counter!(telemetry::FLUSHES).increment(1);
-            metrics::counter!(telemetry::STATEMENTS).increment(statements.len() as u64);
-            metrics::counter!(telemetry::SAMPLES_STORED).increment(samples as u64);
-            metrics::histogram!(telemetry::FLUSH_SECONDS).record(started.elapsed().as_secs_f64());
-        }
-        let acked = self.release_acks();
-        if samples > 0 || acked > 0 {
-            debug!(
-                statements = statements.len(),
-                samples,
-                acked,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "Flushed."
-            );
-        }
+        self.checkpoint();
+        debug!(
+            statements = statements.len(),
+            samples,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "Flushed."
+        );
         Ok(())
     }
 
-    fn release_acks(&mut self) -> usize {
-        let acker = &self.acker;
-        let released = self.acks.pop_ready(|u| {
-            if let Some(a) = u.ack {
-                acker.ack(a);
-            }
-        });
-        let oldest = self.acks.oldest().map_or(0.0, |u| {
-            (crate::now_ms() - u.received_ms).max(0) as f64 / 1000.0
-        });
-        metrics::gauge!(telemetry::OLDEST_UNACKED_SECONDS).set(oldest);
-        metrics::gauge!(telemetry::PENDING_SAMPLES).set(self.buffer.pending() as f64);
-        released
-    }
-}
-
-/// Logs each cause of rejection at most once per [`LOG_EVERY`], with how
-/// many were suppressed since.
-#[derive(Default)]
-struct LogThrottle {
-    last: HashMap<&'static str, (Instant, u64)>,
-}
-
-impl LogThrottle {
-    fn log(&mut self, cause: &'static str, subject: &str, error: &str) {
-        let now = Instant::now();
-        match self.last.get_mut(cause) {
-            Some((at, suppressed)) if now.duration_since(*at) < LOG_EVERY => {
-                *suppressed += 1;
-            }
-            Some((at, suppressed)) => {
-                warn!(
-                    cause,
-                    subject,
-                    error,
-                    suppressed = *suppressed,
-                    "Reading sent to the dead letter."
-                );
-                *at = now;
-                *suppressed = 0;
-            }
-            None => {
-                warn!(cause, subject, error, "Reading sent to the dead letter.");
-                self.last.insert(cause, (now, 0));
-            }
+    /// Moves the spool's checkpoint to the lowest LSN still needed.
+    fn checkpoint(&mut self) {
+        let low = [
+            Some(self.cursor),
+            self.buffer.min_pending_lsn(),
+            self.deadletters.iter().map(|d| d.0).min(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(self.cursor);
+        if low > self.checkpoint_sent && self.spool.tx.try_send(Command::Checkpoint(low)).is_ok() {
+            self.checkpoint_sent = low;
         }
+        metrics::gauge!(telemetry::SPOOL_UNCONFIRMED).set(
+            self.durable()
+                .saturating_sub(self.spool.stats.checkpoint.load(Ordering::Relaxed))
+                as f64,
+        );
     }
 }

@@ -21,7 +21,7 @@ pub const BUCKET_TTL_INDEX: &str = "endTs_ttl";
 /// Name of the TTL index on the dead letters' `receivedAt`.
 pub const DEADLETTER_TTL_INDEX: &str = "receivedAt_ttl";
 
-/// The indexes the buckets need: range reads and the closer.
+/// The indexes the buckets need: range reads, the closer, applied LSNs.
 pub fn bucket_indexes() -> Vec<IndexModel> {
     vec![
         IndexModel::builder()
@@ -29,6 +29,10 @@ pub fn bucket_indexes() -> Vec<IndexModel> {
             .build(),
         IndexModel::builder()
             .keys(doc! { "closed": 1, "endTs": 1 })
+            .build(),
+        // Each sensor's highest applied spool LSN (exactly-once writes).
+        IndexModel::builder()
+            .keys(doc! { "sensorId": 1, "lsn": -1 })
             .build(),
     ]
 }

@@ -45,6 +45,14 @@ pub const OLDEST_UNACKED_SECONDS: &str = "palletd_oldest_unacked_age_seconds";
 pub const BROKER_RECONNECTS: &str = "palletd_broker_reconnects_total";
 pub const BROKER_CONNECTED: &str = "palletd_broker_connected";
 pub const DATABASE_ERRORS: &str = "palletd_database_errors_total";
+pub const SPOOL_BYTES: &str = "palletd_spool_bytes";
+/// Spool LSNs between the checkpoint and the durable end (records not yet
+/// confirmed in MongoDB, plus gaps).
+pub const SPOOL_UNCONFIRMED: &str = "palletd_spool_unconfirmed_records";
+pub const SPOOL_OLDEST_SECONDS: &str = "palletd_spool_oldest_record_age_seconds";
+pub const SPOOL_REPLAYED: &str = "palletd_spool_replayed_records_total";
+pub const SPOOL_FSYNCS: &str = "palletd_spool_fsyncs_total";
+pub const REDELIVERIES_SKIPPED: &str = "palletd_redeliveries_skipped_total";
 
 /// Registers the descriptions shown in `/metrics`.
 pub fn describe() {
@@ -87,6 +95,29 @@ pub fn describe() {
     );
     describe_gauge!(BROKER_CONNECTED, "1 while connected to the MQTT broker.");
     describe_counter!(DATABASE_ERRORS, "Failed database commands, by kind.");
+    describe_gauge!(
+        SPOOL_BYTES,
+        Unit::Bytes,
+        "Bytes in the spool's segment files."
+    );
+    describe_gauge!(
+        SPOOL_UNCONFIRMED,
+        "Spool records not yet confirmed in MongoDB (approximate)."
+    );
+    describe_gauge!(
+        SPOOL_OLDEST_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest spool record not yet confirmed in MongoDB (to the second)."
+    );
+    describe_counter!(
+        SPOOL_REPLAYED,
+        "Records read back from the spool (replay and catch-up)."
+    );
+    describe_counter!(SPOOL_FSYNCS, "fsync calls of the spool (group commits).");
+    describe_counter!(
+        REDELIVERIES_SKIPPED,
+        "Messages the broker redelivered that were already spooled: acknowledged, not stored again."
+    );
 }
 
 /// Installs the Prometheus recorder behind the `metrics` facade.

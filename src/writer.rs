@@ -14,10 +14,14 @@
 //!   `Rejected` and the caller sends its samples to the dead letter; the
 //!   statements after it go on.
 //!
-//! A retried command after an ambiguous failure (the server may have applied
-//! it before the connection broke) can store a sample twice; palletd's
-//! guarantee here is at least once.
+//! Exactly once: every statement also sets `$max: {lsn}`, the highest spool
+//! LSN among its samples. A sensor's statements are in LSN order inside one
+//! ordered command, so what MongoDB applied is a prefix per sensor. After a
+//! failure that may have applied part of a command (connection lost, timeout,
+//! write concern error) the writer reads each affected sensor's highest
+//! applied LSN and sends only the statements above it.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bson::{doc, rawdoc, Document, RawArrayBuf, RawDocumentBuf};
@@ -190,7 +194,11 @@ impl Writer {
                         continue;
                     }
                     self.recovered();
-                    for (index, code, msg) in reply.write_errors {
+                    // 11000: the dead letter (its _id comes from its LSN) is
+                    // already there from an interrupted earlier attempt.
+                    for (index, code, msg) in
+                        reply.write_errors.into_iter().filter(|e| e.1 != 11000)
+                    {
                         error!(index, code, error = %msg, "Dead letter refused by the database; dropped.");
                     }
                     rest = &rest[batch_len..];
@@ -217,7 +225,29 @@ impl Writer {
         let mut backoff = Backoff::default();
         let encoded: Vec<RawDocumentBuf> =
             statements.iter().map(|s| s.to_bson(&self.shape)).collect();
+        // After a failure that may have applied part of a command (the
+        // connection broke, a write concern error), learn what MongoDB has
+        // before sending again: the applied statements are a prefix.
+        let mut ambiguous = false;
         while outcomes.len() < statements.len() {
+            if ambiguous {
+                let rest = &statements[outcomes.len()..];
+                let sensors: Vec<String> = rest.iter().map(|s| s.sensor.clone()).collect();
+                let applied = self.applied_lsns_retrying(&sensors, abort).await?;
+                let done = rest
+                    .iter()
+                    .take_while(|s| applied.get(&s.sensor).is_some_and(|a| s.last_lsn() <= *a))
+                    .count();
+                if done > 0 {
+                    info!(
+                        statements = done,
+                        "An interrupted write had been applied; not sending it again."
+                    );
+                }
+                outcomes.extend((0..done).map(|_| Outcome::Applied { inserted: false }));
+                ambiguous = false;
+                continue;
+            }
             let start = outcomes.len();
             let (batch_len, batch) = build_batch(encoded[start..].iter().cloned());
             let cmd = self.command("update", &self.collection, "updates", batch, true);
@@ -226,12 +256,14 @@ impl Writer {
                 Err(e) => {
                     self.failed("write buckets", &e);
                     backoff.wait(abort).await?;
+                    ambiguous = true;
                     continue;
                 }
             };
             if let Some(wce) = &reply.write_concern_error {
                 self.failed_msg("write buckets", wce);
                 backoff.wait(abort).await?;
+                ambiguous = true;
                 continue;
             }
             self.recovered();
@@ -244,13 +276,14 @@ impl Writer {
                 });
             }
             if let Some((_, code, msg)) = first_error {
-                let kind = if TRANSIENT_CODES.contains(&code) {
+                let transient = TRANSIENT_CODES.contains(&code);
+                let kind = if transient {
                     "statement_transient"
                 } else {
                     "statement_rejected"
                 };
                 metrics::counter!(crate::telemetry::DATABASE_ERRORS, "kind" => kind).increment(1);
-                if TRANSIENT_CODES.contains(&code) {
+                if transient {
                     debug!(code, error = %msg, "Transient statement error; retrying from it.");
                     backoff.wait(abort).await?;
                 } else {
@@ -264,6 +297,55 @@ impl Writer {
             }
         }
         Ok(outcomes)
+    }
+
+    /// The highest LSN applied to each sensor's buckets, from the
+    /// `{sensorId: 1, lsn: -1}` index; sensors with none are absent.
+    pub async fn applied_lsns(
+        &self,
+        sensors: &[String],
+    ) -> mongodb::error::Result<HashMap<String, u64>> {
+        let mut unique: Vec<&str> = sensors.iter().map(String::as_str).collect();
+        unique.sort_unstable();
+        unique.dedup();
+        let mut cursor = self
+            .db
+            .collection::<Document>(&self.collection)
+            .aggregate(vec![
+                doc! { "$match": { "sensorId": { "$in": unique } } },
+                doc! { "$sort": { "sensorId": 1, "lsn": -1 } },
+                doc! { "$group": { "_id": "$sensorId", "lsn": { "$first": "$lsn" } } },
+            ])
+            .await?;
+        let mut out = HashMap::new();
+        while cursor.advance().await? {
+            let d = cursor.deserialize_current()?;
+            if let (Ok(sensor), Some(lsn)) = (d.get_str("_id"), d.get("lsn").and_then(as_u64)) {
+                out.insert(sensor.to_string(), lsn);
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`Self::applied_lsns`], retried with backoff until it answers.
+    pub async fn applied_lsns_retrying(
+        &mut self,
+        sensors: &[String],
+        abort: &CancellationToken,
+    ) -> Result<HashMap<String, u64>, Aborted> {
+        let mut backoff = Backoff::default();
+        loop {
+            match self.applied_lsns(sensors).await {
+                Ok(m) => {
+                    self.recovered();
+                    return Ok(m);
+                }
+                Err(e) => {
+                    self.failed("read applied LSNs", &e);
+                    backoff.wait(abort).await?;
+                }
+            }
+        }
     }
 
     fn command(
@@ -385,6 +467,14 @@ impl Reply {
             ));
         }
         out
+    }
+}
+
+fn as_u64(b: &bson::Bson) -> Option<u64> {
+    match b {
+        bson::Bson::Int32(i) => u64::try_from(*i).ok(),
+        bson::Bson::Int64(i) => u64::try_from(*i).ok(),
+        _ => None,
     }
 }
 

@@ -15,13 +15,17 @@ use serde::de::DeserializeOwned;
 
 use crate::decode::{PayloadFormat, TopicPattern};
 use raw::{
-    RawBucket, RawCloser, RawFlush, RawHttp, RawMongo, RawMqtt, RawRetention, RawSize,
+    RawBucket, RawCloser, RawFlush, RawHttp, RawMongo, RawMqtt, RawRetention, RawSize, RawSpool,
     RawSubscription, RawWriteConcern,
 };
 
 /// The annotated example configuration; `palletd print-config` prints it and
 /// `config.toml.example` is exactly this text.
 pub const EXAMPLE: &str = include_str!("../../config.toml.example");
+
+/// Where the spool lives unless `spool.dir` says otherwise: the systemd
+/// `StateDirectory=palletd`.
+pub const DEFAULT_SPOOL_DIR: &str = "/var/lib/palletd/spool";
 
 /// Largest `bucket.max_bytes`: half of MongoDB's 16 MiB document limit leaves
 /// room for rollups and a sample that is counted but not yet pushed.
@@ -102,6 +106,7 @@ pub struct Settings {
     pub closer: CloserSettings,
     pub retention: RetentionSettings,
     pub http: HttpSettings,
+    pub spool: crate::spool::SpoolSettings,
     pub subscriptions: Vec<Subscription>,
 }
 
@@ -213,6 +218,7 @@ const SECTIONS: &[&str] = &[
     "closer",
     "retention",
     "http",
+    "spool",
     "subscription",
 ];
 
@@ -257,6 +263,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     let closer: RawCloser = v.section(&table, "closer", false).unwrap_or_default();
     let retention: RawRetention = v.section(&table, "retention", false).unwrap_or_default();
     let http: RawHttp = v.section(&table, "http", false).unwrap_or_default();
+    let spool: RawSpool = v.section(&table, "spool", false).unwrap_or_default();
     let mut subs: Vec<RawSubscription> = Vec::new();
     match table.get("subscription") {
         None => v.err("subscription", "at least one [[subscription]] is required"),
@@ -283,6 +290,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     let closer = v.closer(closer);
     let retention = v.retention(retention);
     let http = v.http(http);
+    let spool = v.spool(spool, base);
     let subscriptions: Vec<Subscription> = subs
         .into_iter()
         .enumerate()
@@ -298,6 +306,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
             closer,
             retention,
             http,
+            spool,
             subscriptions,
         }),
         _ => Err(v.errors),
@@ -634,6 +643,40 @@ impl Validator {
                 r.deadletter_expire_after.as_deref(),
                 Some("7d"),
             ),
+        }
+    }
+
+    fn spool(&mut self, s: RawSpool, base: Option<&Path>) -> crate::spool::SpoolSettings {
+        use crate::spool::Fsync;
+        let dir = s.dir.unwrap_or_else(|| DEFAULT_SPOOL_DIR.into());
+        if dir.trim().is_empty() {
+            self.err("spool.dir", "must not be empty");
+        }
+        let dir = PathBuf::from(&dir);
+        let dir = match base {
+            Some(b) if dir.is_relative() => b.join(dir),
+            _ => dir,
+        };
+        let max_size = self.size("spool.max_size", s.max_size, 1 << 30);
+        if max_size < 64 * 1024 {
+            self.err("spool.max_size", "must be at least 64KiB");
+        }
+        let fsync = match s.fsync.as_deref() {
+            None | Some("batch") => Fsync::Batch,
+            Some("always") => Fsync::Always,
+            Some("off") => Fsync::Off,
+            Some(other) => {
+                self.err(
+                    "spool.fsync",
+                    format!("must be \"batch\", \"always\" or \"off\", got {other:?}"),
+                );
+                Fsync::Batch
+            }
+        };
+        crate::spool::SpoolSettings {
+            dir,
+            max_size,
+            fsync,
         }
     }
 

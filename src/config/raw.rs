@@ -78,6 +78,14 @@ pub struct RawRetention {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct RawSpool {
+    pub dir: Option<String>,
+    pub max_size: Option<RawSize>,
+    pub fsync: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawHttp {
     pub listen: Option<String>,
 }

@@ -1,79 +1,47 @@
 //! The ordered ack queue: one entry per received message, in arrival order,
-//! counting the items (samples and dead letters) that must become durable
-//! before the message may be acknowledged. Only the resolved prefix is
-//! released, so PUBACKs leave in the order the PUBLISHes arrived
+//! with the LSN after the message's last spool record. A message may be
+//! acknowledged once the spool is durable up to that LSN; only the durable
+//! prefix is released, so PUBACKs leave in the order the PUBLISHes arrived
 //! (MQTT 3.1.1 §4.6). Sans-IO.
 
 use std::collections::VecDeque;
 
-#[derive(Debug)]
-struct Entry<T> {
-    remaining: u32,
-    token: Option<T>,
-}
-
-/// Messages waiting for their items to become durable.
+/// Messages waiting for their spool records to become durable.
 #[derive(Debug)]
 pub struct AckQueue<T> {
-    entries: VecDeque<Entry<T>>,
-    /// Sequence number of `entries[0]`.
-    first: u64,
+    entries: VecDeque<(u64, T)>,
 }
 
 impl<T> Default for AckQueue<T> {
     fn default() -> Self {
         AckQueue {
             entries: VecDeque::new(),
-            first: 0,
         }
     }
 }
 
 impl<T> AckQueue<T> {
-    /// Adds a message with `items` pending items; returns its sequence number.
-    /// `token` is what acknowledges it (`None` for QoS 0).
-    pub fn push(&mut self, token: Option<T>, items: u32) -> u64 {
-        let seq = self.first + self.entries.len() as u64;
-        self.entries.push_back(Entry {
-            remaining: items,
-            token,
-        });
-        seq
+    /// Adds a message whose records all lie below `end` (an LSN).
+    pub fn push(&mut self, end: u64, token: T) {
+        self.entries.push_back((end, token));
     }
 
-    /// Marks `n` items of message `seq` durable.
-    ///
-    /// Resolving more items than were pushed is a bug in the caller (each
-    /// sample and dead letter is resolved exactly once), checked in debug.
-    pub fn resolve(&mut self, seq: u64, n: u32) {
-        let Some(idx) = seq.checked_sub(self.first) else {
-            debug_assert!(false, "resolve of an already released message {seq}");
-            return;
-        };
-        if let Some(e) = self.entries.get_mut(idx as usize) {
-            debug_assert!(e.remaining >= n, "message {seq} resolved too often");
-            e.remaining = e.remaining.saturating_sub(n);
-        }
-    }
-
-    /// Releases the resolved prefix, oldest first.
-    pub fn pop_ready(&mut self, mut f: impl FnMut(T)) -> usize {
+    /// Releases, oldest first, the messages whose records are all below
+    /// `durable`; stops at the first that is not, to keep arrival order.
+    pub fn pop_ready(&mut self, durable: u64, mut f: impl FnMut(T)) -> usize {
         let mut released = 0;
-        while self.entries.front().is_some_and(|e| e.remaining == 0) {
-            if let Some(e) = self.entries.pop_front() {
-                self.first += 1;
+        while self.entries.front().is_some_and(|(end, _)| *end <= durable) {
+            if let Some((_, t)) = self.entries.pop_front() {
                 released += 1;
-                if let Some(t) = e.token {
-                    f(t);
-                }
+                f(t);
             }
         }
         released
     }
 
-    /// The token of the oldest message not yet released.
+    /// The oldest message not yet released.
     pub fn oldest(&self) -> Option<&T> {
-        self.entries.front().and_then(|e| e.token.as_ref())
+        self.entries.front().map(|(_, t)| t)
     }
 
     /// Messages received and not yet released.
@@ -91,27 +59,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn acks_leave_in_arrival_order() {
+    fn acks_leave_in_arrival_order_once_durable() {
         let mut q = AckQueue::default();
-        let a = q.push(Some('a'), 2);
-        let b = q.push(Some('b'), 1);
-        let c = q.push(None, 1);
-        let d = q.push(Some('d'), 1);
-        q.resolve(b, 1);
-        q.resolve(d, 1);
+        q.push(12, 'a');
+        q.push(13, 'b');
+        q.push(13, 'c'); // a redelivery: nothing new to wait for
+        q.push(20, 'd');
         let mut out = Vec::new();
-        assert_eq!(q.pop_ready(|t| out.push(t)), 0, "a blocks the rest");
-        q.resolve(a, 1);
-        q.resolve(a, 1);
-        q.pop_ready(|t| out.push(t));
-        assert_eq!(out, vec!['a', 'b']);
-        q.resolve(c, 1);
-        q.pop_ready(|t| out.push(t));
-        assert_eq!(out, vec!['a', 'b', 'd']);
+        assert_eq!(q.pop_ready(11, |t| out.push(t)), 0);
+        assert_eq!(q.pop_ready(13, |t| out.push(t)), 3);
+        assert_eq!(out, vec!['a', 'b', 'c']);
+        assert_eq!(q.oldest(), Some(&'d'));
+        q.pop_ready(25, |t| out.push(t));
+        assert_eq!(out.last(), Some(&'d'));
         assert!(q.is_empty());
-        let e = q.push(Some('e'), 0);
-        assert_eq!(e, 4);
-        q.pop_ready(|t| out.push(t));
-        assert_eq!(out.last(), Some(&'e'));
     }
 }

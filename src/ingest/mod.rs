@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::{MqttSettings, Subscription};
@@ -39,6 +40,67 @@ pub struct Message {
     /// `None` for QoS 0 (nothing to acknowledge).
     pub ack: Option<AckToken>,
     pub received_ms: i64,
+    /// Packet id and digest of topic and payload (QoS 1/2), spooled so that
+    /// a redelivery after a restart can be recognised.
+    pub id: Option<(u16, u64)>,
+    /// A redelivery of a message already spooled: acknowledge, store nothing.
+    pub duplicate: bool,
+}
+
+/// FNV-1a over topic and payload: a stable digest to recognise redeliveries.
+pub fn digest(topic: &str, payload: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in topic.as_bytes().iter().chain([0u8].iter()).chain(payload) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Recognises redeliveries of messages palletd already spooled.
+///
+/// A broker resends unacknowledged QoS 1/2 messages after a reconnect with
+/// the same packet id and the DUP flag (MQTT 3.1.1 §4.4). Acknowledgements
+/// can be lost on the way (rumqttc drops queued PUBACKs when the connection
+/// breaks, or palletd was killed right after spooling), so a resent message
+/// may already be in the spool. `previous` holds the packet ids and digests
+/// of messages received before the last (re)connect, including those
+/// recovered from the spool at start; a DUP message matching one of them is
+/// a redelivery. Without a kept session the broker resends nothing, and the
+/// memory is cleared.
+#[derive(Debug, Default)]
+pub struct Redeliveries {
+    previous: HashMap<u16, u64>,
+    current: HashMap<u16, u64>,
+}
+
+impl Redeliveries {
+    pub fn new(recovered: HashMap<u16, u64>) -> Self {
+        Redeliveries {
+            previous: recovered,
+            current: HashMap::new(),
+        }
+    }
+
+    pub fn connected(&mut self, session_present: bool) {
+        if session_present {
+            let current = std::mem::take(&mut self.current);
+            self.previous.extend(current);
+        } else {
+            self.previous.clear();
+            self.current.clear();
+        }
+    }
+
+    /// Whether this message was spooled before; remembers it if not.
+    pub fn is_redelivery(&mut self, pkid: u16, dup: bool, digest: u64) -> bool {
+        if dup && self.previous.get(&pkid) == Some(&digest) {
+            self.previous.remove(&pkid);
+            return true;
+        }
+        self.current.insert(pkid, digest);
+        false
+    }
 }
 
 /// What is needed to acknowledge a PUBLISH.
@@ -119,6 +181,7 @@ impl Connection {
         done: CancellationToken,
         abort: CancellationToken,
         health: Arc<Health>,
+        mut redeliveries: Redeliveries,
     ) {
         let mut backoff = Backoff::default();
         // Shows the loop is alive while the broker is quiet (it polls
@@ -149,6 +212,7 @@ impl Connection {
                 Ok(Event::Incoming(Packet::ConnAck(ack))) => {
                     backoff = Backoff::default();
                     health.set_broker_connected(true);
+                    redeliveries.connected(ack.session_present);
                     match down_since.take() {
                         Some(t) => {
                             metrics::counter!(telemetry::BROKER_RECONNECTS).increment(1);
@@ -200,11 +264,23 @@ impl Connection {
                         qos: p.qos,
                         pkid: p.pkid,
                     });
+                    let (id, duplicate) = match ack {
+                        Some(_) => {
+                            let d = digest(&p.topic, &p.payload);
+                            (
+                                Some((p.pkid, d)),
+                                redeliveries.is_redelivery(p.pkid, p.dup, d),
+                            )
+                        }
+                        None => (None, false),
+                    };
                     let msg = Message {
                         topic: p.topic,
                         payload: p.payload,
                         ack,
                         received_ms: crate::now_ms(),
+                        id,
+                        duplicate,
                     };
                     tokio::select! {
                         r = tx.send(msg) => if r.is_err() { debug!("Pipeline closed; message left to the broker."); },
@@ -254,5 +330,31 @@ fn qos(q: u8) -> QoS {
         0 => QoS::AtMostOnce,
         2 => QoS::ExactlyOnce,
         _ => QoS::AtLeastOnce,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redeliveries_are_recognised_only_with_dup_and_a_kept_session() {
+        let mut r = Redeliveries::new(HashMap::from([(7, 70)]));
+        r.connected(true);
+        assert!(!r.is_redelivery(7, false, 70), "no DUP flag: a new message");
+        assert!(!r.is_redelivery(8, true, 80));
+        let mut r = Redeliveries::new(HashMap::from([(7, 70)]));
+        r.connected(true);
+        assert!(r.is_redelivery(7, true, 70));
+        assert!(!r.is_redelivery(7, true, 70), "recognised once");
+        assert!(!r.is_redelivery(9, true, 99));
+        // Received in this connection, resent after a reconnect.
+        r.connected(true);
+        assert!(r.is_redelivery(9, true, 99));
+        // A new session: the broker resends nothing old.
+        r.is_redelivery(10, false, 100);
+        r.connected(false);
+        assert!(!r.is_redelivery(10, true, 100));
+        assert_ne!(digest("a", b"bc"), digest("ab", b"c"));
     }
 }

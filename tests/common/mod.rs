@@ -65,7 +65,9 @@ fn kill_and_wait(child: &mut Child, signal: &str) {
 /// A Mosquitto broker on a free port.
 pub struct Broker {
     pub port: u16,
-    dir: tempfile::TempDir,
+    /// Also holds the spools of the palletd runs of a test, so that they
+    /// survive a palletd restart within the test.
+    pub dir: tempfile::TempDir,
     child: Option<Child>,
     config: String,
 }
@@ -258,6 +260,9 @@ database = "{database}"
 [http]
 listen = "127.0.0.1:{}"
 
+[spool]
+dir = "{}"
+
 {extra}
 
 [[subscription]]
@@ -269,7 +274,12 @@ format = "number"
 "#,
         broker.url(),
         db.uri(),
-        free_port()
+        free_port(),
+        broker
+            .dir
+            .path()
+            .join(format!("spool-{client_id}"))
+            .display()
     )
 }
 
@@ -391,7 +401,18 @@ pub struct Publisher {
 
 impl Publisher {
     pub async fn connect(broker: &Broker, id: &str) -> Publisher {
+        Self::connect_with(broker, id, true).await
+    }
+
+    /// A publisher with a kept session: it resends unacknowledged
+    /// publishes after the broker restarts.
+    pub async fn connect_persistent(broker: &Broker, id: &str) -> Publisher {
+        Self::connect_with(broker, id, false).await
+    }
+
+    async fn connect_with(broker: &Broker, id: &str, clean: bool) -> Publisher {
         let mut opts = MqttOptions::new(id, "127.0.0.1", broker.port);
+        opts.set_clean_session(clean);
         opts.set_max_packet_size(4 << 20, 4 << 20);
         opts.set_inflight(200);
         let (client, mut eventloop) = AsyncClient::new(opts, 1000);
@@ -575,6 +596,136 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+/// A TCP proxy in front of the database that can cut one connection right
+/// after the server answered a bucket write (`$push`), dropping the reply:
+/// the write is applied but the client never learns it (an ambiguous write).
+pub struct CutProxy {
+    pub port: u16,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub cuts: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl CutProxy {
+    pub async fn start(upstream: u16) -> CutProxy {
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let cuts = Arc::new(AtomicUsize::new(0));
+        let (a, c) = (armed.clone(), cuts.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (a, c) = (a.clone(), c.clone());
+                tokio::spawn(async move {
+                    if let Ok(server) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    {
+                        proxy_connection(client, server, a, c).await;
+                    }
+                });
+            }
+        });
+        CutProxy { port, armed, cuts }
+    }
+
+    pub fn arm(&self) {
+        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn uri(&self) -> String {
+        format!("mongodb://127.0.0.1:{}/?directConnection=true", self.port)
+    }
+}
+
+async fn read_frame(r: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len).await.ok()?;
+    let n = i32::from_le_bytes(len).max(4) as usize;
+    let mut frame = len.to_vec();
+    frame.resize(n, 0);
+    r.read_exact(&mut frame[4..]).await.ok()?;
+    Some(frame)
+}
+
+async fn proxy_connection(
+    client: tokio::net::TcpStream,
+    server: tokio::net::TcpStream,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cuts: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::AsyncWriteExt;
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let cut_reply = std::sync::Arc::new(AtomicBool::new(false));
+    let cut = cut_reply.clone();
+    let upstream = tokio::spawn(async move {
+        while let Some(frame) = read_frame(&mut cr).await {
+            let is_bucket_write = frame.windows(5).any(|w| w == b"$push");
+            if is_bucket_write && armed.swap(false, Ordering::SeqCst) {
+                cut.store(true, Ordering::SeqCst);
+            }
+            if sw.write_all(&frame).await.is_err() {
+                return;
+            }
+        }
+    });
+    while let Some(frame) = read_frame(&mut sr).await {
+        if cut_reply.load(Ordering::SeqCst) {
+            // The server applied the write; its reply never arrives.
+            cuts.fetch_add(1, Ordering::SeqCst);
+            break;
+        }
+        if cw.write_all(&frame).await.is_err() {
+            break;
+        }
+    }
+    upstream.abort();
+}
+
+/// Messages Mosquitto holds beyond its retained ones (the $SYS topics are
+/// retained), read from $SYS: in flight to or queued for a client.
+pub async fn broker_held_messages(broker: &Broker) -> i64 {
+    let mut opts = rumqttc::MqttOptions::new("sys-reader", "127.0.0.1", broker.port);
+    opts.set_keep_alive(Duration::from_secs(5));
+    let (client, mut eventloop) = rumqttc::AsyncClient::new(opts, 10);
+    for topic in [
+        "$SYS/broker/store/messages/count",
+        "$SYS/broker/retained messages/count",
+    ] {
+        client
+            .subscribe(topic, rumqttc::QoS::AtMostOnce)
+            .await
+            .unwrap();
+    }
+    let read = async {
+        let (mut stored, mut retained) = (None, None);
+        loop {
+            if let Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) =
+                eventloop.poll().await
+            {
+                let n = String::from_utf8_lossy(&p.payload)
+                    .trim()
+                    .parse::<i64>()
+                    .unwrap();
+                if p.topic.contains("store") {
+                    stored = Some(n);
+                } else {
+                    retained = Some(n);
+                }
+                if let (Some(s), Some(r)) = (stored, retained) {
+                    return s - r;
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("no $SYS store counts from the broker")
 }
 
 pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {

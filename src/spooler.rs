@@ -1,0 +1,333 @@
+//! The spooler task: decodes each message, appends what it carried (samples,
+//! dead letters, the message's identity) to the spool with fresh LSNs, and
+//! acknowledges the message as soon as the spool is durable up to its last
+//! record. It never waits for the database.
+//!
+//! What it appended is also offered to the pipeline in memory (a bounded
+//! channel, never awaited); a batch the pipeline has no room for stays on
+//! disk only, and the pipeline reads it back later (catch-up).
+//!
+//! When the spool reaches `spool.max_size`, the spooler stops taking
+//! messages: they stay unacknowledged at the broker until the checkpoint
+//! frees segments. It says so at ERROR, with the numbers.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::{doc, Document};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::bucket::Sample;
+use crate::decode::Decoder;
+use crate::ingest::acks::AckQueue;
+use crate::ingest::{AckToken, Acker, Message};
+use crate::spool::{Command, Entry, Record, SpoolStats};
+use crate::telemetry;
+
+/// Dead-letter payloads are kept up to this size (`truncated: true` beyond).
+pub const DEADLETTER_PAYLOAD_MAX: usize = 64 * 1024;
+
+/// How often a cause of rejection is logged at most.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// What one message appended, offered to the pipeline.
+#[derive(Debug)]
+pub struct Feed {
+    /// LSN of the first record of the message.
+    pub first: u64,
+    /// LSN after its last record.
+    pub end: u64,
+    pub samples: Vec<(String, Sample)>,
+    pub deadletters: Vec<(u64, Document)>,
+}
+
+/// A message waiting for its acknowledgement.
+struct Unacked {
+    /// `None` for QoS 0: nothing to send.
+    ack: Option<AckToken>,
+    received_ms: i64,
+}
+
+/// The `_id` of the dead letter with this LSN: idempotent inserts.
+pub fn deadletter_id(tag: u32, lsn: u64) -> bson::oid::ObjectId {
+    let mut bytes = [0u8; 12];
+    bytes[0..4].copy_from_slice(&tag.to_be_bytes());
+    bytes[4..12].copy_from_slice(&lsn.to_be_bytes());
+    bson::oid::ObjectId::from_bytes(bytes)
+}
+
+pub struct Spooler {
+    pub decoder: Decoder,
+    pub acker: Acker,
+    pub spool: mpsc::Sender<Command>,
+    pub durable: watch::Receiver<u64>,
+    pub stats: Arc<SpoolStats>,
+    pub next_lsn: u64,
+    pub tag: u32,
+    pub max_size: u64,
+    /// Bytes one sample may have (`bucket.max_bytes`).
+    pub max_sample_bytes: u32,
+    pub feed: mpsc::Sender<Feed>,
+}
+
+impl Spooler {
+    /// Runs until `stop`; then spools what is already received, waits until
+    /// it is durable and releases the acknowledgements. Returns the number of
+    /// messages left unacknowledged if `abort` cut that short.
+    pub async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Message>,
+        stop: CancellationToken,
+        abort: CancellationToken,
+    ) -> Result<(), usize> {
+        let mut acks: AckQueue<Unacked> = AckQueue::default();
+        let mut throttle = LogThrottle::default();
+        let mut full_since: Option<Instant> = None;
+        // (first LSN, received) of a message at most once a second, to tell
+        // the age of the oldest record the checkpoint has not passed.
+        let mut marks: std::collections::VecDeque<(u64, i64)> = Default::default();
+        loop {
+            let checkpoint = self.stats.checkpoint.load(Ordering::Relaxed);
+            while marks.len() > 1 && marks[1].0 <= checkpoint {
+                marks.pop_front();
+            }
+            if marks.back().is_none_or(|m| crate::now_ms() - m.1 >= 1000) {
+                marks.push_back((self.next_lsn, crate::now_ms()));
+            }
+            let oldest = marks
+                .front()
+                .filter(|m| m.0 < self.next_lsn && checkpoint < self.next_lsn);
+            metrics::gauge!(telemetry::SPOOL_OLDEST_SECONDS)
+                .set(oldest.map_or(0.0, |m| (crate::now_ms() - m.1).max(0) as f64 / 1000.0));
+            metrics::counter!(telemetry::SPOOL_FSYNCS)
+                .absolute(self.stats.fsyncs.load(Ordering::Relaxed));
+            let full = self.stats.bytes.load(Ordering::Relaxed) >= self.max_size;
+            match (full, full_since) {
+                (true, None) => {
+                    full_since = Some(Instant::now());
+                    error!(
+                        bytes = self.stats.bytes.load(Ordering::Relaxed),
+                        max_size = self.max_size,
+                        unconfirmed_records = self.next_lsn.saturating_sub(self.stats.checkpoint.load(Ordering::Relaxed)),
+                        "Spool is full: not acknowledging new messages (the broker keeps them) until the database takes the backlog."
+                    );
+                }
+                (false, Some(t)) => {
+                    info!(after = ?Duration::from_secs(t.elapsed().as_secs()), "Spool has room again; taking messages.");
+                    full_since = None;
+                }
+                _ => {}
+            }
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => break,
+                changed = self.durable.changed() => {
+                    if changed.is_err() {
+                        error!("The spool writer stopped; no more acknowledgements.");
+                        return Err(acks.len());
+                    }
+                    self.release(&mut acks);
+                }
+                m = rx.recv(), if !full => match m {
+                    Some(m) => self.receive(m, &mut acks, &mut throttle).await,
+                    None => break,
+                },
+                // While full, look again shortly: checkpoints free segments.
+                _ = tokio::time::sleep(Duration::from_millis(200)), if full => {}
+            }
+        }
+        rx.close();
+        while let Some(m) = rx.recv().await {
+            self.receive(m, &mut acks, &mut throttle).await;
+        }
+        let end = self.next_lsn;
+        loop {
+            self.release(&mut acks);
+            if *self.durable.borrow() >= end {
+                break;
+            }
+            tokio::select! {
+                changed = self.durable.changed() => if changed.is_err() { break },
+                _ = abort.cancelled() => return Err(acks.len()),
+            }
+        }
+        self.release(&mut acks);
+        if acks.is_empty() {
+            Ok(())
+        } else {
+            Err(acks.len())
+        }
+    }
+
+    fn release(&self, acks: &mut AckQueue<Unacked>) {
+        let durable = *self.durable.borrow();
+        acks.pop_ready(durable, |u| {
+            if let Some(a) = u.ack {
+                self.acker.ack(a);
+            }
+        });
+        let oldest = acks.oldest().map_or(0.0, |u| {
+            (crate::now_ms() - u.received_ms).max(0) as f64 / 1000.0
+        });
+        metrics::gauge!(telemetry::OLDEST_UNACKED_SECONDS).set(oldest);
+        metrics::gauge!(telemetry::SPOOL_BYTES)
+            .set(self.stats.bytes.load(Ordering::Relaxed) as f64);
+    }
+
+    async fn receive(
+        &mut self,
+        m: Message,
+        acks: &mut AckQueue<Unacked>,
+        throttle: &mut LogThrottle,
+    ) {
+        let unacked = Unacked {
+            ack: m.ack,
+            received_ms: m.received_ms,
+        };
+        if m.duplicate {
+            // Already spooled before a reconnect or restart: acknowledge it
+            // once everything before it is durable, store nothing.
+            metrics::counter!(telemetry::REDELIVERIES_SKIPPED).increment(1);
+            acks.push(self.next_lsn, unacked);
+            self.release(acks);
+            return;
+        }
+        let decoded = self.decoder.decode(&m.topic, &m.payload, m.received_ms);
+        let first = self.next_lsn;
+        let mut bytes = Vec::new();
+        let mut append = |lsn: u64, entry: Entry| {
+            bytes.extend_from_slice(
+                &Record {
+                    lsn,
+                    received_ms: m.received_ms,
+                    entry,
+                }
+                .encode(),
+            );
+        };
+        if let (Some((pkid, digest)), Some(_)) = (m.id, m.ack) {
+            append(self.next_lsn, Entry::MessageId { pkid, digest });
+            self.next_lsn += 1;
+        }
+        let mut feed = Feed {
+            first,
+            end: first,
+            samples: Vec::with_capacity(decoded.readings.len()),
+            deadletters: Vec::new(),
+        };
+        let mut rejections: Vec<(&'static str, String)> = decoded
+            .errors
+            .iter()
+            .map(|e| (e.cause(), e.to_string()))
+            .collect();
+        for reading in &decoded.readings {
+            let sample = Sample::encode(reading, self.next_lsn);
+            if sample.bytes() > self.max_sample_bytes {
+                rejections.push((
+                    "sample_too_large",
+                    format!(
+                        "sample of {} bytes does not fit in a bucket (bucket.max_bytes = {})",
+                        sample.bytes(),
+                        self.max_sample_bytes
+                    ),
+                ));
+                continue;
+            }
+            append(
+                self.next_lsn,
+                Entry::Sample {
+                    sensor: reading.sensor.clone(),
+                    doc: sample.doc.as_bytes().to_vec(),
+                },
+            );
+            self.next_lsn += 1;
+            feed.samples.push((reading.sensor.clone(), sample));
+        }
+        for (cause, error) in rejections {
+            throttle.log(cause, &m.topic, &error);
+            metrics::counter!(telemetry::DEAD_LETTERS, "cause" => cause).increment(1);
+            let lsn = self.next_lsn;
+            let doc = deadletter_doc(self.tag, lsn, &m, cause, error);
+            append(
+                lsn,
+                Entry::DeadLetter {
+                    doc: bson::to_vec(&doc).unwrap_or_default(),
+                },
+            );
+            self.next_lsn += 1;
+            feed.deadletters.push((lsn, doc));
+        }
+        metrics::counter!(telemetry::SAMPLES_DECODED).increment(feed.samples.len() as u64);
+        feed.end = self.next_lsn;
+        if self
+            .spool
+            .send(Command::Append {
+                bytes,
+                end: self.next_lsn,
+            })
+            .await
+            .is_err()
+        {
+            error!("The spool writer stopped; the message is left to the broker.");
+            return;
+        }
+        acks.push(self.next_lsn, unacked);
+        // Never wait for the pipeline: what it cannot take now it reads back
+        // from the spool.
+        let _ = self.feed.try_send(feed);
+    }
+}
+
+fn deadletter_doc(tag: u32, lsn: u64, m: &Message, cause: &'static str, error: String) -> Document {
+    let keep = m.payload.len().min(DEADLETTER_PAYLOAD_MAX);
+    let mut doc = doc! {
+        "_id": deadletter_id(tag, lsn),
+        "receivedAt": bson::DateTime::from_millis(m.received_ms),
+        "topic": &m.topic,
+        "payload": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: m.payload[..keep].to_vec() },
+        "error": error,
+        "cause": cause,
+    };
+    if keep < m.payload.len() {
+        doc.insert("truncated", true);
+        doc.insert("payloadSize", m.payload.len() as i64);
+    }
+    doc
+}
+
+/// Logs each cause of rejection at most once per [`LOG_EVERY`], with how
+/// many were suppressed since.
+#[derive(Default)]
+pub struct LogThrottle {
+    last: HashMap<&'static str, (Instant, u64)>,
+}
+
+impl LogThrottle {
+    pub fn log(&mut self, cause: &'static str, subject: &str, error: &str) {
+        let now = Instant::now();
+        match self.last.get_mut(cause) {
+            Some((at, suppressed)) if now.duration_since(*at) < LOG_EVERY => {
+                *suppressed += 1;
+            }
+            Some((at, suppressed)) => {
+                warn!(
+                    cause,
+                    subject,
+                    error,
+                    suppressed = *suppressed,
+                    "Reading sent to the dead letter."
+                );
+                *at = now;
+                *suppressed = 0;
+            }
+            None => {
+                warn!(cause, subject, error, "Reading sent to the dead letter.");
+                self.last.insert(cause, (now, 0));
+            }
+        }
+    }
+}
