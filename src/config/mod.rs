@@ -121,9 +121,8 @@ pub struct MqttSettings {
     pub password: Option<Secret>,
     pub keep_alive: Duration,
     /// How many unacknowledged QoS 1/2 messages the broker sends before it
-    /// waits (Mosquitto: `max_inflight_messages`, default 20). When this many
-    /// messages wait for their write, palletd flushes at once instead of
-    /// waiting for the flush interval.
+    /// waits (Mosquitto: `max_inflight_messages`, default 20); sizes the
+    /// hand-off channel inside palletd.
     pub max_inflight: usize,
     /// Largest MQTT packet the client accepts; a bigger one breaks the
     /// connection, so the broker's own limit should be at most this.
