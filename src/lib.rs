@@ -124,17 +124,16 @@ pub async fn run(
     shutdown_timeout: Duration,
 ) -> Result<(), RunError> {
     let shape = shape(&settings);
+    for w in &settings.warnings {
+        tracing::warn!("{w}");
+    }
     let metrics = telemetry::install();
     let health = Arc::new(telemetry::Health::default());
     let client = mongo_client(&settings).await?;
     let writer = writer::Writer::new(&client, &settings, shape);
     let decoder = Decoder::new(
         settings.subscriptions.clone(),
-        Limits {
-            max_payload_size: settings.mqtt.max_payload_size,
-            max_lateness_ms: settings.bucket.max_lateness.as_millis() as i64,
-            max_future_ms: settings.bucket.max_future.as_millis() as i64,
-        },
+        Limits::from_settings(&settings),
     );
     let spool_dir = settings.spool.dir.clone();
     let spool_error =
@@ -153,7 +152,8 @@ pub async fn run(
         records_to_replay = recovered.records,
         "Spool opened."
     );
-    let connection = ingest::Connection::new(&settings.mqtt, &settings.subscriptions);
+    let connection = ingest::Connection::new(&settings.mqtt, &settings.subscriptions)
+        .map_err(|e| RunError::Config(e.to_string()))?;
     let (feed_tx, feed_rx) = mpsc::channel(1024);
     let spooler = spooler::Spooler {
         decoder,
@@ -166,6 +166,10 @@ pub async fn run(
         max_size: settings.spool.max_size,
         max_sample_bytes: shape.max_bytes,
         feed: feed_tx,
+        sensors: spooler::SensorLimit::new(
+            settings.limits.max_sensors,
+            (settings.bucket.window + settings.closer.grace).as_millis() as i64,
+        ),
     };
     let pipeline = Pipeline::new(
         &settings,

@@ -127,6 +127,9 @@ fn main() -> ExitCode {
         }
         Command::CheckConfig => match load(&cli) {
             Ok(settings) => {
+                for w in &settings.warnings {
+                    println!("warning: {w}");
+                }
                 println!(
                     "configuration is valid: {} subscription(s), bucket window {}, up to {} samples / {} bytes",
                     settings.subscriptions.len(),
@@ -192,35 +195,35 @@ fn simulate(
     args: &SimulateArgs,
     settings: Option<&palletd::config::Settings>,
 ) -> anyhow::Result<()> {
-    let (host, port) = match (&args.url, settings) {
-        (Some(url), _) => palletd::config::parse_mqtt_url(url).map_err(anyhow::Error::msg)?,
-        (None, Some(s)) => (s.mqtt.host.clone(), s.mqtt.port),
-        (None, None) => ("127.0.0.1".to_string(), 1883),
-    };
     anyhow::ensure!(args.sensors > 0, "--sensors must be at least 1");
     anyhow::ensure!(args.rate > 0.0, "--rate must be positive");
     anyhow::ensure!(
         args.topic.contains("{sensor}"),
         "--topic needs a {{sensor}} placeholder"
     );
-    let credentials = settings.and_then(|s| {
-        let user = s.mqtt.username.clone()?;
-        let pass = s
-            .mqtt
-            .password
-            .as_ref()
-            .map(|p| p.expose().to_string())
-            .unwrap_or_default();
-        Some((user, pass))
-    });
-    let client_id = match settings {
-        Some(s) => format!("{}-sim-{}", s.mqtt.client_id, std::process::id()),
-        None => format!("palletd-sim-{}", std::process::id()),
+    // The daemon's broker, credentials and TLS, under a client id of its own.
+    let (mut mqtt, client_id) = match settings {
+        Some(s) => (
+            s.mqtt.clone(),
+            format!("{}-sim-{}", s.mqtt.client_id, std::process::id()),
+        ),
+        None => {
+            let example = palletd::config::parse(palletd::config::EXAMPLE, None)
+                .map_err(|_| anyhow::anyhow!("the built-in example config is invalid"))?;
+            (example.mqtt, format!("palletd-sim-{}", std::process::id()))
+        }
     };
+    if let Some(url) = &args.url {
+        let (host, port, tls) = palletd::config::parse_mqtt_url(url).map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(
+            !tls || mqtt.tls.is_some(),
+            "an mqtts:// --url needs --config with [mqtt.tls]"
+        );
+        mqtt.host = host;
+        mqtt.port = port;
+    }
     let opts = palletd::simulate::SimOptions {
-        host,
-        port,
-        credentials,
+        mqtt,
         client_id,
         sensors: args.sensors,
         rate: args.rate,
@@ -235,7 +238,6 @@ fn simulate(
         batch_size: args.batch_size,
         sensor_prefix: args.sensor_prefix.clone(),
         seed: args.seed,
-        max_packet_size: settings.map_or(4 << 20, |s| s.mqtt.max_packet_size),
     };
     let target = args.sensors as f64 * args.rate;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
+use rumqttc::{AsyncClient, Event, Outgoing, Packet, QoS};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -19,9 +19,8 @@ use tracing::{info, warn};
 /// What to simulate.
 #[derive(Debug, Clone)]
 pub struct SimOptions {
-    pub host: String,
-    pub port: u16,
-    pub credentials: Option<(String, String)>,
+    /// Broker, credentials and TLS, as for the daemon.
+    pub mqtt: crate::config::MqttSettings,
     pub client_id: String,
     pub sensors: usize,
     /// Readings per second per sensor.
@@ -35,7 +34,6 @@ pub struct SimOptions {
     pub batch_size: usize,
     pub sensor_prefix: String,
     pub seed: u64,
-    pub max_packet_size: usize,
 }
 
 /// What was done.
@@ -88,18 +86,19 @@ impl Walk {
     }
 }
 
+/// Why the simulator stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("{0}")]
+    Tls(#[from] crate::ingest::tls::TlsError),
+    #[error("publishing: {0}")]
+    Client(#[from] rumqttc::ClientError),
+}
+
 /// Publishes readings on schedule until `duration` passes or `stop` fires.
-pub async fn run(
-    opts: SimOptions,
-    stop: CancellationToken,
-) -> Result<SimReport, rumqttc::ClientError> {
-    let mut mqtt = MqttOptions::new(opts.client_id.clone(), opts.host.clone(), opts.port);
-    mqtt.set_keep_alive(Duration::from_secs(30))
-        .set_inflight(1000)
-        .set_max_packet_size(opts.max_packet_size, opts.max_packet_size);
-    if let Some((u, p)) = &opts.credentials {
-        mqtt.set_credentials(u.clone(), p.clone());
-    }
+pub async fn run(opts: SimOptions, stop: CancellationToken) -> Result<SimReport, SimError> {
+    let mut mqtt = crate::ingest::mqtt_options(&opts.mqtt, &opts.client_id)?;
+    mqtt.set_inflight(1000);
     let (client, mut eventloop) = AsyncClient::new(mqtt, 10_000);
     let (acks_tx, mut acks_rx) = mpsc::unbounded_channel::<()>();
     let poller = tokio::spawn(async move {
@@ -213,7 +212,7 @@ async fn publish(
     opts: &SimOptions,
     i: usize,
     payload: &serde_json::Value,
-) -> Result<u64, rumqttc::ClientError> {
+) -> Result<u64, SimError> {
     let topic = opts.topic.replace("{sensor}", &sensor_id(opts, i));
     client
         .publish(topic, opts.qos, false, payload.to_string())

@@ -34,6 +34,48 @@ pub const DEADLETTER_PAYLOAD_MAX: usize = 64 * 1024;
 /// How often a cause of rejection is logged at most.
 const LOG_EVERY: Duration = Duration::from_secs(60);
 
+/// Bounds the distinct sensors palletd tracks. A sensor not seen for
+/// `idle_ms` (a window plus the closer's grace: its bucket is done) may be
+/// forgotten to make room; a new sensor when all places are taken by active
+/// ones is refused (its readings go to the dead letter), so a flood of
+/// made-up sensor ids cannot grow memory.
+pub struct SensorLimit {
+    max: usize,
+    idle_ms: i64,
+    last_seen: HashMap<String, i64>,
+    last_sweep: i64,
+}
+
+impl SensorLimit {
+    pub fn new(max: usize, idle_ms: i64) -> Self {
+        SensorLimit {
+            max,
+            idle_ms,
+            last_seen: HashMap::new(),
+            last_sweep: 0,
+        }
+    }
+
+    /// Whether a reading of `sensor` at `now_ms` may be taken.
+    pub fn admit(&mut self, sensor: &str, now_ms: i64) -> bool {
+        if let Some(t) = self.last_seen.get_mut(sensor) {
+            *t = now_ms;
+            return true;
+        }
+        if self.last_seen.len() >= self.max && now_ms - self.last_sweep >= 1000 {
+            // At most once a second: forget sensors that went idle.
+            self.last_sweep = now_ms;
+            let idle = self.idle_ms;
+            self.last_seen.retain(|_, t| now_ms - *t < idle);
+        }
+        if self.last_seen.len() >= self.max {
+            return false;
+        }
+        self.last_seen.insert(sensor.to_string(), now_ms);
+        true
+    }
+}
+
 /// What one message appended, offered to the pipeline.
 #[derive(Debug)]
 pub struct Feed {
@@ -72,6 +114,7 @@ pub struct Spooler {
     /// Bytes one sample may have (`bucket.max_bytes`).
     pub max_sample_bytes: u32,
     pub feed: mpsc::Sender<Feed>,
+    pub sensors: SensorLimit,
 }
 
 impl Spooler {
@@ -225,6 +268,16 @@ impl Spooler {
             .map(|e| (e.cause(), e.to_string()))
             .collect();
         for reading in &decoded.readings {
+            if !self.sensors.admit(&reading.sensor, m.received_ms) {
+                rejections.push((
+                    "too_many_sensors",
+                    format!(
+                        "sensor {:?} is new and limits.max_sensors ({}) active sensors are already tracked",
+                        reading.sensor, self.sensors.max
+                    ),
+                ));
+                continue;
+            }
             let sample = Sample::encode(reading, self.next_lsn);
             if sample.bytes() > self.max_sample_bytes {
                 rejections.push((
@@ -329,5 +382,21 @@ impl LogThrottle {
                 self.last.insert(cause, (now, 0));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sensor_limit_refuses_new_sensors_until_idle_ones_are_forgotten() {
+        let mut l = SensorLimit::new(2, 10_000);
+        assert!(l.admit("a", 0));
+        assert!(l.admit("b", 0));
+        assert!(!l.admit("c", 5_000), "both still active");
+        assert!(l.admit("a", 6_000), "known sensors always pass");
+        assert!(l.admit("c", 12_000), "b went idle and was forgotten");
+        assert!(!l.admit("d", 12_500), "a and c are active");
     }
 }

@@ -15,13 +15,17 @@ use serde::de::DeserializeOwned;
 
 use crate::decode::{PayloadFormat, TopicPattern};
 use raw::{
-    RawBucket, RawCloser, RawFlush, RawHttp, RawMongo, RawMqtt, RawRetention, RawSize, RawSpool,
-    RawSubscription, RawWriteConcern,
+    RawBucket, RawCloser, RawFlush, RawHttp, RawLimits, RawMongo, RawMqtt, RawMqttTls,
+    RawRetention, RawSize, RawSpool, RawSubscription, RawWriteConcern,
 };
 
 /// The annotated example configuration; `palletd print-config` prints it and
 /// `config.toml.example` is exactly this text.
 pub const EXAMPLE: &str = include_str!("../../config.toml.example");
+
+/// Sensor ids unless `bucket.sensor_id_pattern` says otherwise: letters,
+/// digits, `-`, `_`, `.`, `:`, 1 to 128 of them.
+pub const DEFAULT_SENSOR_ID_PATTERN: &str = "[A-Za-z0-9._:-]{1,128}";
 
 /// Where the spool lives unless `spool.dir` says otherwise: the systemd
 /// `StateDirectory=palletd`.
@@ -107,7 +111,24 @@ pub struct Settings {
     pub retention: RetentionSettings,
     pub http: HttpSettings,
     pub spool: crate::spool::SpoolSettings,
+    pub limits: LimitSettings,
     pub subscriptions: Vec<Subscription>,
+    /// Not errors, but worth the operator's attention: printed by
+    /// `check-config`, logged at start.
+    pub warnings: Vec<String>,
+}
+
+/// Limits against hostile or broken input; each rejection is counted and
+/// dead-lettered.
+#[derive(Debug, Clone)]
+pub struct LimitSettings {
+    pub max_samples_per_message: usize,
+    pub max_fields_per_sample: usize,
+    pub max_field_name_length: usize,
+    pub max_string_length: usize,
+    /// Distinct sensors palletd keeps track of; a new sensor beyond it goes
+    /// to the dead letter until idle ones are forgotten.
+    pub max_sensors: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -129,6 +150,23 @@ pub struct MqttSettings {
     pub max_packet_size: usize,
     /// Payloads larger than this go to the dead letter.
     pub max_payload_size: usize,
+    /// TLS for `mqtts://` URLs.
+    pub tls: Option<MqttTls>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct MqttTls {
+    /// CA certificates (PEM) that sign the broker's certificate; without it
+    /// the Mozilla roots bundled with palletd are used.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate and key (PEM) for mutual TLS.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// The name the broker's certificate must carry, when it differs from
+    /// the URL's host (e.g. connecting by IP address).
+    pub server_name: Option<String>,
+    /// Accept any certificate. Labs only; logged loudly.
+    pub insecure_skip_verify: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +200,8 @@ pub struct BucketSettings {
     pub max_lateness: Duration,
     /// Samples newer than now plus this are a clock problem: dead letter.
     pub max_future: Duration,
+    /// Sensor ids must match this (anchored) pattern.
+    pub sensor_id_pattern: regex::Regex,
 }
 
 #[derive(Debug, Clone)]
@@ -218,6 +258,7 @@ const SECTIONS: &[&str] = &[
     "retention",
     "http",
     "spool",
+    "limits",
     "subscription",
 ];
 
@@ -263,6 +304,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     let retention: RawRetention = v.section(&table, "retention", false).unwrap_or_default();
     let http: RawHttp = v.section(&table, "http", false).unwrap_or_default();
     let spool: RawSpool = v.section(&table, "spool", false).unwrap_or_default();
+    let limits: RawLimits = v.section(&table, "limits", false).unwrap_or_default();
     let mut subs: Vec<RawSubscription> = Vec::new();
     match table.get("subscription") {
         None => v.err("subscription", "at least one [[subscription]] is required"),
@@ -283,13 +325,14 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     }
 
     let mqtt = mqtt.and_then(|m| v.mqtt(m, base));
-    let mongodb = mongo.map(|m| v.mongo(m));
+    let mongodb = mongo.map(|m| v.mongo(m, base));
     let bucket = v.bucket(bucket);
     let flush = v.flush(flush);
     let closer = v.closer(closer);
     let retention = v.retention(retention);
     let http = v.http(http);
     let spool = v.spool(spool, base);
+    let limits = v.limits(limits);
     let subscriptions: Vec<Subscription> = subs
         .into_iter()
         .enumerate()
@@ -306,7 +349,9 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
             retention,
             http,
             spool,
+            limits,
             subscriptions,
+            warnings: v.warnings,
         }),
         _ => Err(v.errors),
     }
@@ -315,6 +360,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
 #[derive(Default)]
 struct Validator {
     errors: Vec<ConfigError>,
+    warnings: Vec<String>,
 }
 
 impl Validator {
@@ -381,8 +427,16 @@ impl Validator {
                 .collect::<Vec<_>>()
                 .join(".");
             if !reported.contains(&keys) {
+                // serde may quote the value; never for a key that holds a secret.
+                let secret = keys
+                    .last()
+                    .is_some_and(|k| k.contains("password") || k.starts_with("uri"));
                 match missing {
                     Some(_) => self.err(path, "required key is missing"),
+                    None if secret => self.err(
+                        path,
+                        "has the wrong type (value not shown: it may be a secret)",
+                    ),
                     None => self.err(path, message),
                 }
             }
@@ -440,11 +494,11 @@ impl Validator {
     }
 
     fn mqtt(&mut self, m: RawMqtt, base: Option<&Path>) -> Option<MqttSettings> {
-        let (host, port) = match parse_mqtt_url(&m.url) {
+        let (host, port, tls_url) = match parse_mqtt_url(&m.url) {
             Ok(hp) => hp,
             Err(e) => {
                 self.err("mqtt.url", e);
-                (String::new(), 0)
+                (String::new(), 0, false)
             }
         };
         if m.client_id.trim().is_empty() {
@@ -455,31 +509,53 @@ impl Validator {
         } else if m.client_id.len() > 65535 {
             self.err("mqtt.client_id", "is too long");
         }
-        let password = match (m.password, m.password_file) {
-            (Some(_), Some(_)) => {
-                self.err(
-                    "mqtt.password_file",
-                    "set either password or password_file, not both",
-                );
+        let tls = match (tls_url, m.tls) {
+            (true, raw) => Some(self.mqtt_tls(raw.unwrap_or_default(), base)),
+            (false, Some(_)) => {
+                self.err("mqtt.tls", "TLS settings need an mqtts:// URL");
                 None
             }
-            (Some(p), None) => Some(Secret::new(p)),
-            (None, Some(f)) => {
-                let p = base
-                    .map(|b| b.join(&f))
-                    .unwrap_or_else(|| PathBuf::from(&f));
-                match std::fs::read_to_string(&p) {
-                    Ok(s) => Some(Secret::new(s.trim_end_matches(['\r', '\n']))),
-                    Err(e) => {
-                        self.err(
-                            "mqtt.password_file",
-                            format!("cannot read {}: {e}", p.display()),
-                        );
-                        None
-                    }
+            (false, None) => None,
+        };
+        let sources = [
+            m.password.is_some(),
+            m.password_file.is_some(),
+            m.password_env.is_some(),
+        ];
+        if sources.iter().filter(|s| **s).count() > 1 {
+            self.err(
+                "mqtt.password",
+                "set only one of password, password_file and password_env",
+            );
+        }
+        let password = if let Some(p) = m.password {
+            Some(Secret::new(p))
+        } else if let Some(f) = m.password_file {
+            let p = resolve(base, &f);
+            self.warn_if_readable_by_others("mqtt.password_file", &p);
+            match std::fs::read_to_string(&p) {
+                Ok(s) => Some(Secret::new(s.trim_end_matches(['\r', '\n']))),
+                Err(e) => {
+                    self.err(
+                        "mqtt.password_file",
+                        format!("cannot read {}: {e}", p.display()),
+                    );
+                    None
                 }
             }
-            (None, None) => None,
+        } else if let Some(var) = m.password_env {
+            match std::env::var(&var) {
+                Ok(v) => Some(Secret::new(v)),
+                Err(_) => {
+                    self.err(
+                        "mqtt.password_env",
+                        format!("environment variable {var:?} is not set"),
+                    );
+                    None
+                }
+            }
+        } else {
+            None
         };
         if password.is_some() && m.username.is_none() {
             self.err("mqtt.username", "a password needs a username");
@@ -513,11 +589,96 @@ impl Validator {
             max_inflight,
             max_packet_size: max_packet_size as usize,
             max_payload_size: max_payload_size as usize,
+            tls,
         })
     }
 
-    fn mongo(&mut self, m: RawMongo) -> MongoSettings {
-        if !(m.uri.starts_with("mongodb://") || m.uri.starts_with("mongodb+srv://")) {
+    fn mqtt_tls(&mut self, t: RawMqttTls, base: Option<&Path>) -> MqttTls {
+        let file = |v: &mut Validator, key: &str, f: Option<String>| -> Option<PathBuf> {
+            let p = resolve(base, &f?);
+            if let Err(e) = std::fs::metadata(&p) {
+                v.err(
+                    format!("mqtt.tls.{key}"),
+                    format!("cannot read {}: {e}", p.display()),
+                );
+            }
+            Some(p)
+        };
+        let ca_file = file(self, "ca_file", t.ca_file);
+        let cert_file = file(self, "cert_file", t.cert_file);
+        let key_file = file(self, "key_file", t.key_file);
+        if let Some(k) = &key_file {
+            self.warn_if_readable_by_others("mqtt.tls.key_file", k);
+        }
+        if cert_file.is_some() != key_file.is_some() {
+            self.err(
+                "mqtt.tls.key_file",
+                "a client certificate needs both cert_file and key_file",
+            );
+        }
+        if let Some(name) = &t.server_name {
+            if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
+                self.err(
+                    "mqtt.tls.server_name",
+                    format!("{name:?} is not a DNS name or IP address"),
+                );
+            }
+        }
+        let insecure_skip_verify = t.insecure_skip_verify.unwrap_or(false);
+        if insecure_skip_verify {
+            self.warnings.push(
+                "mqtt.tls.insecure_skip_verify = true: the broker's certificate is NOT checked; anyone on the path can read and change the traffic. For labs only.".into(),
+            );
+        }
+        MqttTls {
+            ca_file,
+            cert_file,
+            key_file,
+            server_name: t.server_name,
+            insecure_skip_verify,
+        }
+    }
+
+    /// A secret file others can read is a leak waiting to happen: warn.
+    fn warn_if_readable_by_others(&mut self, key: &str, path: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path) {
+            if meta.permissions().mode() & 0o004 != 0 {
+                self.warnings.push(format!(
+                    "{key}: {} is readable by every user; make it readable by palletd only (chmod 600)",
+                    path.display()
+                ));
+            }
+        }
+    }
+
+    fn mongo(&mut self, m: RawMongo, base: Option<&Path>) -> MongoSettings {
+        let uri = match (m.uri, m.uri_file) {
+            (Some(_), Some(_)) => {
+                self.err("mongodb.uri_file", "set either uri or uri_file, not both");
+                String::new()
+            }
+            (Some(u), None) => u,
+            (None, Some(f)) => {
+                let p = resolve(base, &f);
+                self.warn_if_readable_by_others("mongodb.uri_file", &p);
+                match std::fs::read_to_string(&p) {
+                    Ok(u) => u.trim().to_string(),
+                    Err(e) => {
+                        self.err(
+                            "mongodb.uri_file",
+                            format!("cannot read {}: {e}", p.display()),
+                        );
+                        String::new()
+                    }
+                }
+            }
+            (None, None) => {
+                self.err("mongodb.uri", "required: set uri or uri_file");
+                String::new()
+            }
+        };
+        if !(uri.is_empty() || uri.starts_with("mongodb://") || uri.starts_with("mongodb+srv://")) {
             self.err(
                 "mongodb.uri",
                 "must start with mongodb:// or mongodb+srv://",
@@ -556,7 +717,7 @@ impl Validator {
             }
         };
         MongoSettings {
-            uri: Secret::new(m.uri),
+            uri: Secret::new(uri),
             database: m.database,
             collection,
             write_concern,
@@ -577,12 +738,24 @@ impl Validator {
         let max_lateness =
             self.positive_duration("bucket.max_lateness", b.max_lateness.as_deref(), "7d");
         let max_future = self.duration("bucket.max_future", b.max_future.as_deref(), "5m");
+        let pattern = b
+            .sensor_id_pattern
+            .unwrap_or_else(|| DEFAULT_SENSOR_ID_PATTERN.into());
+        let sensor_id_pattern = match regex::Regex::new(&format!("^(?:{pattern})$")) {
+            Ok(r) => r,
+            Err(e) => {
+                self.err("bucket.sensor_id_pattern", format!("invalid regex: {e}"));
+                regex::Regex::new(&format!("^(?:{DEFAULT_SENSOR_ID_PATTERN})$"))
+                    .unwrap_or_else(|_| unreachable!())
+            }
+        };
         BucketSettings {
             window,
             max_samples,
             max_bytes: max_bytes.min(MAX_BUCKET_BYTES) as u32,
             max_lateness,
             max_future,
+            sensor_id_pattern,
         }
     }
 
@@ -642,6 +815,24 @@ impl Validator {
                 r.deadletter_expire_after.as_deref(),
                 Some("7d"),
             ),
+        }
+    }
+
+    fn limits(&mut self, l: RawLimits) -> LimitSettings {
+        let mut n = |key: &str, raw: Option<i64>, default: i64, max: i64| {
+            self.int_in(&format!("limits.{key}"), raw, default, 1, max) as usize
+        };
+        LimitSettings {
+            max_samples_per_message: n(
+                "max_samples_per_message",
+                l.max_samples_per_message,
+                1000,
+                1_000_000,
+            ),
+            max_fields_per_sample: n("max_fields_per_sample", l.max_fields_per_sample, 64, 10_000),
+            max_field_name_length: n("max_field_name_length", l.max_field_name_length, 64, 1024),
+            max_string_length: n("max_string_length", l.max_string_length, 1024, 1 << 20),
+            max_sensors: n("max_sensors", l.max_sensors, 100_000, 100_000_000),
         }
     }
 
@@ -779,22 +970,29 @@ fn check_name(v: &mut Validator, path: &str, name: &str, forbidden: &[char]) {
     }
 }
 
-/// `mqtt://host:port` (port defaults to 1883).
-pub fn parse_mqtt_url(text: &str) -> Result<(String, u16), String> {
-    let url = url::Url::parse(text).map_err(|e| format!("invalid URL {text:?}: {e}"))?;
-    if url.scheme() != "mqtt" && url.scheme() != "tcp" {
-        return Err(format!(
-            "unsupported scheme {:?}: use mqtt://host:port",
-            url.scheme()
-        ));
+/// `mqtt://host:port` (port 1883 by default) or `mqtts://host:port` (TLS,
+/// port 8883 by default): (host, port, tls). Errors never repeat the URL,
+/// which might carry a password.
+pub fn parse_mqtt_url(text: &str) -> Result<(String, u16, bool), String> {
+    let url = url::Url::parse(text).map_err(|e| format!("invalid URL: {e}"))?;
+    let (tls, default_port) = match url.scheme() {
+        "mqtt" | "tcp" => (false, 1883),
+        "mqtts" | "ssl" => (true, 8883),
+        other => {
+            return Err(format!(
+                "unsupported scheme {other:?}: use mqtt://host:port or mqtts://host:port"
+            ))
+        }
+    };
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(
+            "put credentials in mqtt.username and mqtt.password_file, not in the URL".into(),
+        );
     }
     let host = url
         .host_str()
         .filter(|h| !h.is_empty())
-        .ok_or_else(|| format!("no host in {text:?}"))?;
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err("put credentials in mqtt.username and mqtt.password, not in the URL".into());
-    }
+        .ok_or("no host in the URL")?;
     if url.path() != "" && url.path() != "/" {
         return Err(format!("unexpected path {:?} in the URL", url.path()));
     }
@@ -802,7 +1000,15 @@ pub fn parse_mqtt_url(text: &str) -> Result<(String, u16), String> {
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_string();
-    Ok((host, url.port().unwrap_or(1883)))
+    Ok((host, url.port().unwrap_or(default_port), tls))
+}
+
+/// A path from the configuration: relative to the config file's directory.
+fn resolve(base: Option<&Path>, path: &str) -> PathBuf {
+    match base {
+        Some(b) if Path::new(path).is_relative() => b.join(path),
+        _ => PathBuf::from(path),
+    }
 }
 
 #[cfg(test)]
@@ -935,6 +1141,20 @@ mod tests {
         assert!(joined.contains("mqtt.url: unsupported scheme"), "{joined}");
         let joined = errors("[mqtt\nurl=").join("\n");
         assert!(joined.contains("invalid TOML"), "{joined}");
+    }
+
+    #[test]
+    fn a_secret_of_the_wrong_type_is_not_echoed() {
+        let text = MINIMAL.replace(
+            "client_id = \"palletd-test\"",
+            "client_id = \"c\"\nusername = \"u\"\npassword = 987654321",
+        );
+        let joined = errors(&text).join("\n");
+        assert!(
+            joined.contains("mqtt.password: has the wrong type"),
+            "{joined}"
+        );
+        assert!(!joined.contains("987654321"), "{joined}");
     }
 
     #[test]

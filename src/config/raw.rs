@@ -29,16 +29,39 @@ pub struct RawMqtt {
     pub username: Option<String>,
     pub password: Option<String>,
     pub password_file: Option<String>,
+    pub password_env: Option<String>,
     pub keep_alive: Option<String>,
     pub max_inflight: Option<i64>,
     pub max_packet_size: Option<RawSize>,
     pub max_payload_size: Option<RawSize>,
+    pub tls: Option<RawMqttTls>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMqttTls {
+    pub ca_file: Option<String>,
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
+    pub server_name: Option<String>,
+    pub insecure_skip_verify: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    pub max_samples_per_message: Option<i64>,
+    pub max_fields_per_sample: Option<i64>,
+    pub max_field_name_length: Option<i64>,
+    pub max_string_length: Option<i64>,
+    pub max_sensors: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawMongo {
-    pub uri: String,
+    pub uri: Option<String>,
+    pub uri_file: Option<String>,
     pub database: String,
     pub collection: Option<String>,
     pub write_concern: Option<RawWriteConcern>,
@@ -53,6 +76,7 @@ pub struct RawBucket {
     pub max_bytes: Option<RawSize>,
     pub max_lateness: Option<String>,
     pub max_future: Option<String>,
+    pub sensor_id_pattern: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

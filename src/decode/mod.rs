@@ -66,6 +66,12 @@ pub enum DecodeError {
     },
     #[error("sample {index}: {message}")]
     BadField { index: usize, message: String },
+    /// A configured limit (`[limits]`) was exceeded; `cause` names which.
+    #[error("{message}")]
+    OverLimit {
+        cause: &'static str,
+        message: String,
+    },
 }
 
 impl DecodeError {
@@ -78,6 +84,7 @@ impl DecodeError {
             DecodeError::BadTimestamp { .. } => "bad_timestamp",
             DecodeError::TimeOutOfRange { .. } => "time_out_of_range",
             DecodeError::BadField { .. } => "bad_field",
+            DecodeError::OverLimit { cause, .. } => cause,
         }
     }
 }
@@ -106,11 +113,32 @@ pub struct Decoded {
 }
 
 /// Time bounds and size limits the decoder applies.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Limits {
     pub max_payload_size: usize,
     pub max_lateness_ms: i64,
     pub max_future_ms: i64,
+    pub max_samples_per_message: usize,
+    pub max_fields_per_sample: usize,
+    pub max_field_name_length: usize,
+    pub max_string_length: usize,
+    /// Anchored pattern every sensor id must match.
+    pub sensor_id_pattern: regex::Regex,
+}
+
+impl Limits {
+    pub fn from_settings(s: &crate::config::Settings) -> Limits {
+        Limits {
+            max_payload_size: s.mqtt.max_payload_size,
+            max_lateness_ms: s.bucket.max_lateness.as_millis() as i64,
+            max_future_ms: s.bucket.max_future.as_millis() as i64,
+            max_samples_per_message: s.limits.max_samples_per_message,
+            max_fields_per_sample: s.limits.max_fields_per_sample,
+            max_field_name_length: s.limits.max_field_name_length,
+            max_string_length: s.limits.max_string_length,
+            sensor_id_pattern: s.bucket.sensor_id_pattern.clone(),
+        }
+    }
 }
 
 /// Decodes messages for a set of subscriptions.
@@ -148,8 +176,10 @@ impl Decoder {
             return out;
         };
         let result = match sub.format {
-            PayloadFormat::Number => decode_number(sub, m, payload, now_ms),
-            PayloadFormat::Json => decode_json(sub, m, payload, now_ms, &mut out.errors),
+            PayloadFormat::Number => decode_number(sub, m, payload, now_ms, &self.limits),
+            PayloadFormat::Json => {
+                decode_json(sub, m, payload, now_ms, &self.limits, &mut out.errors)
+            }
         };
         match result {
             Ok(readings) => {
@@ -187,7 +217,7 @@ fn format_ts(ms: i64) -> String {
         .unwrap_or_else(|| format!("{ms}ms"))
 }
 
-fn check_sensor(id: &str) -> Result<(), DecodeError> {
+fn check_sensor(id: &str, limits: &Limits) -> Result<(), DecodeError> {
     if id.is_empty() {
         return Err(DecodeError::BadSensor("empty sensor id".into()));
     }
@@ -196,9 +226,10 @@ fn check_sensor(id: &str) -> Result<(), DecodeError> {
             "longer than {MAX_SENSOR_ID_LEN} bytes"
         )));
     }
-    if id.chars().any(|c| c.is_control()) {
+    if !limits.sensor_id_pattern.is_match(id) {
         return Err(DecodeError::BadSensor(format!(
-            "{id:?} contains control characters"
+            "{:?} does not match bucket.sensor_id_pattern",
+            truncate(id, 64)
         )));
     }
     Ok(())
@@ -209,9 +240,10 @@ fn decode_number(
     m: TopicMatch<'_>,
     payload: &[u8],
     now_ms: i64,
+    limits: &Limits,
 ) -> Result<Vec<Reading>, DecodeError> {
     let sensor = m.sensor.unwrap_or_default();
-    check_sensor(sensor)?;
+    check_sensor(sensor, limits)?;
     let field = m.field.or(sub.field.as_deref()).unwrap_or_default();
     check_field_name(field).map_err(|e| DecodeError::BadField {
         index: 0,
@@ -251,6 +283,7 @@ fn decode_json(
     m: TopicMatch<'_>,
     payload: &[u8],
     now_ms: i64,
+    limits: &Limits,
     errors: &mut Vec<DecodeError>,
 ) -> Result<Vec<Reading>, DecodeError> {
     let value: serde_json::Value = serde_json::from_slice(payload)
@@ -260,6 +293,16 @@ fn decode_json(
         serde_json::Value::Array(items) => {
             if items.is_empty() {
                 return Err(DecodeError::BadPayload("empty array: no samples".into()));
+            }
+            if items.len() > limits.max_samples_per_message {
+                return Err(DecodeError::OverLimit {
+                    cause: "too_many_samples",
+                    message: format!(
+                        "{} samples in one message exceed limits.max_samples_per_message ({})",
+                        items.len(),
+                        limits.max_samples_per_message
+                    ),
+                });
             }
             let mut objects = Vec::with_capacity(items.len());
             for (i, item) in items.into_iter().enumerate() {
@@ -282,14 +325,14 @@ fn decode_json(
     };
     let topic_sensor = match (&sub.sensor_field, m.sensor) {
         (None, Some(s)) => {
-            check_sensor(s)?;
+            check_sensor(s, limits)?;
             Some(s)
         }
         _ => None,
     };
     let mut readings = Vec::with_capacity(objects.len());
     for (index, mut obj) in objects.into_iter().enumerate() {
-        match sample_from_object(sub, topic_sensor, &mut obj, index, now_ms) {
+        match sample_from_object(sub, topic_sensor, &mut obj, index, now_ms, limits) {
             Ok(r) => readings.push(r),
             Err(e) => errors.push(e),
         }
@@ -303,14 +346,29 @@ fn sample_from_object(
     obj: &mut serde_json::Map<String, serde_json::Value>,
     index: usize,
     now_ms: i64,
+    limits: &Limits,
 ) -> Result<Reading, DecodeError> {
+    if obj.len() > limits.max_fields_per_sample + 2 {
+        return Err(DecodeError::OverLimit {
+            cause: "too_many_fields",
+            message: format!(
+                "sample {index}: {} fields exceed limits.max_fields_per_sample ({})",
+                obj.len(),
+                limits.max_fields_per_sample
+            ),
+        });
+    }
     let sensor = match &sub.sensor_field {
         Some(f) => match obj.remove(f) {
             Some(serde_json::Value::String(s)) => {
-                check_sensor(&s)?;
+                check_sensor(&s, limits)?;
                 s
             }
-            Some(serde_json::Value::Number(n)) => n.to_string(),
+            Some(serde_json::Value::Number(n)) => {
+                let s = n.to_string();
+                check_sensor(&s, limits)?;
+                s
+            }
             Some(_) => {
                 return Err(DecodeError::BadSensor(format!(
                     "sample {index}: field {f:?} is not a string"
@@ -332,9 +390,30 @@ fn sample_from_object(
     };
     let mut fields = Vec::with_capacity(obj.len());
     for (name, value) in std::mem::take(obj) {
+        if name.len() > limits.max_field_name_length {
+            return Err(DecodeError::OverLimit {
+                cause: "field_name_too_long",
+                message: format!(
+                    "sample {index}: a field name of {} bytes exceeds limits.max_field_name_length ({})",
+                    name.len(),
+                    limits.max_field_name_length
+                ),
+            });
+        }
         let value = match value {
             serde_json::Value::Null => continue,
             serde_json::Value::Bool(b) => FieldValue::Bool(b),
+            serde_json::Value::String(s) if s.len() > limits.max_string_length => {
+                return Err(DecodeError::OverLimit {
+                    cause: "string_too_long",
+                    message: format!(
+                        "sample {index}: field {:?} has {} bytes, over limits.max_string_length ({})",
+                        truncate(&name, 64),
+                        s.len(),
+                        limits.max_string_length
+                    ),
+                })
+            }
             serde_json::Value::String(s) => FieldValue::Str(s),
             serde_json::Value::Number(n) => match n.as_f64() {
                 Some(f) if f.is_finite() => FieldValue::Num(f),
@@ -363,6 +442,16 @@ fn sample_from_object(
             });
         }
         fields.push((name, value));
+    }
+    if fields.len() > limits.max_fields_per_sample {
+        return Err(DecodeError::OverLimit {
+            cause: "too_many_fields",
+            message: format!(
+                "sample {index}: {} fields exceed limits.max_fields_per_sample ({})",
+                fields.len(),
+                limits.max_fields_per_sample
+            ),
+        });
     }
     Ok(Reading {
         sensor,
@@ -441,6 +530,23 @@ mod tests {
         }
     }
 
+    fn test_limits() -> Limits {
+        Limits {
+            max_payload_size: 1024,
+            max_lateness_ms: 7 * 86_400_000,
+            max_future_ms: 300_000,
+            max_samples_per_message: 10,
+            max_fields_per_sample: 5,
+            max_field_name_length: 16,
+            max_string_length: 32,
+            sensor_id_pattern: regex::Regex::new(&format!(
+                "^(?:{})$",
+                crate::config::DEFAULT_SENSOR_ID_PATTERN
+            ))
+            .unwrap(),
+        }
+    }
+
     fn decoder() -> Decoder {
         let mut by_payload = sub("fleet/telemetry", PayloadFormat::Json);
         by_payload.sensor_field = Some("device".into());
@@ -450,11 +556,7 @@ mod tests {
                 sub("plant/{sensor}/{field}", PayloadFormat::Number),
                 by_payload,
             ],
-            Limits {
-                max_payload_size: 1024,
-                max_lateness_ms: 7 * 86_400_000,
-                max_future_ms: 300_000,
-            },
+            test_limits(),
         )
     }
 
@@ -588,6 +690,55 @@ mod tests {
             decoder().decode("sensors/s1/telemetry", &big, NOW).errors[0].cause(),
             "payload_too_large"
         );
+    }
+
+    #[test]
+    fn limits_reject_with_their_own_cause() {
+        let d = decoder();
+        let many: Vec<serde_json::Value> = (0..11).map(|i| serde_json::json!({ "v": i })).collect();
+        let cases: Vec<(&str, String, &str)> = vec![
+            (
+                "sensors/s1/telemetry",
+                serde_json::Value::Array(many).to_string(),
+                "too_many_samples",
+            ),
+            (
+                "sensors/s1/telemetry",
+                r#"{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6}"#.into(),
+                "too_many_fields",
+            ),
+            (
+                "sensors/s1/telemetry",
+                r#"{"abcdefghijklmnopq":1}"#.into(),
+                "field_name_too_long",
+            ),
+            (
+                "sensors/s1/telemetry",
+                format!(r#"{{"s":"{}"}}"#, "x".repeat(33)),
+                "string_too_long",
+            ),
+            (
+                "sensors/bad$id/telemetry",
+                r#"{"v":1}"#.into(),
+                "bad_sensor",
+            ),
+            (
+                "sensors/has space/telemetry",
+                r#"{"v":1}"#.into(),
+                "bad_sensor",
+            ),
+        ];
+        for (topic, payload, cause) in cases {
+            let out = d.decode(topic, payload.as_bytes(), NOW);
+            assert!(out.readings.is_empty(), "{payload}");
+            assert_eq!(out.errors[0].cause(), cause, "{payload}");
+        }
+        let ok = d.decode(
+            "sensors/a.b:c-d_e/telemetry",
+            br#"{"a":1,"b":2,"c":3,"d":4,"e":5}"#,
+            NOW,
+        );
+        assert_eq!(ok.readings.len(), 1);
     }
 
     #[test]

@@ -11,12 +11,15 @@
 //! made stays in the broker's session; its messages go to the dead letter as
 //! `unknown_topic`.
 //!
-//! Backpressure: the hand-off channel is bounded. The broker sends at most
-//! its in-flight window of unacknowledged QoS 1/2 messages, which the channel
-//! holds; if a broker ignores that window the task waits on the channel, which
-//! stops reading from the socket.
+//! Backpressure: the hand-off channel is bounded. When it is full, messages
+//! wait in a local queue while the event loop keeps being polled (so pings
+//! and PUBACKs still flow and the connection stays up); unacknowledged QoS 1/2
+//! messages are bounded by the broker's in-flight window and by the 16-bit
+//! packet ids. Only past 65,536 waiting messages (a QoS 0 flood) does the task
+//! stop reading from the socket.
 
 pub mod acks;
+pub mod tls;
 
 use std::time::Duration;
 
@@ -94,12 +97,14 @@ impl Redeliveries {
 
     /// Whether this message was spooled before; remembers it if not.
     pub fn is_redelivery(&mut self, pkid: u16, dup: bool, digest: u64) -> bool {
-        if dup && self.previous.get(&pkid) == Some(&digest) {
+        let redelivery = dup && self.previous.get(&pkid) == Some(&digest);
+        if redelivery {
             self.previous.remove(&pkid);
-            return true;
         }
+        // Remembered either way: it may be resent once more after another
+        // reconnect if this acknowledgement is lost too.
         self.current.insert(pkid, digest);
-        false
+        redelivery
     }
 }
 
@@ -128,9 +133,39 @@ impl Acker {
     }
 }
 
+/// Messages ingest holds while the spooler's channel is full, before it
+/// stops polling the broker (see the overflow in [`Connection::run`]).
+const MAX_OVERFLOW: usize = 65_536;
+
 /// Capacity of rumqttc's request channel: one slot for every packet id that
 /// can be in flight, plus subscriptions and the disconnect.
 const REQUEST_CAPACITY: usize = 65_536 + 64;
+
+/// Connection options shared by the daemon and the simulator: broker
+/// address, keep-alive, packet size, credentials and TLS.
+pub fn mqtt_options(mqtt: &MqttSettings, client_id: &str) -> Result<MqttOptions, tls::TlsError> {
+    let mut opts = MqttOptions::new(client_id, mqtt.host.clone(), mqtt.port);
+    opts.set_keep_alive(mqtt.keep_alive)
+        .set_max_packet_size(mqtt.max_packet_size, mqtt.max_packet_size);
+    if let Some(user) = &mqtt.username {
+        let pass = mqtt
+            .password
+            .as_ref()
+            .map(|p| p.expose().to_string())
+            .unwrap_or_default();
+        opts.set_credentials(user.clone(), pass);
+    }
+    if let Some(t) = &mqtt.tls {
+        if t.insecure_skip_verify {
+            warn!("mqtt.tls.insecure_skip_verify is on: the broker's certificate is NOT verified. Never use this in production.");
+        }
+        let config = tls::client_config(t)?;
+        opts.set_transport(rumqttc::Transport::Tls(rumqttc::TlsConfiguration::Rustls(
+            Arc::new(config),
+        )));
+    }
+    Ok(opts)
+}
 
 /// The MQTT client and its event loop, not yet connected.
 pub struct Connection {
@@ -140,29 +175,22 @@ pub struct Connection {
 }
 
 impl Connection {
-    pub fn new(mqtt: &MqttSettings, subscriptions: &[Subscription]) -> Self {
-        let mut opts = MqttOptions::new(mqtt.client_id.clone(), mqtt.host.clone(), mqtt.port);
-        opts.set_keep_alive(mqtt.keep_alive)
-            .set_clean_session(false)
+    pub fn new(mqtt: &MqttSettings, subscriptions: &[Subscription]) -> Result<Self, tls::TlsError> {
+        let mut opts = mqtt_options(mqtt, &mqtt.client_id)?;
+        opts.set_clean_session(false)
             .set_manual_acks(true)
-            .set_max_packet_size(mqtt.max_packet_size, mqtt.max_packet_size)
             .set_inflight(mqtt.max_inflight.clamp(1, u16::MAX as usize) as u16)
             .set_request_channel_capacity(REQUEST_CAPACITY);
-        if let (Some(user), Some(pass)) = (&mqtt.username, &mqtt.password) {
-            opts.set_credentials(user.clone(), pass.expose().to_string());
-        } else if let Some(user) = &mqtt.username {
-            opts.set_credentials(user.clone(), "");
-        }
         let (client, eventloop) = AsyncClient::new(opts, REQUEST_CAPACITY);
         let filters = subscriptions
             .iter()
             .map(|s| (s.pattern.filter(), qos(s.qos)))
             .collect();
-        Connection {
+        Ok(Connection {
             client,
             eventloop,
             filters,
-        }
+        })
     }
 
     pub fn acker(&self) -> Acker {
@@ -191,9 +219,19 @@ impl Connection {
         let mut down_since: Option<std::time::Instant> = None;
         let mut disconnecting = false;
         let mut subscribed = false;
+        let mut overflow: std::collections::VecDeque<Message> = Default::default();
         loop {
+            // While messages wait in `overflow` the loop keeps polling (pings,
+            // PUBACKs) and hands them on as the channel makes room.
             let event = tokio::select! {
                 _ = abort.cancelled() => return,
+                permit = tx.reserve(), if !overflow.is_empty() => {
+                    match (permit, overflow.pop_front()) {
+                        (Ok(permit), Some(m)) => permit.send(m),
+                        _ => overflow.clear(),
+                    }
+                    continue;
+                }
                 _ = done.cancelled(), if !disconnecting => {
                     disconnecting = true;
                     if self.client.try_disconnect().is_err() {
@@ -282,9 +320,27 @@ impl Connection {
                         id,
                         duplicate,
                     };
-                    tokio::select! {
-                        r = tx.send(msg) => if r.is_err() { debug!("Pipeline closed; message left to the broker."); },
-                        _ = stop.cancelled() => {}
+                    if overflow.is_empty() {
+                        match tx.try_send(msg) {
+                            Ok(()) => {}
+                            Err(mpsc::error::TrySendError::Full(m)) => overflow.push_back(m),
+                            Err(mpsc::error::TrySendError::Closed(_)) => {
+                                debug!("Spooler closed; message left to the broker.")
+                            }
+                        }
+                    } else {
+                        overflow.push_back(msg);
+                    }
+                    // Unacknowledged QoS 1/2 messages are bounded by the
+                    // packet ids (and the broker's in-flight window); only a
+                    // QoS 0 flood can reach this, and then reading waits.
+                    if overflow.len() >= MAX_OVERFLOW {
+                        while let Some(m) = overflow.pop_front() {
+                            tokio::select! {
+                                r = tx.send(m) => if r.is_err() { overflow.clear(); },
+                                _ = stop.cancelled() => { overflow.clear(); }
+                            }
+                        }
                     }
                 }
                 Ok(Event::Outgoing(Outgoing::Disconnect)) => {
@@ -346,7 +402,15 @@ mod tests {
         let mut r = Redeliveries::new(HashMap::from([(7, 70)]));
         r.connected(true);
         assert!(r.is_redelivery(7, true, 70));
-        assert!(!r.is_redelivery(7, true, 70), "recognised once");
+        assert!(
+            !r.is_redelivery(7, true, 70),
+            "recognised once per connection"
+        );
+        r.connected(true);
+        assert!(
+            r.is_redelivery(7, true, 70),
+            "and again after another reconnect"
+        );
         assert!(!r.is_redelivery(9, true, 99));
         // Received in this connection, resent after a reconnect.
         r.connected(true);

@@ -146,14 +146,21 @@ pub struct Database {
     pub port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    args: Vec<String>,
 }
 
 impl Database {
     pub fn start() -> Database {
+        Self::start_with_args(&[])
+    }
+
+    /// A server with extra command-line flags (e.g. `--auth`).
+    pub fn start_with_args(args: &[&str]) -> Database {
         let mut d = Database {
             port: 0,
             dir: tempfile::tempdir().unwrap(),
             child: None,
+            args: args.iter().map(|a| a.to_string()).collect(),
         };
         d.spawn();
         d
@@ -173,6 +180,7 @@ impl Database {
             .arg("--storage-path")
             .arg(self.dir.path().join("data"))
             .args(["--cache-size", "256M", "--log-level", "WARNING"])
+            .args(&self.args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

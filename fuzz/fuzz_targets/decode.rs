@@ -1,0 +1,66 @@
+//! Payload decoding and topic matching: any topic and payload bytes either
+//! decode to valid readings or to typed errors, never a panic.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use palletd::config::{Subscription, DEFAULT_SENSOR_ID_PATTERN};
+use palletd::decode::{check_field_name, Decoder, FieldValue, Limits, PayloadFormat, TopicPattern};
+
+fn subscription(topic: &str, format: PayloadFormat, sensor_field: Option<&str>) -> Subscription {
+    Subscription {
+        pattern: TopicPattern::parse(topic).unwrap(),
+        format,
+        timestamp_field: "ts".into(),
+        sensor_field: sensor_field.map(str::to_string),
+        field: None,
+        qos: 1,
+    }
+}
+
+const NOW: i64 = 1_787_234_400_000;
+
+fn decoder() -> Decoder {
+    Decoder::new(
+        vec![
+            subscription("sensors/{sensor}/telemetry", PayloadFormat::Json, None),
+            subscription("plant/{sensor}/{field}", PayloadFormat::Number, None),
+            subscription("fleet/#", PayloadFormat::Json, Some("device")),
+        ],
+        Limits {
+            max_payload_size: 64 * 1024,
+            max_lateness_ms: 7 * 86_400_000,
+            max_future_ms: 300_000,
+            max_samples_per_message: 100,
+            max_fields_per_sample: 32,
+            max_field_name_length: 64,
+            max_string_length: 256,
+            sensor_id_pattern: regex::Regex::new(&format!("^(?:{DEFAULT_SENSOR_ID_PATTERN})$")).unwrap(),
+        },
+    )
+}
+
+static DECODER: std::sync::OnceLock<Decoder> = std::sync::OnceLock::new();
+
+fuzz_target!(|data: &[u8]| {
+    // First line: the topic; the rest: the payload.
+    let split = data.iter().position(|b| *b == b'\n').unwrap_or(data.len());
+    let topic = String::from_utf8_lossy(&data[..split]);
+    let payload = data.get(split + 1..).unwrap_or_default();
+    let out = DECODER.get_or_init(decoder).decode(&topic, payload, NOW);
+    for r in &out.readings {
+        assert!(!r.sensor.is_empty() && r.sensor.len() <= 128);
+        assert!((r.ts_ms - NOW).abs() <= 7 * 86_400_000);
+        assert!(r.fields.len() <= 32);
+        for (name, value) in &r.fields {
+            assert!(check_field_name(name).is_ok() && name != "ts");
+            if let FieldValue::Num(x) = value {
+                assert!(x.is_finite());
+            }
+        }
+    }
+    // Topic patterns: parsing any text never panics, and a parsed pattern
+    // matches its own filter's shape.
+    if let Ok(p) = TopicPattern::parse(&topic) {
+        let _ = p.matches(&p.filter());
+    }
+});

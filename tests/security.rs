@@ -1,0 +1,382 @@
+//! The secure paths against the real services: Mosquitto with TLS (a test
+//! CA made here with rcgen) and a password file, SecantusDB with SCRAM
+//! authentication, secrets kept out of every output, and a flood of
+//! sensor ids against `limits.max_sensors`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+struct Pki {
+    ca: PathBuf,
+    other_ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+/// A CA, a server certificate for "localhost" signed by it, and an
+/// unrelated CA.
+fn make_pki(dir: &Path) -> Pki {
+    let ca = |name: &str| {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let cert = params.self_signed(&key).unwrap();
+        (params, key, cert)
+    };
+    let (ca_params, ca_key, ca_cert) = ca("palletd test CA");
+    let (_, _, other_cert) = ca("some other CA");
+    let server_key = rcgen::KeyPair::generate().unwrap();
+    let server_params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+    let server_cert = server_params.signed_by(&server_key, &issuer).unwrap();
+    let pki = Pki {
+        ca: write_file(dir, "ca.pem", &ca_cert.pem()),
+        other_ca: write_file(dir, "other-ca.pem", &other_cert.pem()),
+        cert: write_file(dir, "server.pem", &server_cert.pem()),
+        key: write_file(dir, "server.key", &server_key.serialize_pem()),
+    };
+    // Mosquitto runs as whoever starts it; keep its key readable.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&pki.key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    pki
+}
+
+const MQTT_PASSWORD: &str = "Mq77-s3cret-Pa55";
+const DB_PASSWORD: &str = "Db-s3cret-Pa55-word";
+
+/// A broker requiring TLS and a password (user "palletd").
+fn secure_broker(dir: &Path) -> (Broker, Pki) {
+    let pki = make_pki(dir);
+    let passwd = dir.join("passwd");
+    std::fs::write(&passwd, "").unwrap();
+    let status = Command::new("mosquitto_passwd")
+        .args(["-b"])
+        .arg(&passwd)
+        .args(["palletd", MQTT_PASSWORD])
+        .status()
+        .unwrap_or_else(|e| panic!("mosquitto_passwd: {e}; {INSTALL_HINT}"));
+    assert!(status.success());
+    let extra = format!(
+        "allow_anonymous false\npassword_file {}\ncafile {}\ncertfile {}\nkeyfile {}\n",
+        passwd.display(),
+        pki.ca.display(),
+        pki.cert.display(),
+        pki.key.display()
+    );
+    (Broker::start_with(&extra), pki)
+}
+
+fn tls_config(
+    broker: &Broker,
+    db: &Database,
+    database: &str,
+    ca: &Path,
+    password_file: &Path,
+) -> String {
+    config(broker, db, database, &format!("palletd-{database}"), "")
+        .replace(
+            &format!("url = \"mqtt://127.0.0.1:{}\"", broker.port),
+            &format!(
+                "url = \"mqtts://127.0.0.1:{}\"\nusername = \"palletd\"\npassword_file = \"{}\"",
+                broker.port,
+                password_file.display()
+            ),
+        )
+        .replace(
+            "[mongodb]",
+            &format!(
+                "[mqtt.tls]\nca_file = \"{}\"\nserver_name = \"localhost\"\n\n[mongodb]",
+                ca.display()
+            ),
+        )
+}
+
+/// A TLS publisher that trusts `ca`.
+async fn tls_publisher(broker: &Broker, ca: &Path) -> rumqttc::AsyncClient {
+    let mut opts = rumqttc::MqttOptions::new("pub-tls", "localhost", broker.port);
+    opts.set_credentials("palletd", MQTT_PASSWORD);
+    let settings = palletd::config::MqttTls {
+        ca_file: Some(ca.to_path_buf()),
+        ..Default::default()
+    };
+    let config = palletd::ingest::tls::client_config(&settings).unwrap();
+    opts.set_transport(rumqttc::Transport::Tls(rumqttc::TlsConfiguration::Rustls(
+        std::sync::Arc::new(config),
+    )));
+    let (client, mut eventloop) = rumqttc::AsyncClient::new(opts, 100);
+    tokio::spawn(async move {
+        loop {
+            if eventloop.poll().await.is_err() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    });
+    client
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_password_store_readings_and_wrong_ca_or_password_keep_retrying() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, pki) = secure_broker(dir.path());
+    let db = Database::start();
+    let pw = write_file(dir.path(), "mqtt-password", MQTT_PASSWORD);
+
+    // Right CA, right password: readings arrive.
+    let cfg = tls_config(&broker, &db, "tls", &pki.ca, &pw);
+    let mut palletd = Palletd::start(&cfg);
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let publisher = tls_publisher(&broker, &pki.ca).await;
+    for seq in 0..20 {
+        publisher
+            .publish(
+                "sensors/t1/telemetry",
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                format!("{{\"seq\": {seq}}}"),
+            )
+            .await
+            .unwrap();
+    }
+    let client = db.client().await;
+    eventually(Duration::from_secs(30), "20 readings over TLS", || async {
+        stored_samples(&client, "tls").await == 20
+    })
+    .await;
+    assert_eq!(palletd.terminate(), Some(0));
+
+    // The wrong CA: a clear TLS error, retried, no crash.
+    let cfg = tls_config(&broker, &db, "tls", &pki.other_ca, &pw);
+    let mut palletd = Palletd::start(&cfg);
+    palletd.wait_for_log("MQTT connection lost or refused", Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = palletd.log();
+    assert!(log.contains("TLS") || log.contains("certificate"), "{log}");
+    assert!(
+        palletd.child.try_wait().unwrap().is_none(),
+        "still running, retrying"
+    );
+    assert!(!log.contains("Subscribed."), "{log}");
+    assert_eq!(palletd.terminate(), Some(0));
+
+    // The wrong password: refused, retried, no crash.
+    let wrong = write_file(dir.path(), "wrong-password", "not-it");
+    let cfg = tls_config(&broker, &db, "tls", &pki.ca, &wrong);
+    let mut palletd = Palletd::start(&cfg);
+    palletd.wait_for_log("broker refused the connection", Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        palletd.child.try_wait().unwrap().is_none(),
+        "still running, retrying"
+    );
+    assert_eq!(palletd.terminate(), Some(0));
+}
+
+/// A SecantusDB server with SCRAM authentication and one user.
+async fn auth_database() -> (Database, String) {
+    let db = Database::start_with_args(&["--auth"]);
+    // The localhost exception lets the first user be created.
+    let client = db.client().await;
+    client
+        .database("admin")
+        .run_command(bson::doc! { "createUser": "palletd", "pwd": DB_PASSWORD, "roles": ["root"] })
+        .await
+        .expect("createUser");
+    let uri = format!(
+        "mongodb://palletd:{DB_PASSWORD}@127.0.0.1:{}/?directConnection=true&authSource=admin",
+        db.port
+    );
+    (db, uri)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mongodb_credentials_from_uri_file_work_and_no_secret_is_ever_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, pki) = secure_broker(dir.path());
+    let (db, uri) = auth_database().await;
+    let uri_file = write_file(dir.path(), "mongodb-uri", &uri);
+    let pw = write_file(dir.path(), "mqtt-password", MQTT_PASSWORD);
+    let cfg = tls_config(&broker, &db, "authdb", &pki.ca, &pw).replace(
+        &format!("uri = \"{}\"", db.uri()),
+        &format!("uri_file = \"{}\"", uri_file.display()),
+    );
+    assert!(!cfg.contains(DB_PASSWORD) && !cfg.contains(MQTT_PASSWORD));
+
+    let mut palletd = Palletd::start_with(&cfg, &[], "trace");
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let publisher = tls_publisher(&broker, &pki.ca).await;
+    for seq in 0..10 {
+        publisher
+            .publish(
+                "sensors/a1/telemetry",
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                format!("{{\"seq\": {seq}}}"),
+            )
+            .await
+            .unwrap();
+    }
+    let authed = mongodb::Client::with_uri_str(&uri).await.unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "10 readings with SCRAM auth",
+        || async { stored_samples(&authed, "authdb").await == 10 },
+    )
+    .await;
+    assert_eq!(palletd.terminate(), Some(0));
+
+    // Wrong database password: a clear error, retrying, the password never shown.
+    let bad_uri = uri.replace(DB_PASSWORD, "Wr0ng-db-pa55");
+    std::fs::write(&uri_file, &bad_uri).unwrap();
+    let mut bad = Palletd::start_with(&cfg, &[], "trace");
+    bad.wait_for_log("holding the data and retrying", Duration::from_secs(30));
+    assert!(bad.log().contains("uthentication"), "{}", bad.log());
+    assert_eq!(bad.terminate(), Some(0));
+
+    // check-config output and errors.
+    let cfg_path = write_file(dir.path(), "palletd.toml", &cfg);
+    let check = Command::new(env!("CARGO_BIN_EXE_palletd"))
+        .args(["check-config", "--config"])
+        .arg(&cfg_path)
+        .output()
+        .unwrap();
+    let broken = write_file(
+        dir.path(),
+        "broken.toml",
+        &cfg.replace(
+            "[mongodb]",
+            &format!("[mongodb]\npassword = \"{DB_PASSWORD}\""),
+        ),
+    );
+    let broken_check = Command::new(env!("CARGO_BIN_EXE_palletd"))
+        .args(["check-config", "--config"])
+        .arg(&broken)
+        .output()
+        .unwrap();
+    assert_eq!(broken_check.status.code(), Some(78));
+    let outputs = [
+        palletd.log(),
+        bad.log(),
+        String::from_utf8_lossy(&check.stdout).to_string(),
+        String::from_utf8_lossy(&check.stderr).to_string(),
+        String::from_utf8_lossy(&broken_check.stdout).to_string(),
+        String::from_utf8_lossy(&broken_check.stderr).to_string(),
+    ];
+    for out in &outputs {
+        for secret in [MQTT_PASSWORD, DB_PASSWORD, "Wr0ng-db-pa55"] {
+            assert!(!out.contains(secret), "a secret leaked into:\n{out}");
+        }
+    }
+    // The world-readable secrets were pointed out.
+    let check_out = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check_out.contains("mqtt.password_file") && check_out.contains("readable by every user"),
+        "{check_out}"
+    );
+}
+
+/// Peak resident memory of a process, in kB.
+fn peak_rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_sensor_ids_is_dead_lettered_beyond_the_limit() {
+    let broker = Broker::start_with("max_inflight_messages 1000\nmax_queued_messages 200000\n");
+    let db = Database::start();
+    let cfg = config(
+        &broker,
+        &db,
+        "flood",
+        "palletd-flood",
+        "[limits]\nmax_sensors = 10000\n",
+    );
+    let mut palletd = Palletd::start_with(&cfg, &[], "info");
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let mut publisher = Publisher::connect(&broker, "pub-flood").await;
+    let client = db.client().await;
+    let handled = |client: mongodb::Client| async move {
+        let stored = stored_samples(&client, "flood").await;
+        let dead = client
+            .database("flood")
+            .collection::<bson::Document>("readings_deadletter")
+            .count_documents(bson::doc! {})
+            .await
+            .unwrap() as usize;
+        stored + dead
+    };
+    // In chunks of 10,000, each handled before the next: a flood of new ids
+    // at the rate palletd takes them.
+    for chunk in 0..10 {
+        for i in chunk * 10_000..(chunk + 1) * 10_000 {
+            publisher
+                .publish(
+                    &format!("sensors/s{i:06}/telemetry"),
+                    format!("{{\"v\": {i}}}"),
+                )
+                .await;
+        }
+        publisher.flush().await;
+        let want = (chunk + 1) * 10_000;
+        eventually(
+            Duration::from_secs(120),
+            "the chunk is stored or dead-lettered",
+            || {
+                let client = client.clone();
+                async move { handled(client).await >= want }
+            },
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stored = stored_samples(&client, "flood").await;
+    let dead = client
+        .database("flood")
+        .collection::<bson::Document>("readings_deadletter")
+        .count_documents(bson::doc! { "cause": "too_many_sensors" })
+        .await
+        .unwrap();
+    let sensors: std::collections::BTreeSet<String> = all_docs(&client, "flood", "readings")
+        .await
+        .iter()
+        .map(|b| b.get_str("sensorId").unwrap().to_string())
+        .collect();
+    assert_eq!(
+        (stored, sensors.len()),
+        (10_000, 10_000),
+        "the first 10,000 sensors are stored, once each:\n{}",
+        palletd
+            .log()
+            .lines()
+            .filter(|l| !l.contains("dead letter") && !l.contains("Could not queue"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(
+        dead,
+        90_000,
+        "the excess is dead-lettered:\n{}",
+        palletd
+            .log()
+            .lines()
+            .filter(|l| !l.contains("dead letter"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let rss_mb = peak_rss_kb(palletd.child.id()) / 1024;
+    eprintln!("palletd peak RSS with 100,000 sensor ids: {rss_mb} MB");
+    assert!(rss_mb < 400, "memory stays bounded: {rss_mb} MB");
+    assert_eq!(palletd.terminate(), Some(0));
+}
