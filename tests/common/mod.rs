@@ -81,6 +81,10 @@ impl Broker {
 
     pub fn start_with(extra: &str) -> Broker {
         let dir = tempfile::tempdir().unwrap();
+        // Started as root, Mosquitto drops to its own user: it must be able
+        // to write its persistence file here, or it forgets every session.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
         let port = free_port();
         let config = format!(
             "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nsys_interval 1\n{extra}",
