@@ -181,6 +181,10 @@ impl Spooler {
                 },
                 // While full, look again shortly: checkpoints free segments.
                 _ = tokio::time::sleep(Duration::from_millis(200)), if full => {}
+                // PUBACKs that did not fit into the client's queue.
+                _ = tokio::time::sleep(Duration::from_millis(2)), if self.acker.waiting() > 0 => {
+                    self.acker.retry();
+                }
             }
         }
         rx.close();
@@ -199,6 +203,13 @@ impl Spooler {
             }
         }
         self.release(&mut acks);
+        // Hand every due PUBACK to the client before ingest disconnects.
+        while !self.acker.retry() {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(2)) => {}
+                _ = abort.cancelled() => return Err(acks.len() + self.acker.waiting()),
+            }
+        }
         if acks.is_empty() {
             Ok(())
         } else {
@@ -206,11 +217,12 @@ impl Spooler {
         }
     }
 
-    fn release(&self, acks: &mut AckQueue<Unacked>) {
+    fn release(&mut self, acks: &mut AckQueue<Unacked>) {
         let durable = *self.durable.borrow();
+        let acker = &mut self.acker;
         acks.pop_ready(durable, |u| {
             if let Some(a) = u.ack {
-                self.acker.ack(a);
+                acker.ack(a);
             }
         });
         let oldest = acks.oldest().map_or(0.0, |u| {

@@ -97,7 +97,12 @@ impl Redeliveries {
 
     /// Whether this message was spooled before; remembers it if not.
     pub fn is_redelivery(&mut self, pkid: u16, dup: bool, digest: u64) -> bool {
-        let redelivery = dup && self.previous.get(&pkid) == Some(&digest);
+        // A resend arrives with DUP and the packet id it had: after a
+        // reconnect (previous) or, from some brokers, within the connection
+        // when the PUBACK is late (current).
+        let redelivery = dup
+            && (self.previous.get(&pkid) == Some(&digest)
+                || self.current.get(&pkid) == Some(&digest));
         if redelivery {
             self.previous.remove(&pkid);
         }
@@ -115,21 +120,42 @@ pub struct AckToken {
     pkid: u16,
 }
 
-/// Sends acknowledgements without ever blocking.
-#[derive(Clone)]
+/// Sends acknowledgements without ever blocking, in order.
+///
+/// rumqttc's request channel can fill when the broker sends faster than the
+/// event loop writes PUBACKs; an acknowledgement that does not fit waits
+/// here (with every later one behind it, to keep arrival order) and is
+/// retried by [`Acker::retry`], never dropped.
 pub struct Acker {
     client: AsyncClient,
+    waiting: std::collections::VecDeque<AckToken>,
 }
 
 impl Acker {
-    pub fn ack(&self, token: AckToken) {
-        let mut p = rumqttc::Publish::new("", token.qos, Vec::new());
-        p.pkid = token.pkid;
-        if let Err(e) = self.client.try_ack(&p) {
-            // The request channel holds one slot per possible packet id, so
-            // this only happens when the event loop is gone (shutdown).
-            warn!(error = %e, pkid = token.pkid, "Could not queue an acknowledgement; the broker will redeliver.");
+    pub fn ack(&mut self, token: AckToken) {
+        self.waiting.push_back(token);
+        self.retry();
+    }
+
+    /// Queues the waiting acknowledgements that now fit; true when none waits.
+    pub fn retry(&mut self) -> bool {
+        while let Some(token) = self.waiting.front().copied() {
+            let mut p = rumqttc::Publish::new("", token.qos, Vec::new());
+            p.pkid = token.pkid;
+            match self.client.try_ack(&p) {
+                Ok(()) => {
+                    self.waiting.pop_front();
+                }
+                // Full (or, at shutdown, closed): try again later.
+                Err(_) => return false,
+            }
         }
+        true
+    }
+
+    /// Acknowledgements not yet handed to the event loop.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
     }
 }
 
@@ -196,6 +222,7 @@ impl Connection {
     pub fn acker(&self) -> Acker {
         Acker {
             client: self.client.clone(),
+            waiting: Default::default(),
         }
     }
 
@@ -403,15 +430,15 @@ mod tests {
         r.connected(true);
         assert!(r.is_redelivery(7, true, 70));
         assert!(
-            !r.is_redelivery(7, true, 70),
-            "recognised once per connection"
+            r.is_redelivery(7, true, 70),
+            "a resend within the connection is recognised too"
         );
         r.connected(true);
         assert!(
             r.is_redelivery(7, true, 70),
             "and again after another reconnect"
         );
-        assert!(!r.is_redelivery(9, true, 99));
+        assert!(!r.is_redelivery(9, true, 99), "first seen, even with DUP");
         // Received in this connection, resent after a reconnect.
         r.connected(true);
         assert!(r.is_redelivery(9, true, 99));
