@@ -222,11 +222,51 @@ impl Pipeline {
         }
         self.reader = None;
         for (sensor, sample) in f.samples {
-            // Sizes were checked by the spooler.
-            let _ = self.buffer.push(&sensor, sample);
+            self.hold(&sensor, sample);
         }
         self.deadletters.extend(f.deadletters);
         self.cursor = f.end;
+    }
+
+    /// Puts a sample into memory. One that no longer fits in a bucket
+    /// (`bucket.max_bytes` was lowered since it was spooled) goes to the dead
+    /// letter; it is never dropped silently.
+    fn hold(&mut self, sensor: &str, sample: Sample) {
+        let max_bytes = self.buffer.shape().max_bytes;
+        if sample.bytes() <= max_bytes {
+            // Cannot fail: the size is the only thing push checks.
+            let _ = self.buffer.push(sensor, sample);
+            return;
+        }
+        let error = crate::buffer::TooBig {
+            bytes: sample.bytes(),
+            max_bytes,
+        }
+        .to_string();
+        self.throttle.log("sample_too_large", sensor, &error);
+        metrics::counter!(telemetry::DEAD_LETTERS, "cause" => "sample_too_large").increment(1);
+        let doc = bson::to_bson(&sample.doc).unwrap_or(bson::Bson::Null);
+        let dead = self.sample_deadletter(sensor, sample.lsn, doc, &error, "sample_too_large");
+        self.deadletters.push((sample.lsn, dead));
+    }
+
+    /// A dead letter for one sample that cannot go into a bucket.
+    fn sample_deadletter(
+        &self,
+        sensor: &str,
+        lsn: u64,
+        sample: bson::Bson,
+        error: &str,
+        cause: &str,
+    ) -> Document {
+        doc! {
+            "_id": deadletter_id(self.spool.tag, lsn),
+            "receivedAt": bson::DateTime::now(),
+            "sensorId": sensor,
+            "sample": sample,
+            "error": error,
+            "cause": cause,
+        }
     }
 
     /// Reads the next durable records from the spool into memory.
@@ -262,9 +302,7 @@ impl Pipeline {
                         .ok()
                         .and_then(|d| Sample::from_doc(d, rec.lsn));
                     match sample {
-                        Some(s) => {
-                            let _ = self.buffer.push(&sensor, s);
-                        }
+                        Some(s) => self.hold(&sensor, s),
                         None => error!(lsn = rec.lsn, "Unreadable sample in the spool; skipped."),
                     }
                 }
@@ -409,14 +447,14 @@ impl Pipeline {
                         metrics::counter!(telemetry::DEAD_LETTERS, "cause" => "rejected_by_database")
                             .increment(st.samples.len() as u64);
                         for s in &st.samples {
-                            let doc = doc! {
-                                "_id": deadletter_id(self.spool.tag, s.lsn),
-                                "receivedAt": bson::DateTime::now(),
-                                "sensorId": &st.sensor,
-                                "sample": bson::to_bson(&s.doc).unwrap_or(bson::Bson::Null),
-                                "error": &error,
-                                "cause": "rejected_by_database",
-                            };
+                            let sample = bson::to_bson(&s.doc).unwrap_or(bson::Bson::Null);
+                            let doc = self.sample_deadletter(
+                                &st.sensor,
+                                s.lsn,
+                                sample,
+                                &error,
+                                "rejected_by_database",
+                            );
                             self.deadletters.push((s.lsn, doc));
                         }
                     }

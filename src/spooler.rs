@@ -294,11 +294,11 @@ impl Spooler {
             if sample.bytes() > self.max_sample_bytes {
                 rejections.push((
                     "sample_too_large",
-                    format!(
-                        "sample of {} bytes does not fit in a bucket (bucket.max_bytes = {})",
-                        sample.bytes(),
-                        self.max_sample_bytes
-                    ),
+                    crate::buffer::TooBig {
+                        bytes: sample.bytes(),
+                        max_bytes: self.max_sample_bytes,
+                    }
+                    .to_string(),
                 ));
                 continue;
             }

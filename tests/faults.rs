@@ -343,3 +343,61 @@ async fn a_broker_restart_loses_nothing() {
     );
     assert_eq!(palletd.terminate(), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spooled_samples_too_big_for_a_lowered_cap_are_dead_lettered_not_dropped() {
+    let broker = Broker::start();
+    let mut db = Database::start();
+    db.stop();
+    let cfg = config(&broker, &db, "lowered", "palletd-lowered", "");
+    let mut palletd = Palletd::start(&cfg);
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let mut publisher = Publisher::connect(&broker, "pub-lowered").await;
+    for seq in 0..5 {
+        let pad = if seq % 2 == 0 {
+            "x".repeat(500)
+        } else {
+            String::new()
+        };
+        let payload = serde_json::json!({ "seq": seq, "pad": pad });
+        publisher
+            .publish("sensors/big1/telemetry", payload.to_string())
+            .await;
+    }
+    publisher.flush().await;
+    eventually(
+        Duration::from_secs(30),
+        "all spooled and acknowledged",
+        || async { broker_held_messages(&broker).await == 0 },
+    )
+    .await;
+    palletd.kill();
+
+    // The operator lowers the byte cap before the spool is replayed.
+    db.start_again();
+    let lowered = cfg.replace("[spool]\n", "[bucket]\nmax_bytes = 256\n\n[spool]\n");
+    let mut palletd = Palletd::start(&lowered);
+    let client = db.client().await;
+    eventually(
+        Duration::from_secs(60),
+        "every sample stored or dead-lettered",
+        || async {
+            stored_samples(&client, "lowered").await
+                + all_docs(&client, "lowered", "readings_deadletter")
+                    .await
+                    .len()
+                >= 5
+        },
+    )
+    .await;
+    let stored = stored_counts(&client, "lowered").await;
+    let mut kept: Vec<i64> = stored.keys().map(|k| k.1).collect();
+    kept.sort_unstable();
+    assert_eq!(kept, vec![1, 3]);
+    let dead = all_docs(&client, "lowered", "readings_deadletter").await;
+    assert_eq!(dead.len(), 3);
+    assert!(dead
+        .iter()
+        .all(|d| d.get_str("cause") == Ok("sample_too_large")));
+    assert_eq!(palletd.terminate(), Some(0));
+}

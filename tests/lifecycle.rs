@@ -37,6 +37,24 @@ async fn publish_json(publisher: &mut Publisher, sensor: &str, value: serde_json
         .await;
 }
 
+/// Publishes readings `seq` at `start + seq` ms and waits for the broker.
+async fn publish_seqs(
+    publisher: &mut Publisher,
+    sensor: &str,
+    start: i64,
+    seqs: std::ops::Range<i64>,
+) {
+    for seq in seqs {
+        publish_json(
+            publisher,
+            sensor,
+            serde_json::json!({ "ts": start + seq, "seq": seq }),
+        )
+        .await;
+    }
+    publisher.flush().await;
+}
+
 fn check_sealed(b: &Document) {
     assert!(b.get_bool("closed").unwrap(), "sealed: {b}");
     assert!(b.get_datetime("closedAt").is_ok(), "closedAt set: {b}");
@@ -282,15 +300,7 @@ async fn after_a_restart_the_open_bucket_keeps_filling_to_its_cap() {
     let mut palletd = Palletd::start(&cfg);
     palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
     let mut publisher = Publisher::connect(&broker, "pub-refill").await;
-    for seq in 0..4 {
-        publish_json(
-            &mut publisher,
-            "f1",
-            serde_json::json!({ "ts": start + seq, "seq": seq }),
-        )
-        .await;
-    }
-    publisher.flush().await;
+    publish_seqs(&mut publisher, "f1", start, 0..4).await;
     eventually(Duration::from_secs(30), "4 samples stored", || async {
         stored_samples(&client, "refill").await >= 4
     })
@@ -299,15 +309,7 @@ async fn after_a_restart_the_open_bucket_keeps_filling_to_its_cap() {
 
     let mut palletd = Palletd::start(&cfg);
     palletd.wait_for_log("Connected to the MQTT broker.", Duration::from_secs(30));
-    for seq in 4..14 {
-        publish_json(
-            &mut publisher,
-            "f1",
-            serde_json::json!({ "ts": start + seq, "seq": seq }),
-        )
-        .await;
-    }
-    publisher.flush().await;
+    publish_seqs(&mut publisher, "f1", start, 4..14).await;
     eventually(Duration::from_secs(30), "14 samples stored", || async {
         stored_samples(&client, "refill").await >= 14
     })
