@@ -34,9 +34,9 @@ impl Shape {
 pub struct Sample {
     pub ts_ms: i64,
     /// `{ts: Date, <field>: value, ...}` as it is pushed into `samples`.
+    /// Its double fields are the numeric fields the rollups cover (read
+    /// back from it when a statement is built: no copy per sample).
     pub doc: RawDocumentBuf,
-    /// Numeric fields, for the rollups.
-    pub nums: Vec<(String, f64)>,
     /// Log sequence number of the sample's spool record. A sensor's samples
     /// are in LSN order, and a bucket remembers the highest LSN applied to it.
     pub lsn: u64,
@@ -46,13 +46,9 @@ impl Sample {
     pub fn encode(reading: &Reading, lsn: u64) -> Sample {
         let mut doc = RawDocumentBuf::new();
         doc.append("ts", bson::DateTime::from_millis(reading.ts_ms));
-        let mut nums = Vec::new();
         for (name, value) in &reading.fields {
             match value {
-                FieldValue::Num(x) => {
-                    doc.append(name, *x);
-                    nums.push((name.clone(), *x));
-                }
+                FieldValue::Num(x) => doc.append(name, *x),
                 FieldValue::Str(s) => doc.append(name, s.as_str()),
                 FieldValue::Bool(b) => doc.append(name, *b),
             }
@@ -60,27 +56,31 @@ impl Sample {
         Sample {
             ts_ms: reading.ts_ms,
             doc,
-            nums,
             lsn,
         }
+    }
+
+    /// The numeric fields, for the rollups.
+    pub fn nums(&self) -> impl Iterator<Item = (&str, f64)> {
+        self.doc.iter().filter_map(|f| match f.ok()? {
+            (name, bson::RawBsonRef::Double(x)) => Some((name, x)),
+            _ => None,
+        })
     }
 
     /// A sample read back from the spool: the document as it was encoded.
     pub fn from_doc(doc: RawDocumentBuf, lsn: u64) -> Option<Sample> {
         let mut ts_ms = None;
-        let mut nums = Vec::new();
         for field in doc.iter() {
-            let (name, value) = field.ok()?;
-            match value {
-                bson::RawBsonRef::DateTime(t) if name == "ts" => ts_ms = Some(t.timestamp_millis()),
-                bson::RawBsonRef::Double(x) => nums.push((name.to_string(), x)),
-                _ => {}
+            if let (name, bson::RawBsonRef::DateTime(t)) = field.ok()? {
+                if name == "ts" {
+                    ts_ms = Some(t.timestamp_millis());
+                }
             }
         }
         Some(Sample {
             ts_ms: ts_ms?,
             doc,
-            nums,
             lsn,
         })
     }
@@ -158,15 +158,15 @@ impl Statement {
             each.push(RawBson::Document(s.doc.clone()));
             min_ts = min_ts.min(s.ts_ms);
             max_ts = max_ts.max(s.ts_ms);
-            for (name, x) in &s.nums {
+            for (name, x) in s.nums() {
                 match rollups.iter_mut().find(|r| r.0 == name) {
                     Some(r) => {
                         r.1 += x;
                         r.2 += 1;
-                        r.3 = r.3.min(*x);
-                        r.4 = r.4.max(*x);
+                        r.3 = r.3.min(x);
+                        r.4 = r.4.max(x);
                     }
-                    None => rollups.push((name, *x, 1, *x, *x)),
+                    None => rollups.push((name, x, 1, x, x)),
                 }
             }
         }

@@ -209,6 +209,21 @@ impl Buffer {
         dropped
     }
 
+    /// Takes every sensor's pending samples, in arrival order (time series
+    /// mode: no statements, one document per sample).
+    pub fn take_samples(&mut self) -> Vec<(String, Vec<Sample>)> {
+        self.ready.clear();
+        self.pending = 0;
+        self.sensors
+            .iter_mut()
+            .filter(|(_, b)| !b.pending.is_empty())
+            .map(|(n, b)| {
+                b.ready = false;
+                (n.clone(), std::mem::take(&mut b.pending))
+            })
+            .collect()
+    }
+
     /// The lowest LSN of a pending sample, if any.
     pub fn min_pending_lsn(&self) -> Option<u64> {
         self.sensors
@@ -313,6 +328,28 @@ mod tests {
         assert_eq!(b.pending(), 2);
         assert_eq!(b.min_pending_lsn(), Some(12));
         assert!(b.unknown_applied(true).is_empty());
+    }
+
+    #[test]
+    fn take_samples_takes_everything_in_arrival_order() {
+        let mut b = Buffer::new(SHAPE);
+        for (i, sensor) in ["a", "b", "a"].iter().enumerate() {
+            let mut s = sample(100 - i as i64);
+            s.lsn = 10 + i as u64;
+            b.push(sensor, s).unwrap();
+        }
+        let mut taken = b.take_samples();
+        taken.sort_by(|x, y| x.0.cmp(&y.0));
+        let lsns: Vec<(String, Vec<u64>)> = taken
+            .into_iter()
+            .map(|(n, v)| (n, v.iter().map(|s| s.lsn).collect()))
+            .collect();
+        assert_eq!(
+            lsns,
+            vec![("a".into(), vec![10, 12]), ("b".into(), vec![11])]
+        );
+        assert_eq!(b.pending(), 0);
+        assert!(!b.has_ready());
     }
 
     #[test]

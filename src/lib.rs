@@ -154,7 +154,10 @@ pub async fn run(
     );
     let connection = ingest::Connection::new(&settings.mqtt, &settings.subscriptions)
         .map_err(|e| RunError::Config(e.to_string()))?;
-    let (feed_tx, feed_rx) = mpsc::channel(1024);
+    // Batches of messages on their way to the pipeline's memory; room for
+    // those that arrive during a long flush (memory is bounded by
+    // flush.max_pending_samples; what does not fit is read back from disk).
+    let (feed_tx, feed_rx) = mpsc::channel(16_384);
     let spooler = spooler::Spooler {
         decoder,
         acker: connection.acker(),
@@ -184,6 +187,7 @@ pub async fn run(
             tag: recovered.tag,
             from: recovered.checkpoint,
             replay: recovered.records,
+            fresh_from: recovered.next_lsn,
         },
     );
     // Room for the broker's whole in-flight window, so ingest never waits.

@@ -280,29 +280,38 @@ fn query(args: &QueryArgs, settings: &palletd::config::Settings) -> anyhow::Resu
         QueryFormat::Jsonl => Format::Jsonl,
         QueryFormat::Csv => Format::Csv,
     };
-    let window_ms = settings.bucket.window.as_millis() as i64;
-    let coll = settings.mongodb.collection.clone();
+    let timeseries = settings.storage.mode == palletd::config::StorageMode::Timeseries;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async {
         let client = palletd::mongo_client(settings).await?;
         let db = client.database(&settings.mongodb.database);
+        let store = query::Store {
+            db: &db,
+            collection: &settings.mongodb.collection,
+            window_ms: settings.bucket.window.as_millis() as i64,
+            timeseries,
+        };
         let stdout = std::io::stdout();
         let mut out = std::io::BufWriter::new(stdout.lock());
         if args.summary {
-            query::print_summary(&db, &coll, &mut out).await?;
+            query::print_summary(store, &mut out).await?;
         } else if let Some(n) = args.buckets {
-            query::print_buckets(&db, &coll, args.sensor.as_deref(), n, &mut out).await?;
+            anyhow::ensure!(
+                !timeseries,
+                "--buckets shows palletd's bucket documents; with storage.mode = \"timeseries\" the server keeps its own buckets"
+            );
+            query::print_buckets(&db, store.collection, args.sensor.as_deref(), n, &mut out)
+                .await?;
         } else {
             let sensor = args
                 .sensor
                 .as_deref()
                 .context("--sensor ID is needed (or --summary, or --buckets N)")?;
             if args.stats {
-                let stats = query::window_stats(&db, &coll, sensor, range, window_ms).await?;
+                let stats = query::window_stats(store, sensor, range).await?;
                 query::print_stats(sensor, &stats, format, &mut out)?;
             } else {
-                query::print_readings(&db, &coll, sensor, range, window_ms, format, &mut out)
-                    .await?;
+                query::print_readings(store, sensor, range, format, &mut out).await?;
             }
         }
         std::io::Write::flush(&mut out)?;

@@ -7,6 +7,10 @@
 //! output is in time order while memory holds one window at a time.
 //! `--stats` combines the rollups of each window's buckets (sum and n added,
 //! min of min, max of max, avg = sum / n) without reading samples.
+//!
+//! In `timeseries` mode the readings are one document each: they are read in
+//! `ts` order on the `{sensorId, ts}` index, and `--stats` computes the same
+//! per-window rollups from them (windows of `bucket.window`).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -35,6 +39,15 @@ type Result<T> = std::result::Result<T, QueryError>;
 pub enum Format {
     Jsonl,
     Csv,
+}
+
+/// Where the readings are.
+#[derive(Clone, Copy)]
+pub struct Store<'a> {
+    pub db: &'a Database,
+    pub collection: &'a str,
+    pub window_ms: i64,
+    pub timeseries: bool,
 }
 
 /// A time range `[from, to)` in ms since the epoch.
@@ -105,33 +118,89 @@ fn csv_field(v: &serde_json::Value) -> String {
     }
 }
 
-/// Rows of (ts, fields) in time order for one sensor, streamed window by
-/// window to `emit`.
+type Fields = Vec<(String, serde_json::Value)>;
+
+/// Rows of (ts, fields) in time order for one sensor, streamed to `emit`.
 async fn readings(
-    db: &Database,
-    collection: &str,
+    store: Store<'_>,
     sensor: &str,
     range: Range,
-    window_ms: i64,
-    mut emit: impl FnMut(i64, Vec<(String, serde_json::Value)>) -> std::io::Result<()>,
+    emit: impl FnMut(i64, Fields) -> std::io::Result<()>,
 ) -> Result<u64> {
-    let mut cursor = db
-        .collection::<Document>(collection)
-        .find(filter(sensor, range, window_ms))
+    if store.timeseries {
+        series_readings(store, sensor, range, emit).await
+    } else {
+        bucket_readings(store, sensor, range, emit).await
+    }
+}
+
+/// A reading's fields other than `ts`, as JSON values.
+fn fields(reading: &Document) -> Fields {
+    reading
+        .iter()
+        .filter(|(k, _)| k.as_str() != "ts")
+        .map(|(k, v)| (k.clone(), json_value(v)))
+        .collect()
+}
+
+/// Time series mode: one document per reading, in `ts` order.
+async fn series_readings(
+    store: Store<'_>,
+    sensor: &str,
+    range: Range,
+    mut emit: impl FnMut(i64, Fields) -> std::io::Result<()>,
+) -> Result<u64> {
+    let mut ts = Document::new();
+    if let Some(from) = range.from {
+        ts.insert("$gte", bson::DateTime::from_millis(from));
+    }
+    if let Some(to) = range.to {
+        ts.insert("$lt", bson::DateTime::from_millis(to));
+    }
+    let mut f = doc! { "sensorId": sensor };
+    if !ts.is_empty() {
+        f.insert("ts", ts);
+    }
+    let mut cursor = store
+        .db
+        .collection::<Document>(store.collection)
+        .find(f)
+        .sort(doc! { "ts": 1 })
+        .projection(doc! { "_id": 0, "sensorId": 0, "lsn": 0 })
+        .await?;
+    let mut n = 0;
+    while let Some(d) = cursor.try_next().await? {
+        let ts = d.get_datetime("ts")?.timestamp_millis();
+        emit(ts, fields(&d))?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Bucket mode: streamed window by window, each window's buckets merged.
+async fn bucket_readings(
+    store: Store<'_>,
+    sensor: &str,
+    range: Range,
+    mut emit: impl FnMut(i64, Fields) -> std::io::Result<()>,
+) -> Result<u64> {
+    let mut cursor = store
+        .db
+        .collection::<Document>(store.collection)
+        .find(filter(sensor, range, store.window_ms))
         .sort(doc! { "startTs": 1 })
         .projection(doc! { "startTs": 1, "samples": 1 })
         .await?;
     let mut window: Option<i64> = None;
-    let mut rows: Vec<(i64, Vec<(String, serde_json::Value)>)> = Vec::new();
+    let mut rows: Vec<(i64, Fields)> = Vec::new();
     let mut n = 0u64;
-    let mut flush =
-        |rows: &mut Vec<(i64, Vec<(String, serde_json::Value)>)>| -> std::io::Result<()> {
-            rows.sort_by_key(|r| r.0);
-            for (ts, fields) in rows.drain(..) {
-                emit(ts, fields)?;
-            }
-            Ok(())
-        };
+    let mut flush = |rows: &mut Vec<(i64, Fields)>| -> std::io::Result<()> {
+        rows.sort_by_key(|r| r.0);
+        for (ts, fields) in rows.drain(..) {
+            emit(ts, fields)?;
+        }
+        Ok(())
+    };
     while let Some(bucket) = cursor.try_next().await? {
         let start = bucket.get_datetime("startTs")?.timestamp_millis();
         if window != Some(start) {
@@ -144,12 +213,7 @@ async fn readings(
             if range.from.is_some_and(|f| ts < f) || range.to.is_some_and(|t| ts >= t) {
                 continue;
             }
-            let fields = s
-                .iter()
-                .filter(|(k, _)| k.as_str() != "ts")
-                .map(|(k, v)| (k.clone(), json_value(v)))
-                .collect();
-            rows.push((ts, fields));
+            rows.push((ts, fields(s)));
             n += 1;
         }
     }
@@ -159,17 +223,15 @@ async fn readings(
 
 /// Prints one sensor's readings in time order.
 pub async fn print_readings(
-    db: &Database,
-    collection: &str,
+    store: Store<'_>,
     sensor: &str,
     range: Range,
-    window_ms: i64,
     format: Format,
     out: &mut impl Write,
 ) -> Result<u64> {
     match format {
         Format::Jsonl => {
-            readings(db, collection, sensor, range, window_ms, |ts, fields| {
+            readings(store, sensor, range, |ts, fields| {
                 let mut obj = serde_json::Map::new();
                 obj.insert("sensorId".into(), sensor.into());
                 obj.insert("ts".into(), iso(ts).into());
@@ -182,7 +244,7 @@ pub async fn print_readings(
             // The header needs every column (sorted by name): CSV holds the
             // rows until the end.
             let mut rows = Vec::new();
-            let n = readings(db, collection, sensor, range, window_ms, |ts, fields| {
+            let n = readings(store, sensor, range, |ts, fields| {
                 rows.push((ts, fields));
                 Ok(())
             })
@@ -223,17 +285,54 @@ pub struct WindowStats {
     pub fields: BTreeMap<String, (f64, i64, f64, f64)>,
 }
 
-/// Reads the rollups of every window in the range (no samples).
+/// The rollups of every window in the range: from the buckets' rollup
+/// fields (no samples read), or in time series mode from the readings.
 pub async fn window_stats(
-    db: &Database,
-    collection: &str,
+    store: Store<'_>,
     sensor: &str,
     range: Range,
-    window_ms: i64,
 ) -> Result<Vec<WindowStats>> {
-    let mut cursor = db
-        .collection::<Document>(collection)
-        .find(filter(sensor, range, window_ms))
+    if !store.timeseries {
+        return bucket_stats(store, sensor, range).await;
+    }
+    let mut out: Vec<WindowStats> = Vec::new();
+    let window_ms = store.window_ms;
+    readings(store, sensor, range, |ts, fields| {
+        let start = ts.div_euclid(window_ms) * window_ms;
+        if out.last().map(|w| w.start_ms) != Some(start) {
+            out.push(WindowStats {
+                start_ms: start,
+                buckets: 0,
+                count: 0,
+                fields: BTreeMap::new(),
+            });
+        }
+        if let Some(w) = out.last_mut() {
+            w.count += 1;
+            for (k, v) in fields {
+                if let Some(x) = v.as_f64() {
+                    let e = w
+                        .fields
+                        .entry(k)
+                        .or_insert((0.0, 0, f64::INFINITY, f64::NEG_INFINITY));
+                    e.0 += x;
+                    e.1 += 1;
+                    e.2 = e.2.min(x);
+                    e.3 = e.3.max(x);
+                }
+            }
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(out)
+}
+
+async fn bucket_stats(store: Store<'_>, sensor: &str, range: Range) -> Result<Vec<WindowStats>> {
+    let mut cursor = store
+        .db
+        .collection::<Document>(store.collection)
+        .find(filter(sensor, range, store.window_ms))
         .sort(doc! { "startTs": 1 })
         .projection(doc! { "samples": 0 })
         .await?;
@@ -329,8 +428,31 @@ pub fn print_stats(
 }
 
 /// Prints how much is stored: buckets, sensors, samples, dead letters.
-pub async fn print_summary(db: &Database, collection: &str, out: &mut impl Write) -> Result<()> {
+pub async fn print_summary(store: Store<'_>, out: &mut impl Write) -> Result<()> {
+    let (db, collection) = (store.db, store.collection);
     let coll = db.collection::<Document>(collection);
+    let dead = db
+        .collection::<Document>(&format!("{collection}_deadletter"))
+        .estimated_document_count()
+        .await?;
+    if store.timeseries {
+        let mut agg = coll
+            .aggregate(vec![doc! { "$group": {
+                "_id": null,
+                "samples": { "$sum": 1 },
+                "sensors": { "$addToSet": "$sensorId" },
+            } }])
+            .await?;
+        let row = agg.try_next().await?.unwrap_or_default();
+        writeln!(
+            out,
+            "time series collection holding {} samples of {} sensors; {} dead letters",
+            number(row.get("samples")).unwrap_or(0.0),
+            row.get_array("sensors").map_or(0, |a| a.len()),
+            dead
+        )?;
+        return Ok(());
+    }
     let mut agg = coll
         .aggregate(vec![doc! { "$group": {
             "_id": null,
@@ -341,10 +463,6 @@ pub async fn print_summary(db: &Database, collection: &str, out: &mut impl Write
         } }])
         .await?;
     let row = agg.try_next().await?.unwrap_or_default();
-    let dead = db
-        .collection::<Document>(&format!("{collection}_deadletter"))
-        .estimated_document_count()
-        .await?;
     let sensors = row.get_array("sensors").map_or(0, |a| a.len());
     writeln!(
         out,

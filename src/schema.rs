@@ -1,5 +1,6 @@
 //! What palletd sets up in the database at start-up, idempotently: the
-//! bucket indexes and the retention (TTL) indexes.
+//! bucket indexes and the retention (TTL) indexes, or in `timeseries` mode
+//! the time series collection.
 //!
 //! Retention follows the configuration on every start: a TTL index that is
 //! missing is created, one whose `expireAfterSeconds` differs is changed in
@@ -14,7 +15,17 @@ use mongodb::options::IndexOptions;
 use mongodb::{Database, IndexModel};
 use tracing::info;
 
-use crate::config::Settings;
+use crate::config::{Settings, StorageMode};
+
+/// Why the schema could not be put in place.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    #[error(transparent)]
+    Database(#[from] mongodb::error::Error),
+    /// The collection exists in a shape palletd must not write into.
+    #[error("{0}")]
+    Mismatch(String),
+}
 
 /// Name of the TTL index on the buckets' `endTs`.
 pub const BUCKET_TTL_INDEX: &str = "endTs_ttl";
@@ -37,20 +48,26 @@ pub fn bucket_indexes() -> Vec<IndexModel> {
     ]
 }
 
-/// Creates the indexes and brings the TTL indexes in line with `settings`.
-pub async fn ensure(db: &Database, settings: &Settings) -> mongodb::error::Result<()> {
-    let buckets = &settings.mongodb.collection;
-    db.collection::<Document>(buckets)
-        .create_indexes(bucket_indexes())
-        .await?;
-    sync_ttl(
-        db,
-        buckets,
-        "endTs",
-        BUCKET_TTL_INDEX,
-        settings.retention.expire_after,
-    )
-    .await?;
+/// Creates the collection's indexes (or the time series collection) and
+/// brings retention in line with `settings`.
+pub async fn ensure(db: &Database, settings: &Settings) -> Result<(), SchemaError> {
+    let coll = &settings.mongodb.collection;
+    match settings.storage.mode {
+        StorageMode::Buckets => {
+            db.collection::<Document>(coll)
+                .create_indexes(bucket_indexes())
+                .await?;
+            sync_ttl(
+                db,
+                coll,
+                "endTs",
+                BUCKET_TTL_INDEX,
+                settings.retention.expire_after,
+            )
+            .await?;
+        }
+        StorageMode::Timeseries => ensure_timeseries(db, settings).await?,
+    }
     sync_ttl(
         db,
         &settings.mongodb.deadletter_collection(),
@@ -58,7 +75,103 @@ pub async fn ensure(db: &Database, settings: &Settings) -> mongodb::error::Resul
         DEADLETTER_TTL_INDEX,
         settings.retention.deadletter_expire_after,
     )
-    .await
+    .await?;
+    Ok(())
+}
+
+/// The collection's `listCollections` entry, if it exists.
+async fn collection_info(db: &Database, name: &str) -> mongodb::error::Result<Option<Document>> {
+    let reply = db
+        .run_command(doc! { "listCollections": 1, "filter": { "name": name } })
+        .await?;
+    Ok(reply
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get_array("firstBatch").ok())
+        .and_then(|b| b.first())
+        .and_then(|d| d.as_document())
+        .cloned())
+}
+
+/// Creates the time series collection if it is missing (`timeField: "ts"`,
+/// `metaField: "sensorId"`, the configured granularity, `expireAfterSeconds`
+/// from `retention.expire_after`), refuses a collection of another shape,
+/// and follows a changed retention with `collMod`.
+async fn ensure_timeseries(db: &Database, settings: &Settings) -> Result<(), SchemaError> {
+    let name = &settings.mongodb.collection;
+    let want_ttl = settings.retention.expire_after;
+    let info = match collection_info(db, name).await? {
+        Some(info) => info,
+        None => {
+            let mut create = doc! {
+                "create": name,
+                "timeseries": {
+                    "timeField": "ts",
+                    "metaField": "sensorId",
+                    "granularity": settings.storage.granularity,
+                },
+            };
+            if let Some(ttl) = want_ttl {
+                create.insert("expireAfterSeconds", ttl.as_secs() as i64);
+            }
+            match db.run_command(create).await {
+                Ok(_) => info!(
+                    collection = %name,
+                    granularity = settings.storage.granularity,
+                    "Time series collection created."
+                ),
+                // 48 NamespaceExists: created meanwhile; checked below.
+                Err(e) if matches!(&*e.kind, mongodb::error::ErrorKind::Command(c) if c.code == 48) =>
+                    {}
+                Err(e) => return Err(e.into()),
+            }
+            collection_info(db, name).await?.unwrap_or_default()
+        }
+    };
+    let options = info.get_document("options").cloned().unwrap_or_default();
+    let ts = options.get_document("timeseries").ok();
+    let fields = ts.map(|t| (t.get_str("timeField").ok(), t.get_str("metaField").ok()));
+    if info.get_str("type").ok() != Some("timeseries")
+        || fields != Some((Some("ts"), Some("sensorId")))
+    {
+        return Err(SchemaError::Mismatch(format!(
+            "collection {name:?} exists but is not a time series collection with timeField \"ts\" and \
+             metaField \"sensorId\"; storage.mode = \"timeseries\" needs another mongodb.collection \
+             (or drop this one)"
+        )));
+    }
+    if let Some(g) = ts.and_then(|t| t.get_str("granularity").ok()) {
+        if g != settings.storage.granularity {
+            tracing::warn!(
+                collection = %name,
+                have = g,
+                configured = settings.storage.granularity,
+                "The time series collection keeps the granularity it was created with."
+            );
+        }
+    }
+    let have_ttl = match options.get("expireAfterSeconds") {
+        Some(bson::Bson::Int32(n)) => Some(Duration::from_secs((*n).max(0) as u64)),
+        Some(bson::Bson::Int64(n)) => Some(Duration::from_secs((*n).max(0) as u64)),
+        _ => None,
+    };
+    if have_ttl != want_ttl {
+        let value = want_ttl.map_or(bson::Bson::from("off"), |t| {
+            bson::Bson::Int64(t.as_secs() as i64)
+        });
+        db.run_command(doc! { "collMod": name, "expireAfterSeconds": value })
+            .await?;
+        info!(collection = %name, expire_after = ?want_ttl, "Retention changed.");
+    }
+    // MongoDB 6.3+ creates this index itself; 5.0 does not.
+    db.collection::<Document>(name)
+        .create_index(
+            IndexModel::builder()
+                .keys(doc! { "sensorId": 1, "ts": 1 })
+                .build(),
+        )
+        .await?;
+    Ok(())
 }
 
 /// The `expireAfterSeconds` of the index `name`, if it exists.

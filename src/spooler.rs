@@ -79,13 +79,41 @@ impl SensorLimit {
 /// What one message appended, offered to the pipeline.
 #[derive(Debug)]
 pub struct Feed {
-    /// LSN of the first record of the message.
+    /// LSN of the first record of the batch of messages.
     pub first: u64,
     /// LSN after its last record.
     pub end: u64,
     pub samples: Vec<(String, Sample)>,
     pub deadletters: Vec<(u64, Document)>,
 }
+
+/// Messages handled together: one spool append and one feed for all.
+struct Batch {
+    bytes: Vec<u8>,
+    feed: Feed,
+    messages: usize,
+}
+
+impl Batch {
+    fn new(first: u64) -> Batch {
+        Batch {
+            bytes: Vec::new(),
+            feed: Feed {
+                first,
+                end: first,
+                samples: Vec::new(),
+                deadletters: Vec::new(),
+            },
+            messages: 0,
+        }
+    }
+}
+
+/// Messages taken from the channel at once, when that many are waiting.
+const MAX_BATCH_MESSAGES: usize = 512;
+
+/// How often the spool gauges are refreshed.
+const GAUGE_EVERY: Duration = Duration::from_millis(100);
 
 /// A message waiting for its acknowledgement.
 struct Unacked {
@@ -133,21 +161,12 @@ impl Spooler {
         // (first LSN, received) of a message at most once a second, to tell
         // the age of the oldest record the checkpoint has not passed.
         let mut marks: std::collections::VecDeque<(u64, i64)> = Default::default();
+        let mut gauges_at = Instant::now() - GAUGE_EVERY;
         loop {
-            let checkpoint = self.stats.checkpoint.load(Ordering::Relaxed);
-            while marks.len() > 1 && marks[1].0 <= checkpoint {
-                marks.pop_front();
+            if gauges_at.elapsed() >= GAUGE_EVERY {
+                gauges_at = Instant::now();
+                self.gauges(&mut marks, &acks);
             }
-            if marks.back().is_none_or(|m| crate::now_ms() - m.1 >= 1000) {
-                marks.push_back((self.next_lsn, crate::now_ms()));
-            }
-            let oldest = marks
-                .front()
-                .filter(|m| m.0 < self.next_lsn && checkpoint < self.next_lsn);
-            metrics::gauge!(telemetry::SPOOL_OLDEST_SECONDS)
-                .set(oldest.map_or(0.0, |m| (crate::now_ms() - m.1).max(0) as f64 / 1000.0));
-            metrics::counter!(telemetry::SPOOL_FSYNCS)
-                .absolute(self.stats.fsyncs.load(Ordering::Relaxed));
             let full = self.stats.bytes.load(Ordering::Relaxed) >= self.max_size;
             match (full, full_since) {
                 (true, None) => {
@@ -176,7 +195,18 @@ impl Spooler {
                     self.release(&mut acks);
                 }
                 m = rx.recv(), if !full => match m {
-                    Some(m) => self.receive(m, &mut acks, &mut throttle).await,
+                    Some(m) => {
+                        // Take what else is waiting: one append, one feed.
+                        let mut batch = Batch::new(self.next_lsn);
+                        self.receive(m, &mut acks, &mut throttle, &mut batch);
+                        while batch.messages < MAX_BATCH_MESSAGES {
+                            match rx.try_recv() {
+                                Ok(m) => self.receive(m, &mut acks, &mut throttle, &mut batch),
+                                Err(_) => break,
+                            }
+                        }
+                        self.send(batch).await;
+                    }
                     None => break,
                 },
                 // While full, look again shortly: checkpoints free segments.
@@ -189,7 +219,9 @@ impl Spooler {
         }
         rx.close();
         while let Some(m) = rx.recv().await {
-            self.receive(m, &mut acks, &mut throttle).await;
+            let mut batch = Batch::new(self.next_lsn);
+            self.receive(m, &mut acks, &mut throttle, &mut batch);
+            self.send(batch).await;
         }
         let end = self.next_lsn;
         loop {
@@ -225,6 +257,24 @@ impl Spooler {
                 acker.ack(a);
             }
         });
+    }
+
+    /// Refreshes the spool and acknowledgement gauges.
+    fn gauges(&self, marks: &mut std::collections::VecDeque<(u64, i64)>, acks: &AckQueue<Unacked>) {
+        let checkpoint = self.stats.checkpoint.load(Ordering::Relaxed);
+        while marks.len() > 1 && marks[1].0 <= checkpoint {
+            marks.pop_front();
+        }
+        if marks.back().is_none_or(|m| crate::now_ms() - m.1 >= 1000) {
+            marks.push_back((self.next_lsn, crate::now_ms()));
+        }
+        let oldest = marks
+            .front()
+            .filter(|m| m.0 < self.next_lsn && checkpoint < self.next_lsn);
+        metrics::gauge!(telemetry::SPOOL_OLDEST_SECONDS)
+            .set(oldest.map_or(0.0, |m| (crate::now_ms() - m.1).max(0) as f64 / 1000.0));
+        metrics::counter!(telemetry::SPOOL_FSYNCS)
+            .absolute(self.stats.fsyncs.load(Ordering::Relaxed));
         let oldest = acks.oldest().map_or(0.0, |u| {
             (crate::now_ms() - u.received_ms).max(0) as f64 / 1000.0
         });
@@ -233,11 +283,33 @@ impl Spooler {
             .set(self.stats.bytes.load(Ordering::Relaxed) as f64);
     }
 
-    async fn receive(
+    /// Appends a batch to the spool, then offers it to the pipeline.
+    async fn send(&mut self, batch: Batch) {
+        if batch.bytes.is_empty() {
+            return;
+        }
+        metrics::counter!(telemetry::SAMPLES_DECODED).increment(batch.feed.samples.len() as u64);
+        let command = Command::Append {
+            bytes: batch.bytes,
+            end: batch.feed.end,
+        };
+        if self.spool.send(command).await.is_err() {
+            error!("The spool writer stopped; the messages are left to the broker.");
+            return;
+        }
+        // Never wait for the pipeline: what it cannot take now it reads back
+        // from the spool.
+        let _ = self.feed.try_send(batch.feed);
+    }
+
+    /// Decodes a message into `batch` and queues its acknowledgement (due
+    /// once the batch is durable).
+    fn receive(
         &mut self,
         m: Message,
         acks: &mut AckQueue<Unacked>,
         throttle: &mut LogThrottle,
+        batch: &mut Batch,
     ) {
         let unacked = Unacked {
             ack: m.ack,
@@ -252,8 +324,9 @@ impl Spooler {
             return;
         }
         let decoded = self.decoder.decode(&m.topic, &m.payload, m.received_ms);
-        let first = self.next_lsn;
-        let mut bytes = Vec::new();
+        batch.messages += 1;
+        let feed = &mut batch.feed;
+        let bytes = &mut batch.bytes;
         let mut append = |lsn: u64, entry: Entry| {
             bytes.extend_from_slice(
                 &Record {
@@ -268,12 +341,6 @@ impl Spooler {
             append(self.next_lsn, Entry::MessageId { pkid, digest });
             self.next_lsn += 1;
         }
-        let mut feed = Feed {
-            first,
-            end: first,
-            samples: Vec::with_capacity(decoded.readings.len()),
-            deadletters: Vec::new(),
-        };
         let mut rejections: Vec<(&'static str, String)> = decoded
             .errors
             .iter()
@@ -326,24 +393,8 @@ impl Spooler {
             self.next_lsn += 1;
             feed.deadletters.push((lsn, doc));
         }
-        metrics::counter!(telemetry::SAMPLES_DECODED).increment(feed.samples.len() as u64);
         feed.end = self.next_lsn;
-        if self
-            .spool
-            .send(Command::Append {
-                bytes,
-                end: self.next_lsn,
-            })
-            .await
-            .is_err()
-        {
-            error!("The spool writer stopped; the message is left to the broker.");
-            return;
-        }
         acks.push(self.next_lsn, unacked);
-        // Never wait for the pipeline: what it cannot take now it reads back
-        // from the spool.
-        let _ = self.feed.try_send(feed);
     }
 }
 

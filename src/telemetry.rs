@@ -40,6 +40,9 @@ pub const BUCKETS_SEALED: &str = "palletd_buckets_sealed_total";
 /// second bucket of that window).
 pub const SAMPLES_LATE_INTO_SEALED: &str = "palletd_samples_late_into_sealed_window_total";
 pub const FLUSH_SECONDS: &str = "palletd_flush_duration_seconds";
+/// Age of each sample (now minus its own timestamp) when it became durable
+/// in MongoDB.
+pub const SAMPLE_AGE_SECONDS: &str = "palletd_sample_age_at_write_seconds";
 pub const PENDING_SAMPLES: &str = "palletd_pending_samples";
 pub const OLDEST_UNACKED_SECONDS: &str = "palletd_oldest_unacked_age_seconds";
 pub const BROKER_RECONNECTS: &str = "palletd_broker_reconnects_total";
@@ -74,6 +77,11 @@ pub fn describe() {
     describe_counter!(
         SAMPLES_LATE_INTO_SEALED,
         "Samples that arrived for a window after it was sealed; they went into a new bucket of that window."
+    );
+    describe_histogram!(
+        SAMPLE_AGE_SECONDS,
+        Unit::Seconds,
+        "Age of each sample (now minus its timestamp) when it was written durably to MongoDB."
     );
     describe_histogram!(
         FLUSH_SECONDS,
@@ -127,6 +135,15 @@ pub fn install() -> Option<PrometheusHandle> {
             Matcher::Full(FLUSH_SECONDS.to_string()),
             &[
                 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ],
+        )
+        .ok()?
+        .set_buckets_for_metric(
+            Matcher::Full(SAMPLE_AGE_SECONDS.to_string()),
+            &[
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1,
+                1.2, 1.3, 1.4, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0,
+                300.0, 3600.0,
             ],
         )
         .ok()?;

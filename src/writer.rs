@@ -14,14 +14,20 @@
 //!   `Rejected` and the caller sends its samples to the dead letter; the
 //!   statements after it go on.
 //!
+//! In `timeseries` mode a flush is one unordered `insert` of one document per
+//! reading (`{ts, sensorId, lsn, <fields>}`); a document refused with a
+//! transient code is sent again, one refused for good is `Rejected`.
+//!
 //! Exactly once: every statement also sets `$max: {lsn}`, the highest spool
 //! LSN among its samples. A sensor's statements are in LSN order inside one
 //! ordered command, so what MongoDB applied is a prefix per sensor. After a
 //! failure that may have applied part of a command (connection lost, timeout,
 //! write concern error) the writer reads each affected sensor's highest
-//! applied LSN and sends only the statements above it.
+//! applied LSN and sends only the statements above it. An unordered insert
+//! may apply any subset, so in `timeseries` mode the writer instead reads
+//! which of the uncertain LSNs are present and sends only the others.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use bson::{doc, rawdoc, Document, RawArrayBuf, RawDocumentBuf};
@@ -30,7 +36,7 @@ use mongodb::{Client, Database};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::bucket::{Fill, Shape, Statement};
+use crate::bucket::{Fill, Sample, Shape, Statement};
 use crate::config::{Settings, WriteConcern};
 
 /// The server's limit on statements per write command.
@@ -107,7 +113,8 @@ impl Writer {
                 info!(collection = %self.collection, "Indexes are in place.");
                 self.indexes_ready = true;
             }
-            Err(e) => self.failed("create indexes", &e),
+            Err(crate::schema::SchemaError::Database(e)) => self.failed("create indexes", &e),
+            Err(e) => self.failed_msg("set up the collection", &e.to_string()),
         }
         self.indexes_ready
     }
@@ -251,22 +258,11 @@ impl Writer {
             let start = outcomes.len();
             let (batch_len, batch) = build_batch(encoded[start..].iter().cloned());
             let cmd = self.command("update", &self.collection, "updates", batch, true);
-            let reply = match self.db.run_raw_command(cmd).await {
-                Ok(r) => Reply::parse(&r),
-                Err(e) => {
-                    self.failed("write buckets", &e);
-                    backoff.wait(abort).await?;
-                    ambiguous = true;
-                    continue;
-                }
-            };
-            if let Some(wce) = &reply.write_concern_error {
-                self.failed_msg("write buckets", wce);
+            let Some(reply) = self.send_write(cmd, "write buckets").await else {
                 backoff.wait(abort).await?;
                 ambiguous = true;
                 continue;
-            }
-            self.recovered();
+            };
             // Ordered: everything before the first error was applied.
             let first_error = reply.write_errors.first().cloned();
             let applied = first_error.as_ref().map_or(batch_len, |e| e.0);
@@ -297,6 +293,150 @@ impl Writer {
             }
         }
         Ok(outcomes)
+    }
+
+    /// Inserts readings into the time series collection, unordered, in as
+    /// few commands as the server's limits allow, and reports each one's
+    /// outcome (`Applied { inserted: true }` or `Rejected`).
+    pub async fn write_readings(
+        &mut self,
+        readings: &[(&str, &Sample)],
+        abort: &CancellationToken,
+    ) -> Result<Vec<Outcome>, Aborted> {
+        self.ensure_indexes(abort).await?;
+        let docs: Vec<RawDocumentBuf> = readings
+            .iter()
+            .map(|(sensor, s)| reading_doc(sensor, s))
+            .collect();
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; readings.len()];
+        let mut todo: Vec<usize> = (0..readings.len()).collect();
+        let mut backoff = Backoff::default();
+        let mut ambiguous = false;
+        while !todo.is_empty() {
+            if ambiguous {
+                // Any subset of the interrupted command may be in MongoDB.
+                let uncertain: Vec<(&str, &Sample)> = todo.iter().map(|i| readings[*i]).collect();
+                let present = self.present_lsns_retrying(&uncertain, abort).await?;
+                let before = todo.len();
+                todo.retain(|i| {
+                    let applied = present.contains(&readings[*i].1.lsn);
+                    if applied {
+                        outcomes[*i] = Some(Outcome::Applied { inserted: true });
+                    }
+                    !applied
+                });
+                if todo.len() < before {
+                    info!(
+                        readings = before - todo.len(),
+                        "An interrupted insert had been applied in part; not sending those again."
+                    );
+                }
+                ambiguous = false;
+                continue;
+            }
+            let (batch_len, batch) = build_batch(todo.iter().map(|i| docs[*i].clone()));
+            let cmd = self.command("insert", &self.collection, "documents", batch, false);
+            let Some(reply) = self.send_write(cmd, "write readings").await else {
+                backoff.wait(abort).await?;
+                ambiguous = true;
+                continue;
+            };
+            let mut retry = Vec::new();
+            let mut errors = reply.write_errors.iter().peekable();
+            for (k, i) in todo[..batch_len].iter().enumerate() {
+                let Some((_, code, msg)) = errors.next_if(|e| e.0 == k) else {
+                    outcomes[*i] = Some(Outcome::Applied { inserted: true });
+                    continue;
+                };
+                let transient = TRANSIENT_CODES.contains(code);
+                let kind = if transient {
+                    "statement_transient"
+                } else {
+                    "statement_rejected"
+                };
+                metrics::counter!(crate::telemetry::DATABASE_ERRORS, "kind" => kind).increment(1);
+                if transient {
+                    retry.push(*i);
+                } else {
+                    outcomes[*i] = Some(Outcome::Rejected(format!(
+                        "rejected by the database (code {code}): {msg}"
+                    )));
+                }
+            }
+            let transient = !retry.is_empty();
+            retry.extend_from_slice(&todo[batch_len..]);
+            todo = retry;
+            if transient {
+                debug!("Transient insert errors; sending those readings again.");
+                backoff.wait(abort).await?;
+            } else {
+                backoff = Backoff::default();
+            }
+        }
+        Ok(outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or(Outcome::Applied { inserted: true }))
+            .collect())
+    }
+
+    /// Which LSNs of `readings` the time series collection holds. The query
+    /// is bounded by sensor, LSN range and time: a reading's `ts` is at most
+    /// `max_lateness` before and `max_future` after its receipt, so nothing
+    /// received at or after the earliest of them has a `ts` before this
+    /// bound (an hour more allows for clock steps).
+    pub async fn present_lsns(
+        &self,
+        readings: &[(&str, &Sample)],
+    ) -> mongodb::error::Result<HashSet<u64>> {
+        let Some(min_lsn) = readings.iter().map(|r| r.1.lsn).min() else {
+            return Ok(HashSet::new());
+        };
+        let max_lsn = readings.iter().map(|r| r.1.lsn).max().unwrap_or(min_lsn);
+        let min_ts = readings.iter().map(|r| r.1.ts_ms).min().unwrap_or(0);
+        let b = &self.settings.bucket;
+        let margin = (b.max_lateness + b.max_future).as_millis() as i64 + 3_600_000;
+        let mut sensors: Vec<&str> = readings.iter().map(|r| r.0).collect();
+        sensors.sort_unstable();
+        sensors.dedup();
+        let filter = doc! {
+            "sensorId": { "$in": sensors },
+            "ts": { "$gte": bson::DateTime::from_millis(min_ts.saturating_sub(margin)) },
+            "lsn": { "$gte": min_lsn as i64, "$lte": max_lsn as i64 },
+        };
+        let mut cursor = self
+            .db
+            .collection::<Document>(&self.collection)
+            .find(filter)
+            .projection(doc! { "_id": 0, "lsn": 1 })
+            .await?;
+        let mut out = HashSet::new();
+        while cursor.advance().await? {
+            if let Some(lsn) = cursor.deserialize_current()?.get("lsn").and_then(as_u64) {
+                out.insert(lsn);
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`Self::present_lsns`], retried with backoff until it answers.
+    pub async fn present_lsns_retrying(
+        &mut self,
+        readings: &[(&str, &Sample)],
+        abort: &CancellationToken,
+    ) -> Result<HashSet<u64>, Aborted> {
+        let mut backoff = Backoff::default();
+        loop {
+            match self.present_lsns(readings).await {
+                Ok(m) => {
+                    self.recovered();
+                    return Ok(m);
+                }
+                Err(e) => {
+                    self.failed("read stored LSNs", &e);
+                    backoff.wait(abort).await?;
+                }
+            }
+        }
     }
 
     /// The highest LSN applied to each sensor's buckets, from the
@@ -344,6 +484,26 @@ impl Writer {
                     self.failed("read applied LSNs", &e);
                     backoff.wait(abort).await?;
                 }
+            }
+        }
+    }
+
+    /// Sends a write command. `None` when it failed as a whole or with a
+    /// write concern error (logged): what it applied is then unknown.
+    async fn send_write(&mut self, cmd: RawDocumentBuf, what: &str) -> Option<Reply> {
+        match self.db.run_raw_command(cmd).await {
+            Ok(r) => {
+                let reply = Reply::parse(&r);
+                if let Some(wce) = &reply.write_concern_error {
+                    self.failed_msg(what, wce);
+                    return None;
+                }
+                self.recovered();
+                Some(reply)
+            }
+            Err(e) => {
+                self.failed(what, &e);
+                None
             }
         }
     }
@@ -408,6 +568,20 @@ pub fn error_kind(e: &mongodb::error::Error) -> &'static str {
         ErrorKind::InvalidTlsConfig { .. } => "tls_config",
         _ => "other",
     }
+}
+
+/// A reading as a time series document: `{ts, sensorId, lsn, <fields>}`.
+pub fn reading_doc(sensor: &str, sample: &Sample) -> RawDocumentBuf {
+    let mut d = RawDocumentBuf::new();
+    d.append("ts", bson::DateTime::from_millis(sample.ts_ms));
+    d.append("sensorId", sensor);
+    d.append("lsn", sample.lsn as i64);
+    for (name, value) in sample.doc.iter().flatten() {
+        if name != "ts" {
+            d.append(name, value.to_raw_bson());
+        }
+    }
+    d
 }
 
 /// Takes a prefix of documents that fits one command; returns its length.

@@ -4,77 +4,11 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 
 use common::*;
-
-/// (sensor, seq) -> how many times stored.
-async fn stored_counts(client: &mongodb::Client, db: &str) -> HashMap<(String, i64), usize> {
-    let mut out = HashMap::new();
-    for b in all_docs(client, db, "readings").await {
-        let sensor = b.get_str("sensorId").unwrap().to_string();
-        for s in b.get_array("samples").unwrap() {
-            let seq = s.as_document().unwrap().get_f64("seq").unwrap() as i64;
-            *out.entry((sensor.clone(), seq)).or_default() += 1;
-        }
-    }
-    out
-}
-
-/// Publishes `count` readings over `sensors` sensors at `rate` per second
-/// and waits until the broker acknowledged them all. Returns what was sent.
-async fn publish_steadily(
-    mut publisher: Publisher,
-    sensors: usize,
-    rate: f64,
-    count: i64,
-) -> Vec<(String, i64)> {
-    let started = tokio::time::Instant::now();
-    let mut sent = Vec::new();
-    for seq in 0..count {
-        let due = started + Duration::from_secs_f64(seq as f64 / rate);
-        tokio::time::sleep_until(due).await;
-        let sensor = format!("f{:02}", seq as usize % sensors);
-        let payload = serde_json::json!({ "seq": seq, "temp": (seq % 50) as f64 / 2.0, "hum": 40 });
-        publisher
-            .publish(&format!("sensors/{sensor}/telemetry"), payload.to_string())
-            .await;
-        sent.push((sensor, seq));
-    }
-    publisher.flush().await;
-    sent
-}
-
-/// Waits until every sent reading is stored, then checks each is stored
-/// exactly once and every bucket is consistent.
-async fn assert_exactly_once(
-    client: &mongodb::Client,
-    db: &str,
-    sent: &[(String, i64)],
-    within: Duration,
-) {
-    eventually(within, "every published reading stored", || async {
-        stored_samples(client, db).await >= sent.len()
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let stored = stored_counts(client, db).await;
-    let missing: Vec<_> = sent
-        .iter()
-        .filter(|k| !stored.contains_key(*k))
-        .take(10)
-        .collect();
-    assert!(missing.is_empty(), "missing: {missing:?}");
-    let twice: Vec<_> = stored.iter().filter(|(_, n)| **n > 1).take(10).collect();
-    assert!(twice.is_empty(), "stored more than once: {twice:?}");
-    assert_eq!(stored.len(), sent.len(), "nothing extra");
-    for b in all_docs(client, db, "readings").await {
-        check_bucket(&b, 3_600_000, 200, 256 * 1024);
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_five_times_under_load_stores_every_reading_exactly_once() {

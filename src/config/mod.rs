@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use crate::decode::{PayloadFormat, TopicPattern};
 use raw::{
     RawBucket, RawCloser, RawFlush, RawHttp, RawLimits, RawMongo, RawMqtt, RawMqttTls,
-    RawRetention, RawSize, RawSpool, RawSubscription, RawWriteConcern,
+    RawRetention, RawSize, RawSpool, RawStorage, RawSubscription, RawWriteConcern,
 };
 
 /// The annotated example configuration; `palletd print-config` prints it and
@@ -105,6 +105,7 @@ impl fmt::Display for Secret {
 pub struct Settings {
     pub mqtt: MqttSettings,
     pub mongodb: MongoSettings,
+    pub storage: StorageSettings,
     pub bucket: BucketSettings,
     pub flush: FlushSettings,
     pub closer: CloserSettings,
@@ -191,6 +192,23 @@ impl MongoSettings {
     }
 }
 
+/// How readings are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageMode {
+    /// palletd's bucket documents (rollups, closer, caps in the filter).
+    Buckets,
+    /// A MongoDB native time series collection, one document per reading;
+    /// the server builds its own buckets.
+    Timeseries,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageSettings {
+    pub mode: StorageMode,
+    /// Time series granularity: "seconds", "minutes" or "hours".
+    pub granularity: &'static str,
+}
+
 #[derive(Debug, Clone)]
 pub struct BucketSettings {
     pub window: Duration,
@@ -252,6 +270,7 @@ pub struct Subscription {
 const SECTIONS: &[&str] = &[
     "mqtt",
     "mongodb",
+    "storage",
     "bucket",
     "flush",
     "closer",
@@ -298,6 +317,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     }
     let mqtt: Option<RawMqtt> = v.section(&table, "mqtt", true);
     let mongo: Option<RawMongo> = v.section(&table, "mongodb", true);
+    let storage: RawStorage = v.section(&table, "storage", false).unwrap_or_default();
     let bucket: RawBucket = v.section(&table, "bucket", false).unwrap_or_default();
     let flush: RawFlush = v.section(&table, "flush", false).unwrap_or_default();
     let closer: RawCloser = v.section(&table, "closer", false).unwrap_or_default();
@@ -326,6 +346,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
 
     let mqtt = mqtt.and_then(|m| v.mqtt(m, base));
     let mongodb = mongo.map(|m| v.mongo(m, base));
+    let storage = v.storage(storage);
     let bucket = v.bucket(bucket);
     let flush = v.flush(flush);
     let closer = v.closer(closer);
@@ -343,6 +364,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
         (Some(mqtt), Some(mongodb)) if v.errors.is_empty() => Ok(Settings {
             mqtt,
             mongodb,
+            storage,
             bucket,
             flush,
             closer,
@@ -774,6 +796,33 @@ impl Validator {
         }
     }
 
+    fn storage(&mut self, s: RawStorage) -> StorageSettings {
+        let mode = match s.mode.as_deref() {
+            None | Some("buckets") => StorageMode::Buckets,
+            Some("timeseries") => StorageMode::Timeseries,
+            Some(other) => {
+                self.err(
+                    "storage.mode",
+                    format!("must be \"buckets\" or \"timeseries\", got {other:?}"),
+                );
+                StorageMode::Buckets
+            }
+        };
+        let granularity = match s.granularity.as_deref() {
+            None | Some("seconds") => "seconds",
+            Some("minutes") => "minutes",
+            Some("hours") => "hours",
+            Some(other) => {
+                self.err(
+                    "storage.granularity",
+                    format!("must be \"seconds\", \"minutes\" or \"hours\", got {other:?}"),
+                );
+                "seconds"
+            }
+        };
+        StorageSettings { mode, granularity }
+    }
+
     fn closer(&mut self, c: RawCloser) -> CloserSettings {
         CloserSettings {
             interval: self.positive_duration("closer.interval", c.interval.as_deref(), "1m"),
@@ -1056,6 +1105,7 @@ mod tests {
         assert_eq!(s.subscriptions[0].qos, 1);
         assert_eq!(s.closer.interval, Duration::from_secs(60));
         assert_eq!(s.closer.grace, Duration::from_secs(300));
+        assert_eq!(s.storage.mode, StorageMode::Buckets);
         assert_eq!(s.retention.expire_after, None);
         assert_eq!(
             s.retention.deadletter_expire_after,
@@ -1115,6 +1165,23 @@ mod tests {
         assert!(joined.contains("subscription[1].topic:"), "{joined}");
         assert!(joined.contains("subscription[2].field:"), "{joined}");
         assert!(joined.contains("subscription[2].qos:"), "{joined}");
+    }
+
+    #[test]
+    fn storage_mode_is_checked() {
+        let s = parse(
+            &(MINIMAL.to_string()
+                + "[storage]\nmode = \"timeseries\"\ngranularity = \"minutes\"\n"),
+            None,
+        )
+        .unwrap();
+        assert_eq!(s.storage.mode, StorageMode::Timeseries);
+        assert_eq!(s.storage.granularity, "minutes");
+        let joined =
+            errors(&(MINIMAL.to_string() + "[storage]\nmode = \"ts\"\ngranularity = \"days\"\n"))
+                .join("\n");
+        assert!(joined.contains("storage.mode: must be"), "{joined}");
+        assert!(joined.contains("storage.granularity: must be"), "{joined}");
     }
 
     #[test]

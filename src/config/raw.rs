@@ -95,6 +95,13 @@ pub struct RawCloser {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct RawStorage {
+    pub mode: Option<String>,
+    pub granularity: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawRetention {
     pub expire_after: Option<String>,
     pub deadletter_expire_after: Option<String>,

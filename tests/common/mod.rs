@@ -6,6 +6,7 @@
 //! (`scripts/install-test-services` does both).
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -501,11 +502,12 @@ where
 }
 
 /// Number of samples stored in all buckets.
+/// Samples stored: in bucket documents, or one per time series document.
 pub async fn stored_samples(client: &mongodb::Client, db: &str) -> usize {
     all_docs(client, db, "readings")
         .await
         .iter()
-        .map(|b| b.get_array("samples").map_or(0, |s| s.len()))
+        .map(|b| b.get_array("samples").map_or(1, |s| s.len()))
         .sum()
 }
 
@@ -611,7 +613,8 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
 }
 
 /// A TCP proxy in front of the database that can cut one connection right
-/// after the server answered a bucket write (`$push`), dropping the reply:
+/// after the server answered a write (a bucket write, `$push`, unless told
+/// otherwise), dropping the reply:
 /// the write is applied but the client never learns it (an ambiguous write).
 pub struct CutProxy {
     pub port: u16,
@@ -621,6 +624,11 @@ pub struct CutProxy {
 
 impl CutProxy {
     pub async fn start(upstream: u16) -> CutProxy {
+        Self::start_cutting(upstream, b"$push").await
+    }
+
+    /// Cuts after the first write whose request contains `marker`.
+    pub async fn start_cutting(upstream: u16, marker: &'static [u8]) -> CutProxy {
         use std::sync::atomic::{AtomicBool, AtomicUsize};
         use std::sync::Arc;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -635,7 +643,7 @@ impl CutProxy {
                     if let Ok(server) =
                         tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
                     {
-                        proxy_connection(client, server, a, c).await;
+                        proxy_connection(client, server, a, c, marker).await;
                     }
                 });
             }
@@ -668,6 +676,7 @@ async fn proxy_connection(
     server: tokio::net::TcpStream,
     armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
     cuts: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    marker: &'static [u8],
 ) {
     use std::sync::atomic::{AtomicBool, Ordering};
     use tokio::io::AsyncWriteExt;
@@ -677,8 +686,8 @@ async fn proxy_connection(
     let cut = cut_reply.clone();
     let upstream = tokio::spawn(async move {
         while let Some(frame) = read_frame(&mut cr).await {
-            let is_bucket_write = frame.windows(5).any(|w| w == b"$push");
-            if is_bucket_write && armed.swap(false, Ordering::SeqCst) {
+            let is_write = frame.windows(marker.len()).any(|w| w == marker);
+            if is_write && armed.swap(false, Ordering::SeqCst) {
                 cut.store(true, Ordering::SeqCst);
             }
             if sw.write_all(&frame).await.is_err() {
@@ -744,4 +753,80 @@ pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
     p
+}
+
+/// (sensor, seq) -> how many times stored.
+pub async fn stored_counts(client: &mongodb::Client, db: &str) -> HashMap<(String, i64), usize> {
+    let mut out = HashMap::new();
+    for b in all_docs(client, db, "readings").await {
+        let sensor = b.get_str("sensorId").unwrap().to_string();
+        match b.get_array("samples") {
+            Ok(samples) => {
+                for s in samples {
+                    let seq = s.as_document().unwrap().get_f64("seq").unwrap() as i64;
+                    *out.entry((sensor.clone(), seq)).or_default() += 1;
+                }
+            }
+            // Time series mode: one document per reading.
+            Err(_) => {
+                let seq = b.get_f64("seq").unwrap() as i64;
+                *out.entry((sensor, seq)).or_default() += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Publishes `count` readings over `sensors` sensors at `rate` per second
+/// and waits until the broker acknowledged them all. Returns what was sent.
+pub async fn publish_steadily(
+    mut publisher: Publisher,
+    sensors: usize,
+    rate: f64,
+    count: i64,
+) -> Vec<(String, i64)> {
+    let started = tokio::time::Instant::now();
+    let mut sent = Vec::new();
+    for seq in 0..count {
+        let due = started + Duration::from_secs_f64(seq as f64 / rate);
+        tokio::time::sleep_until(due).await;
+        let sensor = format!("f{:02}", seq as usize % sensors);
+        let payload = serde_json::json!({ "seq": seq, "temp": (seq % 50) as f64 / 2.0, "hum": 40 });
+        publisher
+            .publish(&format!("sensors/{sensor}/telemetry"), payload.to_string())
+            .await;
+        sent.push((sensor, seq));
+    }
+    publisher.flush().await;
+    sent
+}
+
+/// Waits until every sent reading is stored, then checks each is stored
+/// exactly once and every bucket is consistent.
+pub async fn assert_exactly_once(
+    client: &mongodb::Client,
+    db: &str,
+    sent: &[(String, i64)],
+    within: Duration,
+) {
+    eventually(within, "every published reading stored", || async {
+        stored_samples(client, db).await >= sent.len()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stored = stored_counts(client, db).await;
+    let missing: Vec<_> = sent
+        .iter()
+        .filter(|k| !stored.contains_key(*k))
+        .take(10)
+        .collect();
+    assert!(missing.is_empty(), "missing: {missing:?}");
+    let twice: Vec<_> = stored.iter().filter(|(_, n)| **n > 1).take(10).collect();
+    assert!(twice.is_empty(), "stored more than once: {twice:?}");
+    assert_eq!(stored.len(), sent.len(), "nothing extra");
+    for b in all_docs(client, db, "readings").await {
+        if b.contains_key("samples") {
+            check_bucket(&b, 3_600_000, 200, 256 * 1024);
+        }
+    }
 }

@@ -1,0 +1,259 @@
+//! `storage.mode = "timeseries"`: a native time series collection, one
+//! document per reading, with the same exactly-once rules as buckets.
+
+mod common;
+
+use std::time::Duration;
+
+use bson::{doc, Document};
+use rand::{Rng, SeedableRng};
+
+use common::*;
+
+const TIMESERIES: &str = "[storage]\nmode = \"timeseries\"\ngranularity = \"seconds\"\n";
+
+async fn collection_info(client: &mongodb::Client, db: &str) -> Document {
+    let reply = client
+        .database(db)
+        .run_command(doc! { "listCollections": 1, "filter": { "name": "readings" } })
+        .await
+        .unwrap();
+    reply
+        .get_document("cursor")
+        .unwrap()
+        .get_array("firstBatch")
+        .unwrap()[0]
+        .as_document()
+        .unwrap()
+        .clone()
+}
+
+fn run_query(cfg_path: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_palletd"))
+        .arg("query")
+        .arg("--config")
+        .arg(cfg_path)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readings_become_time_series_documents_that_query_reads_back() {
+    let broker = Broker::start();
+    let db = Database::start();
+    let extra = format!("{TIMESERIES}[retention]\nexpire_after = \"30d\"\n");
+    let cfg = config(&broker, &db, "ts", "palletd-ts", &extra);
+    let mut palletd = Palletd::start(&cfg);
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let mut publisher = Publisher::connect(&broker, "pub-ts").await;
+    let t0 = chrono::Utc::now().timestamp_millis() - 60_000;
+    for seq in 0..20i64 {
+        // Out of order within each sensor.
+        let ts = t0 + (19 - seq) * 1000;
+        let sensor = if seq % 2 == 0 { "t1" } else { "t2" };
+        publisher
+            .publish(
+                &format!("sensors/{sensor}/telemetry"),
+                serde_json::json!({ "ts": ts, "seq": seq, "v": seq as f64, "ok": true })
+                    .to_string(),
+            )
+            .await;
+    }
+    publisher.flush().await;
+    let client = db.client().await;
+    eventually(Duration::from_secs(30), "20 readings stored", || async {
+        stored_samples(&client, "ts").await == 20
+    })
+    .await;
+
+    let info = collection_info(&client, "ts").await;
+    assert_eq!(info.get_str("type"), Ok("timeseries"), "{info}");
+    let options = info.get_document("options").unwrap();
+    let ts = options.get_document("timeseries").unwrap();
+    assert_eq!(ts.get_str("timeField"), Ok("ts"));
+    assert_eq!(ts.get_str("metaField"), Ok("sensorId"));
+    assert_eq!(ts.get_str("granularity"), Ok("seconds"));
+    let ttl = options
+        .get("expireAfterSeconds")
+        .and_then(|b| b.as_i64().or(b.as_i32().map(i64::from)));
+    assert_eq!(ttl, Some(30 * 86_400));
+    for d in all_docs(&client, "ts", "readings").await {
+        let seq = d.get_f64("seq").unwrap() as i64;
+        assert_eq!(
+            d.get_datetime("ts").unwrap().timestamp_millis(),
+            t0 + (19 - seq) * 1000
+        );
+        assert_eq!(
+            d.get_str("sensorId").unwrap(),
+            if seq % 2 == 0 { "t1" } else { "t2" }
+        );
+        assert_eq!(d.get_bool("ok"), Ok(true));
+        assert!(
+            d.get_i64("lsn").is_ok(),
+            "each reading carries its spool LSN: {d}"
+        );
+    }
+
+    let cfg_path = write_file(palletd.dir.path(), "ts.toml", &cfg);
+    let out = run_query(&cfg_path, &["--sensor", "t1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seqs: Vec<i64> = rows
+        .iter()
+        .map(|r| r["seq"].as_f64().unwrap() as i64)
+        .collect();
+    assert_eq!(seqs, vec![18, 16, 14, 12, 10, 8, 6, 4, 2, 0], "time order");
+    assert!(rows
+        .iter()
+        .all(|r| r["sensorId"] == "t1" && r.get("lsn").is_none()));
+
+    let out = run_query(&cfg_path, &["--sensor", "t2", "--stats"]);
+    let stats: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        stats
+            .iter()
+            .map(|s| s["count"].as_i64().unwrap())
+            .sum::<i64>(),
+        10
+    );
+    let sum: f64 = stats
+        .iter()
+        .map(|s| s["fields"]["v"]["sum"].as_f64().unwrap())
+        .sum();
+    assert_eq!(sum, (1..20).step_by(2).sum::<i64>() as f64);
+
+    let out = run_query(&cfg_path, &["--summary"]);
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        "time series collection holding 20 samples of 2 sensors; 0 dead letters"
+    );
+    let out = run_query(&cfg_path, &["--buckets", "1"]);
+    assert!(!out.status.success(), "--buckets has no meaning here");
+
+    // Retention follows the configuration on the next start.
+    assert_eq!(palletd.terminate(), Some(0));
+    let cfg = cfg.replace("expire_after = \"30d\"", "expire_after = \"2d\"");
+    let mut palletd = Palletd::start(&cfg);
+    palletd.wait_for_log("Retention changed.", Duration::from_secs(30));
+    let options = collection_info(&client, "ts").await;
+    let ttl = options
+        .get_document("options")
+        .unwrap()
+        .get("expireAfterSeconds")
+        .and_then(|b| b.as_i64().or(b.as_i32().map(i64::from)));
+    assert_eq!(ttl, Some(2 * 86_400));
+    assert_eq!(palletd.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_collection_is_not_written_as_time_series() {
+    let broker = Broker::start();
+    let db = Database::start();
+    let client = db.client().await;
+    client
+        .database("mixed")
+        .collection::<Document>("readings")
+        .insert_one(doc! { "sensorId": "x", "samples": [] })
+        .await
+        .unwrap();
+    let cfg = config(&broker, &db, "mixed", "palletd-mixed", TIMESERIES);
+    let mut palletd = Palletd::start(&cfg);
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let mut publisher = Publisher::connect(&broker, "pub-mixed").await;
+    publisher
+        .publish("sensors/m1/telemetry", r#"{"v": 1}"#.to_string())
+        .await;
+    publisher.flush().await;
+    palletd.wait_for_log("is not a time series collection", Duration::from_secs(30));
+    assert_eq!(
+        all_docs(&client, "mixed", "readings").await.len(),
+        1,
+        "nothing written"
+    );
+    // The reading waits in the spool until the operator fixes the collection.
+    palletd.terminate();
+    client
+        .database("mixed")
+        .collection::<Document>("readings")
+        .drop()
+        .await
+        .unwrap();
+    let mut palletd = Palletd::start(&cfg);
+    eventually(Duration::from_secs(30), "the reading stored", || async {
+        let docs = all_docs(&client, "mixed", "readings").await;
+        docs.len() == 1 && docs[0].get_f64("v") == Ok(1.0)
+    })
+    .await;
+    assert_eq!(
+        collection_info(&client, "mixed").await.get_str("type"),
+        Ok("timeseries")
+    );
+    assert_eq!(palletd.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_under_load_in_timeseries_mode_stores_every_reading_exactly_once() {
+    let broker = Broker::start();
+    let db = Database::start();
+    let extra = format!("{TIMESERIES}[flush]\ninterval = \"300ms\"\n");
+    let cfg = config(&broker, &db, "tscrash", "palletd-tscrash", &extra);
+    let mut palletd = Palletd::start(&cfg);
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let publisher = Publisher::connect(&broker, "pub-tscrash").await;
+    let stream = tokio::spawn(publish_steadily(publisher, 20, 250.0, 2000));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(700..2000))).await;
+        palletd.kill();
+        palletd = Palletd::start(&cfg);
+    }
+    let sent = stream.await.unwrap();
+    let client = db.client().await;
+    assert_exactly_once(&client, "tscrash", &sent, Duration::from_secs(120)).await;
+    assert_eq!(palletd.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_applied_without_a_reply_is_not_applied_twice() {
+    let broker = Broker::start();
+    let db = Database::start();
+    let proxy = CutProxy::start_cutting(db.port, b"documents").await;
+    let cfg = config(
+        &broker,
+        &db,
+        "tsambiguous",
+        "palletd-tsambiguous",
+        TIMESERIES,
+    )
+    .replace(&db.uri(), &proxy.uri());
+    let mut palletd = Palletd::start(&cfg);
+    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    palletd.wait_for_log("Indexes are in place.", Duration::from_secs(30));
+    proxy.arm();
+    let publisher = Publisher::connect(&broker, "pub-tsambiguous").await;
+    let sent = publish_steadily(publisher, 5, 200.0, 100).await;
+    let client = db.client().await;
+    assert_exactly_once(&client, "tsambiguous", &sent, Duration::from_secs(60)).await;
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(
+        palletd
+            .log()
+            .contains("An interrupted insert had been applied"),
+        "{}",
+        palletd.log()
+    );
+    assert_eq!(palletd.terminate(), Some(0));
+}
