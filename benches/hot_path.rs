@@ -1,0 +1,102 @@
+//! The per-reading hot path without services: payload decoding, and
+//! building a flush's bucket statements (buffer, planner, BSON encoding).
+//! `cargo bench --bench hot_path` (criterion; it keeps a baseline in
+//! target/criterion and reports changes against it).
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use palletd::bucket::{Sample, Shape};
+use palletd::buffer::Buffer;
+use palletd::decode::{Decoder, Limits};
+
+const NOW: i64 = 1_796_000_000_000;
+
+fn decoder() -> Decoder {
+    let settings = palletd::config::parse(palletd::config::EXAMPLE, None).expect("example config");
+    Decoder::new(
+        settings.subscriptions.clone(),
+        Limits::from_settings(&settings),
+    )
+}
+
+fn payload(i: usize) -> String {
+    format!(
+        r#"{{"ts":{},"temp":{:.2},"humidity":{:.2},"pressure":{:.2}}}"#,
+        NOW - 1000 + i as i64,
+        20.0 + (i % 100) as f64 / 10.0,
+        40.0 + (i % 50) as f64 / 5.0,
+        1000.0 + (i % 30) as f64
+    )
+}
+
+fn decode(c: &mut Criterion) {
+    let d = decoder();
+    let one = payload(7);
+    let array = format!("[{}]", (0..10).map(payload).collect::<Vec<_>>().join(","));
+    let mut g = c.benchmark_group("decode");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("json object, 3 fields (~80 bytes)", |b| {
+        b.iter(|| {
+            d.decode(
+                black_box("sensors/s00042/telemetry"),
+                black_box(one.as_bytes()),
+                NOW,
+            )
+        })
+    });
+    g.throughput(Throughput::Elements(10));
+    g.bench_function("json array of 10 readings", |b| {
+        b.iter(|| {
+            d.decode(
+                black_box("sensors/s00042/telemetry"),
+                black_box(array.as_bytes()),
+                NOW,
+            )
+        })
+    });
+    g.finish();
+}
+
+/// One flush of 1,000 sensors with 20 readings each: push into the buffer,
+/// plan statements, encode each statement to BSON.
+fn statements(c: &mut Criterion) {
+    let d = decoder();
+    let shape = Shape {
+        window_ms: 3_600_000,
+        max_samples: 200,
+        max_bytes: 256 * 1024,
+    };
+    let mut samples = Vec::new();
+    for i in 0..20_000usize {
+        let topic = format!("sensors/s{:05}/telemetry", i % 1000);
+        let decoded = d.decode(&topic, payload(i).as_bytes(), NOW);
+        for r in &decoded.readings {
+            samples.push((r.sensor.clone(), Sample::encode(r, i as u64)));
+        }
+    }
+    let mut g = c.benchmark_group("flush");
+    g.throughput(Throughput::Elements(samples.len() as u64));
+    g.bench_function("1000 sensors x 20 readings: buffer, plan, encode", |b| {
+        b.iter_batched(
+            || samples.clone(),
+            |samples| {
+                let mut buffer = Buffer::new(shape);
+                for (sensor, s) in samples {
+                    buffer.push(&sensor, s).expect("fits");
+                }
+                let statements = buffer.take(true);
+                let bytes: usize = statements
+                    .iter()
+                    .map(|st| st.to_bson(&shape).as_bytes().len())
+                    .sum();
+                black_box(bytes)
+            },
+            criterion::BatchSize::LargeInput,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(benches, decode, statements);
+criterion_main!(benches);

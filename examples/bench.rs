@@ -1,0 +1,978 @@
+//! The end-to-end benchmark behind `scripts/bench`: palletd against the
+//! broker's ceiling and against naive one-insert-per-message bridges, all
+//! on this machine, one scenario after another, each on a fresh broker and
+//! a fresh database, with the same simulator workload.
+//!
+//! Scenarios (each a separate process, so CPU and memory are its own):
+//! - `ceiling`: a subscriber that decodes and acknowledges, no database.
+//! - `buckets`, `timeseries`: palletd (release build) in each storage mode.
+//! - `naive`: one `insert_one` per message, awaited, then the PUBACK.
+//! - `naive16`: the same with 16 inserts in flight.
+//!
+//! Every sink exports the same two metrics as palletd (readings durable,
+//! and a histogram of reading age at durable write), so all are measured by
+//! one reader. A step offers an open-loop rate from `palletd simulate` for
+//! `--step-secs`; it is *sustained* when the simulator kept its schedule,
+//! the backlog (published minus durable) stayed flat (its peak in the last
+//! quarter of the step at most half a second of readings above its peak in
+//! the second quarter), and everything was durable within 10 s of the last
+//! publish.
+//! The rate is stepped up from 60% of a short overload probe's throughput
+//! until a step is not sustained. The lag, CPU, database and disk figures
+//! come from one more step at 80% of the highest sustained rate, on fresh
+//! services; so does the peak RSS reported first (the second is the peak
+//! over the stepped run, overloaded last step included).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::doc;
+use clap::Parser;
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use serde_json::json;
+
+const TOPIC: &str = "bench/{sensor}/data";
+const FILTER: &str = "bench/+/data";
+
+#[derive(Parser)]
+enum Cli {
+    /// Run the scenarios and print the table.
+    Run(RunArgs),
+    /// (Used by `run`.) A baseline sink: ceiling, naive or naive16.
+    Sink(SinkArgs),
+}
+
+#[derive(clap::Args, Clone)]
+struct RunArgs {
+    /// Seconds per step (after the warm-up).
+    #[arg(long, default_value_t = 60)]
+    step_secs: u64,
+    /// Seconds of warm-up before the first measured step.
+    #[arg(long, default_value_t = 10)]
+    warmup_secs: u64,
+    /// Sensor counts, comma-separated.
+    #[arg(long, default_value = "1000,10000", value_delimiter = ',')]
+    sensors: Vec<usize>,
+    /// Scenarios, comma-separated.
+    #[arg(
+        long,
+        default_value = "ceiling,buckets,timeseries,naive,naive16",
+        value_delimiter = ','
+    )]
+    scenarios: Vec<String>,
+    /// Offer exactly these total rates (readings/s) one step each, instead
+    /// of probing and stepping (for profiling; no lag step).
+    #[arg(long, value_delimiter = ',')]
+    rates: Vec<f64>,
+    /// Where the JSON results go.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// The palletd binary (release build).
+    #[arg(long, default_value = "target/release/palletd")]
+    palletd: PathBuf,
+    #[arg(long, default_value = "/usr/sbin/mosquitto")]
+    mosquitto: PathBuf,
+    /// The SecantusDB server (scripts/bench passes the installed one).
+    #[arg(long, default_value = "secantusd-rs")]
+    secantusd: PathBuf,
+}
+
+#[derive(clap::Args)]
+struct SinkArgs {
+    #[arg(long)]
+    kind: String,
+    #[arg(long)]
+    broker_port: u16,
+    #[arg(long)]
+    mongodb: String,
+    #[arg(long)]
+    metrics_port: u16,
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse() {
+        Cli::Run(args) => run(args),
+        Cli::Sink(args) => tokio::runtime::Runtime::new()?.block_on(sink(args)),
+    }
+}
+
+// ---------------------------------------------------------------- sinks
+
+/// A baseline gateway: subscribes with manual acks and makes each reading
+/// durable its own way before acknowledging it.
+async fn sink(args: SinkArgs) -> anyhow::Result<()> {
+    let handle = palletd::telemetry::install();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = palletd::telemetry::serve(
+        ([127, 0, 0, 1], args.metrics_port).into(),
+        handle,
+        Arc::new(palletd::telemetry::Health::default()),
+        Duration::from_secs(10),
+        stop.clone(),
+    )
+    .await?;
+    tokio::spawn(server);
+    let mut opts = MqttOptions::new(
+        format!("bench-{}", args.kind),
+        "127.0.0.1",
+        args.broker_port,
+    );
+    opts.set_manual_acks(true);
+    opts.set_keep_alive(Duration::from_secs(30));
+    opts.set_max_packet_size(1 << 20, 1 << 20);
+    let (client, mut eventloop) = AsyncClient::new(opts, 65_536);
+    client.subscribe(FILTER, QoS::AtLeastOnce).await?;
+    let collection = mongodb::Client::with_uri_str(&args.mongodb)
+        .await?
+        .database("bench")
+        .collection::<bson::Document>("readings");
+    let in_flight = match args.kind.as_str() {
+        "ceiling" => 0,
+        "naive" => 1,
+        "naive16" => 16,
+        other => anyhow::bail!("unknown sink {other}"),
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<rumqttc::Publish>();
+    let worker = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let permits = Arc::new(tokio::sync::Semaphore::new(in_flight.max(1)));
+            while let Some(p) = rx.recv().await {
+                let Some((sensor, ts_ms, mut doc)) = decode(&p) else {
+                    let _ = client.ack(&p).await;
+                    continue;
+                };
+                if in_flight == 0 {
+                    durable(ts_ms);
+                    let _ = client.try_ack(&p);
+                    continue;
+                }
+                doc.insert("sensorId", sensor);
+                let permit = permits.clone().acquire_owned().await.expect("open");
+                let (collection, client) = (collection.clone(), client.clone());
+                let insert = async move {
+                    // Retried until it succeeds, as a bridge must.
+                    while collection.insert_one(&doc).await.is_err() {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    durable(ts_ms);
+                    let _ = client.ack(&p).await;
+                    drop(permit);
+                };
+                if in_flight == 1 {
+                    insert.await;
+                } else {
+                    tokio::spawn(insert);
+                }
+            }
+        })
+    };
+    println!("sink ready");
+    loop {
+        match eventloop.poll().await {
+            Ok(Event::Incoming(Packet::Publish(p))) => {
+                if tx.send(p).is_err() {
+                    break;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("sink: broker: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    worker.abort();
+    Ok(())
+}
+
+/// The sensor (from the topic), timestamp and document of a reading.
+fn decode(p: &rumqttc::Publish) -> Option<(String, i64, bson::Document)> {
+    let sensor = p.topic.split('/').nth(1)?.to_string();
+    let value: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&p.payload).ok()?;
+    let ts_ms = value.get("ts")?.as_i64()?;
+    let mut doc = bson::Document::new();
+    doc.insert("ts", bson::DateTime::from_millis(ts_ms));
+    for (k, v) in value {
+        if k != "ts" {
+            doc.insert(k, v.as_f64()?);
+        }
+    }
+    Some((sensor, ts_ms, doc))
+}
+
+fn durable(ts_ms: i64) {
+    metrics::counter!(palletd::telemetry::SAMPLES_STORED).increment(1);
+    let age = (palletd::now_ms() - ts_ms).max(0) as f64 / 1000.0;
+    metrics::histogram!(palletd::telemetry::SAMPLE_AGE_SECONDS).record(age);
+}
+
+// ------------------------------------------------------------- services
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SIGTERM first, so palletd and the database stop cleanly.
+        let _ = Command::new("kill").arg(self.0.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits until `stdout` of the child prints a line containing `needle`, then
+/// keeps draining its output into `log`.
+fn wait_for_line(child: &mut Child, needle: &str, log: PathBuf) -> anyhow::Result<()> {
+    let out: Box<dyn Read + Send> = match child.stdout.take() {
+        Some(o) => Box::new(o),
+        None => Box::new(child.stderr.take().expect("piped stdout or stderr")),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let wanted = needle.to_string();
+    std::thread::spawn(move || {
+        let mut file = std::fs::File::create(log).ok();
+        let mut sent = false;
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Some(f) = file.as_mut() {
+                let _ = writeln!(f, "{line}");
+            }
+            if !sent && line.contains(&wanted) {
+                let _ = tx.send(());
+                sent = true;
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .map_err(|_| anyhow::anyhow!("process never printed {needle:?}"))
+}
+
+struct Services {
+    dir: tempfile::TempDir,
+    broker_port: u16,
+    db_port: u16,
+    _broker: Proc,
+    _db: Proc,
+}
+
+impl Services {
+    fn start(args: &RunArgs) -> anyhow::Result<Services> {
+        let dir = tempfile::tempdir()?;
+        let broker_port = free_port();
+        let conf = dir.path().join("mosquitto.conf");
+        // Same broker settings for every scenario: a deep in-flight window
+        // (palletd's max_inflight matches it) and no queue limit, so a
+        // backlog shows as a backlog, not as dropped messages.
+        std::fs::write(
+            &conf,
+            format!(
+                "listener {broker_port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
+                 max_inflight_messages 1000\nmax_queued_messages 0\nlog_dest stdout\n"
+            ),
+        )?;
+        let broker = Proc(
+            Command::new(&args.mosquitto)
+                .arg("-c")
+                .arg(&conf)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "{}: {e} (run scripts/install-test-services)",
+                        args.mosquitto.display()
+                    )
+                })?,
+        );
+        // Its output is block-buffered in a pipe: wait for the port instead.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", broker_port)).is_err() {
+            anyhow::ensure!(Instant::now() < deadline, "mosquitto did not listen");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let db_port = free_port();
+        let data = dir.path().join("db");
+        std::fs::create_dir_all(&data)?;
+        let mut db = Command::new(&args.secantusd)
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &db_port.to_string(),
+                "--storage-path",
+            ])
+            .arg(&data)
+            .args(["--cache-size", "256M", "--log-level", "WARNING"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: {e} (run scripts/install-test-services)",
+                    args.secantusd.display()
+                )
+            })?;
+        wait_for_line(&mut db, "listening on", dir.path().join("secantusd.log"))?;
+        Ok(Services {
+            dir,
+            broker_port,
+            db_port,
+            _broker: broker,
+            _db: Proc(db),
+        })
+    }
+
+    fn mongodb_uri(&self) -> String {
+        format!(
+            "mongodb://127.0.0.1:{}/?directConnection=true",
+            self.db_port
+        )
+    }
+}
+
+/// The process under test, with its metrics endpoint.
+struct Sink {
+    proc: Proc,
+    metrics_port: u16,
+}
+
+fn start_sink(args: &RunArgs, kind: &str, svc: &Services) -> anyhow::Result<Sink> {
+    let metrics_port = free_port();
+    let mut child = match kind {
+        "buckets" | "timeseries" => {
+            let cfg = format!(
+                r#"[mqtt]
+url = "mqtt://127.0.0.1:{broker}"
+client_id = "bench-palletd"
+max_inflight = 1000
+[mongodb]
+uri = "{uri}"
+database = "bench"
+collection = "readings"
+[storage]
+mode = "{kind}"
+[spool]
+dir = "{spool}"
+[http]
+listen = "127.0.0.1:{metrics_port}"
+[limits]
+max_sensors = 100000
+[[subscription]]
+topic = "bench/{{sensor}}/data"
+"#,
+                broker = svc.broker_port,
+                uri = svc.mongodb_uri(),
+                spool = svc.dir.path().join("spool").display(),
+            );
+            // BENCH_PALLETD_EXTRA: more TOML for experiments (not used by
+            // scripts/bench's published runs).
+            let cfg = cfg + &std::env::var("BENCH_PALLETD_EXTRA").unwrap_or_default();
+            let path = svc.dir.path().join("palletd.toml");
+            std::fs::write(&path, cfg)?;
+            Command::new(&args.palletd)
+                .arg("run")
+                .arg("--config")
+                .arg(&path)
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()?
+        }
+        _ => Command::new(std::env::current_exe()?)
+            .args(["sink", "--kind", kind, "--broker-port"])
+            .arg(svc.broker_port.to_string())
+            .args(["--mongodb", &svc.mongodb_uri(), "--metrics-port"])
+            .arg(metrics_port.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?,
+    };
+    let ready = if kind == "buckets" || kind == "timeseries" {
+        "Subscribed."
+    } else {
+        "sink ready"
+    };
+    wait_for_line(
+        &mut child,
+        ready,
+        svc.dir.path().join(format!("{kind}.log")),
+    )?;
+    let sink = Sink {
+        proc: Proc(child),
+        metrics_port,
+    };
+    // Subscribed and its metrics endpoint answers.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sink.scrape().is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "{kind}: no /metrics");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    Ok(sink)
+}
+
+// ------------------------------------------------------------- readings
+
+/// What a sink reported at one moment.
+#[derive(Debug, Clone, Default)]
+struct Scrape {
+    stored: f64,
+    /// Histogram of reading age: upper bound -> cumulative count.
+    age: Vec<(f64, f64)>,
+}
+
+impl Sink {
+    fn scrape(&self) -> anyhow::Result<Scrape> {
+        let body = http_get(self.metrics_port, "/metrics")?;
+        let lines = body.lines().map(|l| Ok(l.to_string()));
+        let parsed = prometheus_parse::Scrape::parse(lines)?;
+        let mut out = Scrape::default();
+        for s in parsed.samples {
+            if s.metric == palletd::telemetry::SAMPLES_STORED {
+                if let prometheus_parse::Value::Counter(v) = s.value {
+                    out.stored = v;
+                }
+            } else if s.metric == palletd::telemetry::SAMPLE_AGE_SECONDS {
+                if let prometheus_parse::Value::Histogram(h) = s.value {
+                    out.age = h.iter().map(|b| (b.less_than, b.count)).collect();
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn pid(&self) -> u32 {
+        self.proc.0.id()
+    }
+
+    /// User + system CPU time so far.
+    fn cpu(&self) -> Duration {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        // Fields after the command name (which may hold spaces).
+        let rest = stat.rsplit_once(')').map_or("", |r| r.1);
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        // utime and stime are fields 14 and 15 (1-based); here 11 and 12 of
+        // the numeric fields after the state letter.
+        let ticks = f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0);
+        Duration::from_secs_f64(ticks as f64 / clock_ticks())
+    }
+
+    /// Peak resident set size (VmHWM), in bytes.
+    fn peak_rss(&self) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    }
+}
+
+fn clock_ticks() -> f64 {
+    let out = Command::new("getconf").arg("CLK_TCK").output();
+    out.ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    let (_, body) = body.split_once("\r\n\r\n").unwrap_or(("", ""));
+    Ok(body.to_string())
+}
+
+/// The q-quantile (0..1) of the readings counted between two histograms.
+fn quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option<f64> {
+    let diff: Vec<(f64, f64)> = after
+        .iter()
+        .map(|(le, n)| {
+            let b = before.iter().find(|x| x.0 == *le).map_or(0.0, |x| x.1);
+            (*le, n - b)
+        })
+        .collect();
+    let total = diff.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let want = total * q;
+    let mut prev = (0.0, 0.0);
+    for (le, n) in diff {
+        if n >= want {
+            if !le.is_finite() {
+                return Some(prev.0);
+            }
+            // Linear inside the bucket.
+            let share = if n > prev.1 {
+                (want - prev.1) / (n - prev.1)
+            } else {
+                1.0
+            };
+            return Some(prev.0 + (le - prev.0) * share);
+        }
+        prev = (le, n);
+    }
+    None
+}
+
+/// Database write commands and write operations so far, from serverStatus.
+async fn db_writes(uri: &str) -> anyhow::Result<(f64, f64)> {
+    let client = mongodb::Client::with_uri_str(uri).await?;
+    let s = client
+        .database("admin")
+        .run_command(doc! { "serverStatus": 1 })
+        .await?;
+    let num = |d: Option<&bson::Bson>| match d {
+        Some(bson::Bson::Int32(x)) => *x as f64,
+        Some(bson::Bson::Int64(x)) => *x as f64,
+        Some(bson::Bson::Double(x)) => *x,
+        _ => 0.0,
+    };
+    let cmds = s
+        .get_document("metrics")
+        .and_then(|m| m.get_document("commands"))
+        .ok();
+    let commands: f64 = ["insert", "update", "delete"]
+        .iter()
+        .map(|c| {
+            cmds.and_then(|m| m.get_document(c).ok())
+                .map_or(0.0, |d| num(d.get("total")))
+        })
+        .sum();
+    let ops = s.get_document("opcounters").ok();
+    let operations: f64 = ["insert", "update", "delete"]
+        .iter()
+        .map(|c| ops.map_or(0.0, |o| num(o.get(*c))))
+        .sum();
+    Ok((commands, operations))
+}
+
+/// Asks the database for a checkpoint, then sums its data directory.
+async fn data_bytes(uri: &str, dir: &Path) -> anyhow::Result<u64> {
+    let client = mongodb::Client::with_uri_str(uri).await?;
+    client
+        .database("admin")
+        .run_command(doc! { "fsync": 1 })
+        .await?;
+    fn walk(p: &Path) -> u64 {
+        std::fs::read_dir(p)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| match e.metadata() {
+                        Ok(m) if m.is_dir() => walk(&e.path()),
+                        Ok(m) => m.len(),
+                        Err(_) => 0,
+                    })
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+    Ok(walk(dir))
+}
+
+// ---------------------------------------------------------------- steps
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct Step {
+    target_per_s: f64,
+    seconds: f64,
+    published: u64,
+    durable: u64,
+    achieved_per_s: f64,
+    simulator_max_lag_s: f64,
+    /// Largest backlog (published minus durable) seen, in readings.
+    max_backlog: f64,
+    drained_after_s: Option<f64>,
+    sustained: bool,
+    note: String,
+}
+
+struct Measured {
+    step: Step,
+    before: Scrape,
+    after: Scrape,
+    cpu: Duration,
+}
+
+/// Offers `total` readings/s for `secs` seconds and watches the sink.
+fn step(
+    args: &RunArgs,
+    svc: &Services,
+    sink: &Sink,
+    sensors: usize,
+    total: f64,
+    secs: u64,
+) -> anyhow::Result<Measured> {
+    let before = sink.scrape()?;
+    let cpu_before = sink.cpu();
+    let started = Instant::now();
+    let mut sim = Command::new(&args.palletd)
+        .arg("simulate")
+        .arg("--url")
+        .arg(format!("mqtt://127.0.0.1:{}", svc.broker_port))
+        .args(["--sensors", &sensors.to_string(), "--rate"])
+        .arg(format!("{}", total / sensors as f64))
+        .arg("--duration")
+        .arg(format!("{secs}s"))
+        .args([
+            "--topic",
+            TOPIC,
+            "--batch-share",
+            "0",
+            "--qos",
+            "1",
+            "--sensor-prefix",
+            "s",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut max_backlog: f64 = 0.0;
+    // (seconds into the step, backlog) once a second.
+    let mut backlog_at: Vec<(f64, f64)> = Vec::new();
+    let mut note = String::new();
+    let limit = (total * 10.0).max(20_000.0);
+    let status = loop {
+        if let Some(status) = sim.try_wait()? {
+            break Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(1000));
+        let elapsed = started.elapsed().as_secs_f64().min(secs as f64);
+        let durable = sink
+            .scrape()
+            .map(|s| s.stored - before.stored)
+            .unwrap_or(0.0);
+        let backlog = (total * elapsed - durable).max(0.0);
+        max_backlog = max_backlog.max(backlog);
+        backlog_at.push((elapsed / secs as f64, backlog));
+        if backlog > limit {
+            note = format!("stopped early: backlog {backlog:.0} readings");
+            let _ = sim.kill();
+            let _ = sim.wait();
+            break None;
+        }
+    };
+    // Flat: the backlog late in the step is not above the backlog early in
+    // it by more than half a second of readings.
+    let peak_in = |from: f64, to: f64| {
+        backlog_at
+            .iter()
+            .filter(|(at, _)| (from..=to).contains(at))
+            .map(|(_, b)| *b)
+            .fold(0.0, f64::max)
+    };
+    let (early, late) = (peak_in(0.25, 0.5), peak_in(0.75, 1.0));
+    let flat = late <= early + total * 0.5 + 1000.0;
+    let mut report = String::new();
+    if let Some(mut out) = sim.stdout.take() {
+        let _ = out.read_to_string(&mut report);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let (published, sim_lag) =
+        parse_report(&report).unwrap_or(((total * seconds) as u64, f64::NAN));
+    // Drain: how long until everything published is durable.
+    let end = Instant::now();
+    let mut drained = None;
+    let mut after = sink.scrape()?;
+    while end.elapsed() < Duration::from_secs(10) {
+        after = sink.scrape()?;
+        if after.stored - before.stored >= published as f64 {
+            drained = Some(end.elapsed().as_secs_f64());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let cpu = sink.cpu().saturating_sub(cpu_before);
+    let durable = (after.stored - before.stored) as u64;
+    let on_schedule = status.is_some_and(|s| s.success()) && sim_lag <= 1.0;
+    if status.is_some() && !on_schedule && note.is_empty() {
+        note = format!("simulator fell behind its schedule by {sim_lag:.1}s");
+    }
+    let sustained = on_schedule && flat && drained.is_some();
+    if status.is_some() && on_schedule && !sustained && note.is_empty() {
+        note = if flat {
+            "not durable within 10 s of the last publish".into()
+        } else {
+            format!("backlog grew from {early:.0} to {late:.0} readings")
+        };
+    }
+    let step = Step {
+        target_per_s: total,
+        seconds,
+        published,
+        durable,
+        achieved_per_s: durable as f64 / seconds,
+        simulator_max_lag_s: sim_lag,
+        max_backlog,
+        drained_after_s: drained,
+        sustained,
+        note,
+    };
+    eprintln!(
+        "    {:>9.0}/s offered: {:>9.0}/s durable, backlog max {:>8.0}, {}",
+        total,
+        step.achieved_per_s,
+        max_backlog,
+        if sustained {
+            "sustained".to_string()
+        } else {
+            format!("NOT sustained ({})", step.note)
+        }
+    );
+    Ok(Measured {
+        step,
+        before,
+        after,
+        cpu,
+    })
+}
+
+/// (readings published, max lag behind schedule) from `palletd simulate`.
+fn parse_report(text: &str) -> Option<(u64, f64)> {
+    let line = text.lines().find(|l| l.starts_with("published "))?;
+    let published = line.split_whitespace().nth(1)?.parse().ok()?;
+    let lag = line
+        .split("max lag behind schedule ")
+        .nth(1)?
+        .split('s')
+        .next()?
+        .parse()
+        .ok()?;
+    Some((published, lag))
+}
+
+// ------------------------------------------------------------- scenarios
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct ScenarioResult {
+    scenario: String,
+    sensors: usize,
+    probe_per_s: f64,
+    steps: Vec<Step>,
+    max_sustained_per_s: f64,
+    lag_step: Option<Step>,
+    lag_p50_s: Option<f64>,
+    lag_p99_s: Option<f64>,
+    db_write_commands_per_reading: Option<f64>,
+    db_write_ops_per_reading: Option<f64>,
+    data_bytes_per_reading: Option<f64>,
+    cpu_us_per_reading: Option<f64>,
+    /// Peak RSS of the process at 80% of the highest sustained rate.
+    rss_at_80_mb: Option<f64>,
+    /// Peak RSS over the stepped run (the last, overloaded, step included).
+    rss_steps_mb: f64,
+}
+
+fn scenario(
+    args: &RunArgs,
+    kind: &str,
+    sensors: usize,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<ScenarioResult> {
+    eprintln!("== {kind}, {sensors} sensors");
+    if !args.rates.is_empty() {
+        let svc = Services::start(args)?;
+        let sink = start_sink(args, kind, &svc)?;
+        eprintln!("  {kind} pid {}", sink.pid());
+        for &rate in &args.rates {
+            let m = step(args, &svc, &sink, sensors, rate, args.step_secs)?;
+            eprintln!(
+                "    cpu {:.1} µs/reading, peak RSS {:.0} MB",
+                m.cpu.as_secs_f64() * 1e6 / m.step.durable.max(1) as f64,
+                sink.peak_rss() as f64 / 1e6
+            );
+        }
+        anyhow::bail!("--rates: fixed steps only, no table");
+    }
+    let mut peak_rss = 0u64;
+    // Probe: overload for a short while; what comes through estimates the
+    // capacity. Then fresh services for the steps.
+    let probe = {
+        let svc = Services::start(args)?;
+        let sink = start_sink(args, kind, &svc)?;
+        let m = step(args, &svc, &sink, sensors, 150_000.0, 15)?;
+        (m.step.durable as f64 / m.step.seconds).max(50.0)
+    };
+    eprintln!("  probe: {probe:.0}/s");
+    let svc = Services::start(args)?;
+    let sink = start_sink(args, kind, &svc)?;
+    let mut factor = 0.6;
+    step(args, &svc, &sink, sensors, probe * factor, args.warmup_secs)?;
+    let mut steps = Vec::new();
+    let mut best = 0.0f64;
+    loop {
+        let m = step(args, &svc, &sink, sensors, probe * factor, args.step_secs)?;
+        peak_rss = peak_rss.max(sink.peak_rss());
+        let ok = m.step.sustained;
+        steps.push(m.step);
+        if ok {
+            best = probe * factor;
+            factor *= 1.2;
+            if factor > 4.0 {
+                break;
+            }
+        } else if best > 0.0 || factor < 0.1 {
+            break;
+        } else {
+            // Not even 60% of the probe: step down.
+            factor *= 0.6;
+        }
+    }
+    drop(sink);
+    drop(svc);
+    let mut out = ScenarioResult {
+        scenario: kind.to_string(),
+        sensors,
+        probe_per_s: probe,
+        steps,
+        max_sustained_per_s: best,
+        lag_step: None,
+        lag_p50_s: None,
+        lag_p99_s: None,
+        db_write_commands_per_reading: None,
+        db_write_ops_per_reading: None,
+        data_bytes_per_reading: None,
+        cpu_us_per_reading: None,
+        rss_at_80_mb: None,
+        rss_steps_mb: peak_rss as f64 / 1e6,
+    };
+    if best > 0.0 {
+        let rate = best * 0.8;
+        eprintln!("  at 80%: {rate:.0}/s");
+        let svc = Services::start(args)?;
+        let sink = start_sink(args, kind, &svc)?;
+        step(args, &svc, &sink, sensors, rate, args.warmup_secs)?;
+        let uri = svc.mongodb_uri();
+        let db_before = rt.block_on(db_writes(&uri))?;
+        let m = step(args, &svc, &sink, sensors, rate, args.step_secs)?;
+        let db_after = rt.block_on(db_writes(&uri))?;
+        out.rss_at_80_mb = Some(sink.peak_rss() as f64 / 1e6);
+        let n = m.step.durable.max(1) as f64;
+        out.lag_p50_s = quantile(&m.before.age, &m.after.age, 0.50);
+        out.lag_p99_s = quantile(&m.before.age, &m.after.age, 0.99);
+        out.cpu_us_per_reading = Some(m.cpu.as_secs_f64() * 1e6 / n);
+        if kind != "ceiling" {
+            out.db_write_commands_per_reading = Some((db_after.0 - db_before.0) / n);
+            out.db_write_ops_per_reading = Some((db_after.1 - db_before.1) / n);
+            // Everything this database holds came through this sink.
+            let total = sink.scrape()?.stored.max(1.0);
+            let bytes = rt.block_on(data_bytes(&uri, &svc.dir.path().join("db")))?;
+            out.data_bytes_per_reading = Some(bytes as f64 / total);
+        }
+        out.lag_step = Some(m.step);
+    }
+    Ok(out)
+}
+
+fn machine() -> serde_json::Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    json!({ "cpu": model, "cores": cores, "memory": mem, "kernel": kernel.trim() })
+}
+
+fn fmt(x: Option<f64>, digits: usize) -> String {
+    x.map_or("–".into(), |v| format!("{v:.digits$}"))
+}
+
+fn table(results: &[ScenarioResult]) -> String {
+    let mut t = String::from(
+        "| scenario | sensors | max sustained readings/s | lag p50 / p99 at 80% | DB write cmds / reading | DB write ops / reading | data bytes / reading | CPU µs / reading | peak RSS MB at 80% (stepped run) |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in results {
+        t += &format!(
+            "| {} | {} | {:.0} | {} / {} s | {} | {} | {} | {} | {} ({:.0}) |\n",
+            r.scenario,
+            r.sensors,
+            r.max_sustained_per_s,
+            fmt(r.lag_p50_s, 2),
+            fmt(r.lag_p99_s, 2),
+            fmt(r.db_write_commands_per_reading, 4),
+            fmt(r.db_write_ops_per_reading, 3),
+            fmt(r.data_bytes_per_reading, 0),
+            fmt(r.cpu_us_per_reading, 1),
+            fmt(r.rss_at_80_mb, 0),
+            r.rss_steps_mb
+        );
+    }
+    t
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    let started = chrono::Utc::now();
+    let mut results = Vec::new();
+    for &sensors in &args.sensors {
+        for kind in &args.scenarios {
+            results.push(scenario(&args, kind, sensors, &rt)?);
+            eprintln!("{}", table(&results));
+        }
+    }
+    let mut summary = BTreeMap::new();
+    for r in &results {
+        summary.insert(
+            format!("{}/{}", r.scenario, r.sensors),
+            r.max_sustained_per_s,
+        );
+    }
+    let doc = json!({
+        "date": started.to_rfc3339(),
+        "machine": machine(),
+        "commit": Command::new("git").args(["rev-parse", "--short", "HEAD"]).output().ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok()).map(|s| s.trim().to_string()),
+        "step_secs": args.step_secs,
+        "warmup_secs": args.warmup_secs,
+        "results": results,
+        "max_sustained": summary,
+    });
+    std::fs::create_dir_all(&args.out)?;
+    let path = args
+        .out
+        .join(format!("{}.json", started.format("%Y-%m-%dT%H%M%SZ")));
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
+    println!("{}", table(&results));
+    println!("machine: {}", doc["machine"]);
+    println!("raw results: {}", path.display());
+    Ok(())
+}
