@@ -17,11 +17,12 @@
 //! quarter of the step at most half a second of readings above its peak in
 //! the second quarter), and everything was durable within 10 s of the last
 //! publish.
-//! The rate is stepped up from 60% of a short overload probe's throughput
-//! until a step is not sustained. The lag, CPU, database and disk figures
-//! come from one more step at 80% of the highest sustained rate, on fresh
-//! services; so does the peak RSS reported first (the second is the peak
-//! over the stepped run, overloaded last step included).
+//! The rate is stepped up from 70% of a short overload probe's throughput,
+//! by 1.25 each step, until a step is not sustained. The lag, CPU, database
+//! and peak-RSS figures are those of the step at 80% of the highest
+//! sustained rate (the one before it); the data directory is measured after
+//! the stepped run, and a second peak RSS covers the whole stepped run
+//! (the last, overloaded, step included).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -779,17 +780,61 @@ struct ScenarioResult {
     probe_per_s: f64,
     steps: Vec<Step>,
     max_sustained_per_s: f64,
-    lag_step: Option<Step>,
+    /// Figures of the step at 80% of the highest sustained rate.
+    at_80: Option<Figures>,
+    /// Data directory bytes after a checkpoint / readings stored.
+    data_bytes_per_reading: Option<f64>,
+    /// Peak RSS over the stepped run (the last, overloaded, step included).
+    rss_steps_mb: f64,
+}
+
+/// What one sustained step showed.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Figures {
+    rate: f64,
     lag_p50_s: Option<f64>,
     lag_p99_s: Option<f64>,
     db_write_commands_per_reading: Option<f64>,
     db_write_ops_per_reading: Option<f64>,
-    data_bytes_per_reading: Option<f64>,
-    cpu_us_per_reading: Option<f64>,
-    /// Peak RSS of the process at 80% of the highest sustained rate.
-    rss_at_80_mb: Option<f64>,
-    /// Peak RSS over the stepped run (the last, overloaded, step included).
-    rss_steps_mb: f64,
+    cpu_us_per_reading: f64,
+    /// Peak RSS of the process so far (steps only go up to this one).
+    peak_rss_mb: f64,
+}
+
+/// One measured step, with the database's write counters around it.
+fn measure(
+    args: &RunArgs,
+    svc: &Services,
+    sink: &Sink,
+    kind: &str,
+    sensors: usize,
+    rate: f64,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<(Measured, Figures)> {
+    let uri = svc.mongodb_uri();
+    let db = kind != "ceiling";
+    let before = if db {
+        rt.block_on(db_writes(&uri))?
+    } else {
+        (0.0, 0.0)
+    };
+    let m = step(args, svc, sink, sensors, rate, args.step_secs)?;
+    let after = if db {
+        rt.block_on(db_writes(&uri))?
+    } else {
+        (0.0, 0.0)
+    };
+    let n = m.step.durable.max(1) as f64;
+    let fig = Figures {
+        rate,
+        lag_p50_s: quantile(&m.before.age, &m.after.age, 0.50),
+        lag_p99_s: quantile(&m.before.age, &m.after.age, 0.99),
+        db_write_commands_per_reading: db.then(|| (after.0 - before.0) / n),
+        db_write_ops_per_reading: db.then(|| (after.1 - before.1) / n),
+        cpu_us_per_reading: m.cpu.as_secs_f64() * 1e6 / n,
+        peak_rss_mb: sink.peak_rss() as f64 / 1e6,
+    };
+    Ok((m, fig))
 }
 
 fn scenario(
@@ -813,7 +858,6 @@ fn scenario(
         }
         anyhow::bail!("--rates: fixed steps only, no table");
     }
-    let mut peak_rss = 0u64;
     // Probe: overload for a short while; what comes through estimates the
     // capacity. Then fresh services for the steps.
     let probe = {
@@ -823,73 +867,67 @@ fn scenario(
         (m.step.durable as f64 / m.step.seconds).max(50.0)
     };
     eprintln!("  probe: {probe:.0}/s");
+    // Steps at 70% of the probe and up by 1.25 each, so the step below the
+    // highest sustained one ran at 80% of it: its figures are the ones
+    // reported. (If the first step is the highest, one more run at 80%.)
     let svc = Services::start(args)?;
     let sink = start_sink(args, kind, &svc)?;
-    let mut factor = 0.6;
+    let mut factor = 0.7;
     step(args, &svc, &sink, sensors, probe * factor, args.warmup_secs)?;
     let mut steps = Vec::new();
-    let mut best = 0.0f64;
+    let mut sustained: Vec<Figures> = Vec::new();
     loop {
-        let m = step(args, &svc, &sink, sensors, probe * factor, args.step_secs)?;
-        peak_rss = peak_rss.max(sink.peak_rss());
+        let (m, fig) = measure(args, &svc, &sink, kind, sensors, probe * factor, rt)?;
         let ok = m.step.sustained;
         steps.push(m.step);
         if ok {
-            best = probe * factor;
-            factor *= 1.2;
-            if factor > 4.0 {
+            sustained.push(fig);
+            factor *= 1.25;
+            if factor > 6.0 {
                 break;
             }
-        } else if best > 0.0 || factor < 0.1 {
+        } else if !sustained.is_empty() || factor < 0.05 {
             break;
         } else {
-            // Not even 60% of the probe: step down.
-            factor *= 0.6;
+            factor *= 0.5;
         }
     }
+    let rss_steps = sink.peak_rss();
+    let data_bytes_per_reading = if kind == "ceiling" {
+        None
+    } else {
+        // Everything this database holds came through this sink.
+        let total = sink.scrape()?.stored.max(1.0);
+        let bytes = rt.block_on(data_bytes(&svc.mongodb_uri(), &svc.dir.path().join("db")))?;
+        Some(bytes as f64 / total)
+    };
     drop(sink);
     drop(svc);
-    let mut out = ScenarioResult {
+    let best = sustained.last().map_or(0.0, |f| f.rate);
+    let at_80 = match sustained.len() {
+        0 => None,
+        n if n >= 2 && (sustained[n - 2].rate / best - 0.8).abs() < 0.01 => {
+            Some(sustained[n - 2].clone())
+        }
+        _ => {
+            let rate = best * 0.8;
+            eprintln!("  at 80%: {rate:.0}/s");
+            let svc = Services::start(args)?;
+            let sink = start_sink(args, kind, &svc)?;
+            step(args, &svc, &sink, sensors, rate, args.warmup_secs)?;
+            Some(measure(args, &svc, &sink, kind, sensors, rate, rt)?.1)
+        }
+    };
+    let out = ScenarioResult {
         scenario: kind.to_string(),
         sensors,
         probe_per_s: probe,
         steps,
         max_sustained_per_s: best,
-        lag_step: None,
-        lag_p50_s: None,
-        lag_p99_s: None,
-        db_write_commands_per_reading: None,
-        db_write_ops_per_reading: None,
-        data_bytes_per_reading: None,
-        cpu_us_per_reading: None,
-        rss_at_80_mb: None,
-        rss_steps_mb: peak_rss as f64 / 1e6,
+        at_80,
+        data_bytes_per_reading,
+        rss_steps_mb: rss_steps as f64 / 1e6,
     };
-    if best > 0.0 {
-        let rate = best * 0.8;
-        eprintln!("  at 80%: {rate:.0}/s");
-        let svc = Services::start(args)?;
-        let sink = start_sink(args, kind, &svc)?;
-        step(args, &svc, &sink, sensors, rate, args.warmup_secs)?;
-        let uri = svc.mongodb_uri();
-        let db_before = rt.block_on(db_writes(&uri))?;
-        let m = step(args, &svc, &sink, sensors, rate, args.step_secs)?;
-        let db_after = rt.block_on(db_writes(&uri))?;
-        out.rss_at_80_mb = Some(sink.peak_rss() as f64 / 1e6);
-        let n = m.step.durable.max(1) as f64;
-        out.lag_p50_s = quantile(&m.before.age, &m.after.age, 0.50);
-        out.lag_p99_s = quantile(&m.before.age, &m.after.age, 0.99);
-        out.cpu_us_per_reading = Some(m.cpu.as_secs_f64() * 1e6 / n);
-        if kind != "ceiling" {
-            out.db_write_commands_per_reading = Some((db_after.0 - db_before.0) / n);
-            out.db_write_ops_per_reading = Some((db_after.1 - db_before.1) / n);
-            // Everything this database holds came through this sink.
-            let total = sink.scrape()?.stored.max(1.0);
-            let bytes = rt.block_on(data_bytes(&uri, &svc.dir.path().join("db")))?;
-            out.data_bytes_per_reading = Some(bytes as f64 / total);
-        }
-        out.lag_step = Some(m.step);
-    }
     Ok(out)
 }
 
@@ -917,22 +955,23 @@ fn fmt(x: Option<f64>, digits: usize) -> String {
 
 fn table(results: &[ScenarioResult]) -> String {
     let mut t = String::from(
-        "| scenario | sensors | max sustained readings/s | lag p50 / p99 at 80% | DB write cmds / reading | DB write ops / reading | data bytes / reading | CPU µs / reading | peak RSS MB at 80% (stepped run) |\n\
+        "| scenario | sensors | max sustained readings/s | lag p50 / p99 at 80% | DB write cmds / reading | DB write ops / reading | data bytes / reading | CPU µs / reading at 80% | peak RSS MB at 80% (whole run) |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in results {
+        let f = r.at_80.as_ref();
         t += &format!(
             "| {} | {} | {:.0} | {} / {} s | {} | {} | {} | {} | {} ({:.0}) |\n",
             r.scenario,
             r.sensors,
             r.max_sustained_per_s,
-            fmt(r.lag_p50_s, 2),
-            fmt(r.lag_p99_s, 2),
-            fmt(r.db_write_commands_per_reading, 4),
-            fmt(r.db_write_ops_per_reading, 3),
+            fmt(f.and_then(|f| f.lag_p50_s), 2),
+            fmt(f.and_then(|f| f.lag_p99_s), 2),
+            fmt(f.and_then(|f| f.db_write_commands_per_reading), 4),
+            fmt(f.and_then(|f| f.db_write_ops_per_reading), 3),
             fmt(r.data_bytes_per_reading, 0),
-            fmt(r.cpu_us_per_reading, 1),
-            fmt(r.rss_at_80_mb, 0),
+            fmt(f.map(|f| f.cpu_us_per_reading), 1),
+            fmt(f.map(|f| f.peak_rss_mb), 0),
             r.rss_steps_mb
         );
     }
