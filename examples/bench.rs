@@ -13,10 +13,11 @@
 //! and a histogram of reading age at durable write), so all are measured by
 //! one reader. A step offers an open-loop rate from `palletd simulate` for
 //! `--step-secs`; it is *sustained* when the simulator kept its schedule,
-//! the backlog (published minus durable) stayed flat (its peak in the last
-//! quarter of the step at most half a second of readings above its peak in
-//! the second quarter), and everything was durable within 10 s of the last
-//! publish.
+//! the backlog (published minus durable) stayed flat (its low point in the
+//! second half of the step at most half a second of readings above its low
+//! point in the first half), and everything was durable within 30 s of the last
+//! publish (palletd's flush cycle grows with the number of sensors when
+//! the database is slow per statement, so lag is reported, not bounded).
 //! The rate is stepped up from 70% of a short overload probe's throughput,
 //! by 1.25 each step, until a step is not sustained. The lag, CPU, database
 //! and peak-RSS figures are those of the step at 80% of the highest
@@ -39,6 +40,8 @@ use serde_json::json;
 
 const TOPIC: &str = "bench/{sensor}/data";
 const FILTER: &str = "bench/+/data";
+/// How long after the last publish everything must be durable.
+const DRAIN_SECS: u64 = 30;
 
 #[derive(Parser)]
 enum Cli {
@@ -470,15 +473,16 @@ impl Sink {
     fn cpu(&self) -> Duration {
         let stat =
             std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
-        // Fields after the command name (which may hold spaces).
+        // Fields after the command name (which may hold spaces): state is
+        // field 3, utime and stime are fields 14 and 15 (proc(5)).
         let rest = stat.rsplit_once(')').map_or("", |r| r.1);
-        let f: Vec<u64> = rest
-            .split_whitespace()
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        // utime and stime are fields 14 and 15 (1-based); here 11 and 12 of
-        // the numeric fields after the state letter.
-        let ticks = f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let field = |n: usize| {
+            f.get(n - 3)
+                .and_then(|x| x.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let ticks = field(14) + field(15);
         Duration::from_secs_f64(ticks as f64 / clock_ticks())
     }
 
@@ -661,7 +665,8 @@ fn step(
     // (seconds into the step, backlog) once a second.
     let mut backlog_at: Vec<(f64, f64)> = Vec::new();
     let mut note = String::new();
-    let limit = (total * 10.0).max(20_000.0);
+    // A runaway backlog ends the step early (it cannot be sustained).
+    let limit = (total * 30.0).max(50_000.0);
     let status = loop {
         if let Some(status) = sim.try_wait()? {
             break Some(status);
@@ -682,17 +687,20 @@ fn step(
             break None;
         }
     };
-    // Flat: the backlog late in the step is not above the backlog early in
-    // it by more than half a second of readings.
-    let peak_in = |from: f64, to: f64| {
+    // Flat: the backlog's low point (right after a flush) in the second half
+    // of the step is not above its low point in the first half (after a
+    // 10% settling) by more than half a second of readings. Low points, not
+    // peaks: palletd's flush cycle can be long, and a peak depends on where
+    // the window cuts the cycle.
+    let low_in = |from: f64, to: f64| {
         backlog_at
             .iter()
             .filter(|(at, _)| (from..=to).contains(at))
             .map(|(_, b)| *b)
-            .fold(0.0, f64::max)
+            .fold(f64::INFINITY, f64::min)
     };
-    let (early, late) = (peak_in(0.25, 0.5), peak_in(0.75, 1.0));
-    let flat = late <= early + total * 0.5 + 1000.0;
+    let (early, late) = (low_in(0.1, 0.5), low_in(0.5, 1.0));
+    let flat = late.is_finite() && late <= early + total * 0.5 + 1000.0;
     let mut report = String::new();
     if let Some(mut out) = sim.stdout.take() {
         let _ = out.read_to_string(&mut report);
@@ -704,7 +712,7 @@ fn step(
     let end = Instant::now();
     let mut drained = None;
     let mut after = sink.scrape()?;
-    while end.elapsed() < Duration::from_secs(10) {
+    while end.elapsed() < Duration::from_secs(DRAIN_SECS) {
         after = sink.scrape()?;
         if after.stored - before.stored >= published as f64 {
             drained = Some(end.elapsed().as_secs_f64());
@@ -721,9 +729,9 @@ fn step(
     let sustained = on_schedule && flat && drained.is_some();
     if status.is_some() && on_schedule && !sustained && note.is_empty() {
         note = if flat {
-            "not durable within 10 s of the last publish".into()
+            format!("not durable within {DRAIN_SECS} s of the last publish")
         } else {
-            format!("backlog grew from {early:.0} to {late:.0} readings")
+            format!("backlog low point grew from {early:.0} to {late:.0} readings")
         };
     }
     let step = Step {

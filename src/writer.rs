@@ -230,8 +230,6 @@ impl Writer {
         self.ensure_indexes(abort).await?;
         let mut outcomes = Vec::with_capacity(statements.len());
         let mut backoff = Backoff::default();
-        let encoded: Vec<RawDocumentBuf> =
-            statements.iter().map(|s| s.to_bson(&self.shape)).collect();
         // After a failure that may have applied part of a command (the
         // connection broke, a write concern error), learn what MongoDB has
         // before sending again: the applied statements are a prefix.
@@ -256,7 +254,11 @@ impl Writer {
                 continue;
             }
             let start = outcomes.len();
-            let (batch_len, batch) = build_batch(encoded[start..].iter().cloned());
+            // Encoded straight into the command's array (again on a retry):
+            // no second copy of the flush in memory.
+            let shape = self.shape;
+            let (batch_len, batch) =
+                build_batch(statements[start..].iter().map(|s| s.to_bson(&shape)));
             let cmd = self.command("update", &self.collection, "updates", batch, true);
             let Some(reply) = self.send_write(cmd, "write buckets").await else {
                 backoff.wait(abort).await?;
@@ -304,10 +306,6 @@ impl Writer {
         abort: &CancellationToken,
     ) -> Result<Vec<Outcome>, Aborted> {
         self.ensure_indexes(abort).await?;
-        let docs: Vec<RawDocumentBuf> = readings
-            .iter()
-            .map(|(sensor, s)| reading_doc(sensor, s))
-            .collect();
         let mut outcomes: Vec<Option<Outcome>> = vec![None; readings.len()];
         let mut todo: Vec<usize> = (0..readings.len()).collect();
         let mut backoff = Backoff::default();
@@ -334,7 +332,10 @@ impl Writer {
                 ambiguous = false;
                 continue;
             }
-            let (batch_len, batch) = build_batch(todo.iter().map(|i| docs[*i].clone()));
+            let (batch_len, batch) = build_batch(todo.iter().map(|i| {
+                let (sensor, sample) = readings[*i];
+                reading_doc(sensor, sample)
+            }));
             let cmd = self.command("insert", &self.collection, "documents", batch, false);
             let Some(reply) = self.send_write(cmd, "write readings").await else {
                 backoff.wait(abort).await?;
