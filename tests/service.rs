@@ -389,8 +389,8 @@ async fn json_logs_are_one_object_per_line() {
     let log = palletd.log();
     assert!(log.lines().count() >= 3);
     for line in log.lines() {
-        let v: serde_json::Value =
-            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("{e}: {line:?} in the whole log:\n{log:?}"));
         assert!(v["level"].is_string() && v["message"].is_string(), "{line}");
     }
 }
