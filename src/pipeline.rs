@@ -178,13 +178,15 @@ impl Pipeline {
                 },
                 _ = ticker.tick() => {
                     let started = Instant::now();
+                    let failures = self.writer.failures();
                     let r = self.flush(true, &abort).await;
                     // Pace by the database: when a flush takes long, wait
                     // as long again before the next one, so each write
                     // carries more samples per statement instead of the
-                    // same number of ever smaller statements.
+                    // same number of ever smaller statements. Not after
+                    // an outage: then the time went into retries.
                     let took = started.elapsed();
-                    if took * 2 > intervals.flush {
+                    if took * 2 > intervals.flush && self.writer.failures() == failures {
                         ticker.reset_after(took);
                     }
                     r

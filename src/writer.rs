@@ -72,6 +72,8 @@ pub struct Writer {
     shape: Shape,
     indexes_ready: bool,
     outage: Option<Instant>,
+    /// Failed database calls so far (for flush pacing).
+    failures: u64,
 }
 
 impl Writer {
@@ -90,6 +92,7 @@ impl Writer {
             shape,
             indexes_ready: false,
             outage: None,
+            failures: 0,
         }
     }
 
@@ -533,7 +536,13 @@ impl Writer {
         self.failed_msg(what, &format!("{kind}: {e}"));
     }
 
+    /// Failed database calls so far.
+    pub fn failures(&self) -> u64 {
+        self.failures
+    }
+
     fn failed_msg(&mut self, what: &str, e: &str) {
+        self.failures += 1;
         if e.starts_with("write concern") {
             metrics::counter!(crate::telemetry::DATABASE_ERRORS, "kind" => "write_concern")
                 .increment(1);
