@@ -199,14 +199,8 @@ impl Pipeline {
                     r
                 }
                 _ = std::future::ready(()), if catch_up => {
-                    // Read into memory as far as it has room; the interval
-                    // flushes it, or a full memory does.
                     self.catch_up().await;
-                    if self.room() == 0 {
-                        self.flush(true, &abort).await
-                    } else {
-                        Ok(())
-                    }
+                    self.flush(true, &abort).await
                 }
             };
             if result.is_err() {
