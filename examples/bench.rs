@@ -845,6 +845,24 @@ fn measure(
     Ok((m, fig))
 }
 
+/// `--rates`: fixed steps on one set of services, CPU and RSS after each
+/// (for profiling; no probe, no table).
+fn fixed_rates(args: &RunArgs, kind: &str, sensors: usize) -> anyhow::Result<()> {
+    eprintln!("== {kind}, {sensors} sensors");
+    let svc = Services::start(args)?;
+    let sink = start_sink(args, kind, &svc)?;
+    eprintln!("  {kind} pid {}", sink.pid());
+    for &rate in &args.rates {
+        let m = step(args, &svc, &sink, sensors, rate, args.step_secs)?;
+        eprintln!(
+            "    cpu {:.1} µs/reading, peak RSS {:.0} MB",
+            m.cpu.as_secs_f64() * 1e6 / m.step.durable.max(1) as f64,
+            sink.peak_rss() as f64 / 1e6
+        );
+    }
+    Ok(())
+}
+
 fn scenario(
     args: &RunArgs,
     kind: &str,
@@ -852,20 +870,6 @@ fn scenario(
     rt: &tokio::runtime::Runtime,
 ) -> anyhow::Result<ScenarioResult> {
     eprintln!("== {kind}, {sensors} sensors");
-    if !args.rates.is_empty() {
-        let svc = Services::start(args)?;
-        let sink = start_sink(args, kind, &svc)?;
-        eprintln!("  {kind} pid {}", sink.pid());
-        for &rate in &args.rates {
-            let m = step(args, &svc, &sink, sensors, rate, args.step_secs)?;
-            eprintln!(
-                "    cpu {:.1} µs/reading, peak RSS {:.0} MB",
-                m.cpu.as_secs_f64() * 1e6 / m.step.durable.max(1) as f64,
-                sink.peak_rss() as f64 / 1e6
-            );
-        }
-        anyhow::bail!("--rates: fixed steps only, no table");
-    }
     // Probe: overload for a short while; what comes through estimates the
     // capacity. Then fresh services for the steps.
     let probe = {
@@ -988,6 +992,14 @@ fn table(results: &[ScenarioResult]) -> String {
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
+    if !args.rates.is_empty() {
+        for &sensors in &args.sensors {
+            for kind in &args.scenarios {
+                fixed_rates(&args, kind, sensors)?;
+            }
+        }
+        return Ok(());
+    }
     let started = chrono::Utc::now();
     let mut results = Vec::new();
     for &sensors in &args.sensors {

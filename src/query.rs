@@ -70,20 +70,30 @@ pub fn parse_time(text: &str, now_ms: i64) -> std::result::Result<i64, String> {
         })
 }
 
-fn filter(sensor: &str, range: Range, window_ms: i64) -> Document {
-    let mut start = Document::new();
-    // A bucket starting a window before `from` may hold samples after it.
+/// `{sensorId, <field>: {$gte: from, $lt: to}}` (either bound may be open).
+fn filter(sensor: &str, field: &str, range: Range) -> Document {
+    let mut bounds = Document::new();
     if let Some(from) = range.from {
-        start.insert("$gt", bson::DateTime::from_millis(from - window_ms));
+        bounds.insert("$gte", bson::DateTime::from_millis(from));
     }
     if let Some(to) = range.to {
-        start.insert("$lt", bson::DateTime::from_millis(to));
+        bounds.insert("$lt", bson::DateTime::from_millis(to));
     }
     let mut f = doc! { "sensorId": sensor };
-    if !start.is_empty() {
-        f.insert("startTs", start);
+    if !bounds.is_empty() {
+        f.insert(field, bounds);
     }
     f
+}
+
+/// The buckets that may hold samples in `range`: a bucket starting less
+/// than a window before `from` may hold samples after it.
+fn bucket_filter(sensor: &str, range: Range, window_ms: i64) -> Document {
+    let starts = Range {
+        from: range.from.map(|f| f - window_ms + 1),
+        to: range.to,
+    };
+    filter(sensor, "startTs", starts)
 }
 
 fn iso(ms: i64) -> String {
@@ -150,21 +160,10 @@ async fn series_readings(
     range: Range,
     mut emit: impl FnMut(i64, Fields) -> std::io::Result<()>,
 ) -> Result<u64> {
-    let mut ts = Document::new();
-    if let Some(from) = range.from {
-        ts.insert("$gte", bson::DateTime::from_millis(from));
-    }
-    if let Some(to) = range.to {
-        ts.insert("$lt", bson::DateTime::from_millis(to));
-    }
-    let mut f = doc! { "sensorId": sensor };
-    if !ts.is_empty() {
-        f.insert("ts", ts);
-    }
     let mut cursor = store
         .db
         .collection::<Document>(store.collection)
-        .find(f)
+        .find(filter(sensor, "ts", range))
         .sort(doc! { "ts": 1 })
         .projection(doc! { "_id": 0, "sensorId": 0, "lsn": 0 })
         .await?;
@@ -187,7 +186,7 @@ async fn bucket_readings(
     let mut cursor = store
         .db
         .collection::<Document>(store.collection)
-        .find(filter(sensor, range, store.window_ms))
+        .find(bucket_filter(sensor, range, store.window_ms))
         .sort(doc! { "startTs": 1 })
         .projection(doc! { "startTs": 1, "samples": 1 })
         .await?;
@@ -332,7 +331,7 @@ async fn bucket_stats(store: Store<'_>, sensor: &str, range: Range) -> Result<Ve
     let mut cursor = store
         .db
         .collection::<Document>(store.collection)
-        .find(filter(sensor, range, store.window_ms))
+        .find(bucket_filter(sensor, range, store.window_ms))
         .sort(doc! { "startTs": 1 })
         .projection(doc! { "samples": 0 })
         .await?;

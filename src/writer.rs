@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use bson::{doc, rawdoc, Document, RawArrayBuf, RawDocumentBuf};
 use mongodb::error::ErrorKind;
-use mongodb::{Client, Database};
+use mongodb::{Client, Collection, Database};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -388,28 +388,25 @@ impl Writer {
     /// `max_lateness` before and `max_future` after its receipt, so nothing
     /// received at or after the earliest of them has a `ts` before this
     /// bound (an hour more allows for clock steps).
-    pub async fn present_lsns(
-        &self,
+    async fn present_lsns(
+        coll: &Collection<Document>,
         readings: &[(&str, &Sample)],
+        margin_ms: i64,
     ) -> mongodb::error::Result<HashSet<u64>> {
         let Some(min_lsn) = readings.iter().map(|r| r.1.lsn).min() else {
             return Ok(HashSet::new());
         };
         let max_lsn = readings.iter().map(|r| r.1.lsn).max().unwrap_or(min_lsn);
         let min_ts = readings.iter().map(|r| r.1.ts_ms).min().unwrap_or(0);
-        let b = &self.settings.bucket;
-        let margin = (b.max_lateness + b.max_future).as_millis() as i64 + 3_600_000;
         let mut sensors: Vec<&str> = readings.iter().map(|r| r.0).collect();
         sensors.sort_unstable();
         sensors.dedup();
         let filter = doc! {
             "sensorId": { "$in": sensors },
-            "ts": { "$gte": bson::DateTime::from_millis(min_ts.saturating_sub(margin)) },
+            "ts": { "$gte": bson::DateTime::from_millis(min_ts.saturating_sub(margin_ms)) },
             "lsn": { "$gte": min_lsn as i64, "$lte": max_lsn as i64 },
         };
-        let mut cursor = self
-            .db
-            .collection::<Document>(&self.collection)
+        let mut cursor = coll
             .find(filter)
             .projection(doc! { "_id": 0, "lsn": 1 })
             .await?;
@@ -428,15 +425,34 @@ impl Writer {
         readings: &[(&str, &Sample)],
         abort: &CancellationToken,
     ) -> Result<HashSet<u64>, Aborted> {
+        let coll = self.db.collection::<Document>(&self.collection);
+        let b = &self.settings.bucket;
+        let margin_ms = (b.max_lateness + b.max_future).as_millis() as i64 + 3_600_000;
+        self.read_retrying("read stored LSNs", abort, || {
+            Self::present_lsns(&coll, readings, margin_ms)
+        })
+        .await
+    }
+
+    /// Runs a read until it answers, with backoff; logged like a write.
+    async fn read_retrying<T, F>(
+        &mut self,
+        what: &str,
+        abort: &CancellationToken,
+        mut read: impl FnMut() -> F,
+    ) -> Result<T, Aborted>
+    where
+        F: std::future::Future<Output = mongodb::error::Result<T>>,
+    {
         let mut backoff = Backoff::default();
         loop {
-            match self.present_lsns(readings).await {
+            match read().await {
                 Ok(m) => {
                     self.recovered();
                     return Ok(m);
                 }
                 Err(e) => {
-                    self.failed("read stored LSNs", &e);
+                    self.failed(what, &e);
                     backoff.wait(abort).await?;
                 }
             }
@@ -445,16 +461,14 @@ impl Writer {
 
     /// The highest LSN applied to each sensor's buckets, from the
     /// `{sensorId: 1, lsn: -1}` index; sensors with none are absent.
-    pub async fn applied_lsns(
-        &self,
+    async fn applied_lsns(
+        coll: &Collection<Document>,
         sensors: &[String],
     ) -> mongodb::error::Result<HashMap<String, u64>> {
         let mut unique: Vec<&str> = sensors.iter().map(String::as_str).collect();
         unique.sort_unstable();
         unique.dedup();
-        let mut cursor = self
-            .db
-            .collection::<Document>(&self.collection)
+        let mut cursor = coll
             .aggregate(vec![
                 doc! { "$match": { "sensorId": { "$in": unique } } },
                 doc! { "$sort": { "sensorId": 1, "lsn": -1 } },
@@ -477,19 +491,11 @@ impl Writer {
         sensors: &[String],
         abort: &CancellationToken,
     ) -> Result<HashMap<String, u64>, Aborted> {
-        let mut backoff = Backoff::default();
-        loop {
-            match self.applied_lsns(sensors).await {
-                Ok(m) => {
-                    self.recovered();
-                    return Ok(m);
-                }
-                Err(e) => {
-                    self.failed("read applied LSNs", &e);
-                    backoff.wait(abort).await?;
-                }
-            }
-        }
+        let coll = self.db.collection::<Document>(&self.collection);
+        self.read_retrying("read applied LSNs", abort, || {
+            Self::applied_lsns(&coll, sensors)
+        })
+        .await
     }
 
     /// Sends a write command. `None` when it failed as a whole or with a
