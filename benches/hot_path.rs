@@ -1,23 +1,21 @@
 //! The per-reading hot path without services: payload decoding, and
-//! building a flush's bucket statements (buffer, planner, BSON encoding).
+//! building a flush's bucket statements (pending samples, planner, BSON
+//! encoding).
 //! `cargo bench --bench hot_path` (criterion; it keeps a baseline in
 //! target/criterion and reports changes against it).
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use palletd::bucket::{Sample, Shape};
-use palletd::buffer::Buffer;
-use palletd::decode::{Decoder, Limits};
+use palletd::bucket::{self, Sample, Shape};
+use palletd::decode::Decoder;
+use palletd::pipeline::pending::Pending;
 
 const NOW: i64 = 1_796_000_000_000;
 
 fn decoder() -> Decoder {
     let settings = palletd::config::parse(palletd::config::EXAMPLE, None).expect("example config");
-    Decoder::new(
-        settings.subscriptions.clone(),
-        Limits::from_settings(&settings),
-    )
+    Decoder::new(settings.subscriptions.clone(), settings.decode_limits())
 }
 
 fn payload(i: usize) -> String {
@@ -58,8 +56,8 @@ fn decode(c: &mut Criterion) {
     g.finish();
 }
 
-/// One flush of 1,000 sensors with 20 readings each: push into the buffer,
-/// plan statements, encode each statement to BSON.
+/// One flush of 1,000 sensors with 20 readings each: push into memory,
+/// take them, plan statements, encode each statement to BSON.
 fn statements(c: &mut Criterion) {
     let d = decoder();
     let shape = Shape {
@@ -77,19 +75,24 @@ fn statements(c: &mut Criterion) {
     }
     let mut g = c.benchmark_group("flush");
     g.throughput(Throughput::Elements(samples.len() as u64));
-    g.bench_function("1000 sensors x 20 readings: buffer, plan, encode", |b| {
+    g.bench_function("1000 sensors x 20 readings: hold, plan, encode", |b| {
         b.iter_batched(
             || samples.clone(),
             |samples| {
-                let mut buffer = Buffer::new(shape);
+                let mut pending = Pending::new(shape, 0);
                 for (sensor, s) in samples {
-                    buffer.push(&sensor, s).expect("fits");
+                    pending.push(&sensor, s);
                 }
-                let statements = buffer.take(true);
-                let bytes: usize = statements
-                    .iter()
-                    .map(|st| st.to_bson(&shape).as_bytes().len())
-                    .sum();
+                let mut runs = pending.take(&pending.select(true));
+                let mut bytes = 0;
+                for run in runs.iter_mut() {
+                    for st in bucket::plan(&run.samples, &mut run.fills, &shape) {
+                        bytes += st
+                            .to_bson(&run.sensor, &run.samples, &shape)
+                            .as_bytes()
+                            .len();
+                    }
+                }
                 black_box(bytes)
             },
             criterion::BatchSize::LargeInput,

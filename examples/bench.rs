@@ -112,7 +112,7 @@ fn main() -> anyhow::Result<()> {
 async fn sink(args: SinkArgs) -> anyhow::Result<()> {
     let handle = palletd::telemetry::install();
     let stop = tokio_util::sync::CancellationToken::new();
-    let server = palletd::telemetry::serve(
+    let server = palletd::telemetry::http::serve(
         ([127, 0, 0, 1], args.metrics_port).into(),
         handle,
         Arc::new(palletd::telemetry::Health::default()),
@@ -213,7 +213,7 @@ fn decode(p: &rumqttc::Publish) -> Option<(String, i64, bson::Document)> {
 
 fn durable(ts_ms: i64) {
     metrics::counter!(palletd::telemetry::SAMPLES_STORED).increment(1);
-    let age = (palletd::now_ms() - ts_ms).max(0) as f64 / 1000.0;
+    let age = (palletd::clock::now_ms() - ts_ms).max(0) as f64 / 1000.0;
     metrics::histogram!(palletd::telemetry::SAMPLE_AGE_SECONDS).record(age);
 }
 

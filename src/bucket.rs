@@ -29,6 +29,28 @@ impl Shape {
     }
 }
 
+/// A sample larger than a whole bucket may hold.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("sample of {bytes} bytes does not fit in a bucket (bucket.max_bytes = {max_bytes})")]
+pub struct TooBig {
+    pub bytes: u32,
+    pub max_bytes: u32,
+}
+
+impl Shape {
+    /// Refuses a sample that could never fit in a bucket.
+    pub fn check(&self, sample: &Sample) -> Result<(), TooBig> {
+        let bytes = sample.bytes();
+        if bytes > self.max_bytes {
+            return Err(TooBig {
+                bytes,
+                max_bytes: self.max_bytes,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// One sample ready to be written.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
@@ -98,12 +120,13 @@ pub struct Fill {
     pub bytes: u32,
 }
 
-/// One upsert statement: k consecutive samples of one sensor and window.
+/// One upsert statement: k consecutive samples of one sensor and window,
+/// a range of the sensor's run of samples.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Statement {
-    pub sensor: String,
     pub start_ms: i64,
-    pub samples: Vec<Sample>,
+    /// Which of the run's samples it carries.
+    pub range: std::ops::Range<usize>,
     pub bytes: u32,
     /// The fill of the bucket this statement expects to extend; `None` when
     /// it expects to start a new bucket (or the fill is unknown).
@@ -112,12 +135,7 @@ pub struct Statement {
 
 impl Statement {
     pub fn count(&self) -> u32 {
-        self.samples.len() as u32
-    }
-
-    /// The highest LSN in the statement (its samples are in LSN order).
-    pub fn last_lsn(&self) -> u64 {
-        self.samples.iter().map(|s| s.lsn).max().unwrap_or(0)
+        self.range.len() as u32
     }
 
     /// What the gateway knows of the bucket's fill after the statement was
@@ -137,13 +155,15 @@ impl Statement {
         }
     }
 
-    /// `{q, u, upsert: true}` for the `update` command.
-    pub fn to_bson(&self, shape: &Shape) -> RawDocumentBuf {
+    /// `{q, u, upsert: true}` for the `update` command; `samples` is the run
+    /// the statement was planned from.
+    pub fn to_bson(&self, sensor: &str, samples: &[Sample], shape: &Shape) -> RawDocumentBuf {
+        let samples = &samples[self.range.clone()];
         let k = self.count();
         let start = bson::DateTime::from_millis(self.start_ms);
         let end = bson::DateTime::from_millis(self.start_ms + shape.window_ms);
         let q = rawdoc! {
-            "sensorId": self.sensor.as_str(),
+            "sensorId": sensor,
             "startTs": start,
             "closed": false,
             "count": { "$lte": (shape.max_samples - k) as i32 },
@@ -152,12 +172,14 @@ impl Statement {
         let mut each = RawArrayBuf::new();
         let mut min_ts = i64::MAX;
         let mut max_ts = i64::MIN;
+        let mut last_lsn = 0;
         // Rollups per numeric field, in order of first appearance.
         let mut rollups: Vec<(&str, f64, i32, f64, f64)> = Vec::new();
-        for s in &self.samples {
+        for s in samples {
             each.push(RawBson::Document(s.doc.clone()));
             min_ts = min_ts.min(s.ts_ms);
             max_ts = max_ts.max(s.ts_ms);
+            last_lsn = last_lsn.max(s.lsn);
             for (name, x) in s.nums() {
                 match rollups.iter_mut().find(|r| r.0 == name) {
                     Some(r) => {
@@ -174,7 +196,7 @@ impl Statement {
         let mut min = rawdoc! { "minTs": bson::DateTime::from_millis(min_ts) };
         let mut max = rawdoc! {
             "maxTs": bson::DateTime::from_millis(max_ts),
-            "lsn": self.last_lsn() as i64,
+            "lsn": last_lsn as i64,
         };
         for (name, sum, n, lo, hi) in rollups {
             inc.append(format!("sum.{name}"), sum);
@@ -195,7 +217,7 @@ impl Statement {
     }
 }
 
-/// Cuts one sensor's pending samples (arrival order) into statements.
+/// Cuts one sensor's samples (arrival order) into statements.
 ///
 /// Runs of consecutive samples that share a window become one or more
 /// statements each: the first fills the remembered open bucket of that
@@ -204,17 +226,12 @@ impl Statement {
 /// a later run of the same window continues where this one stopped; the
 /// caller replaces it with what the database reported once the write is done.
 ///
-/// Every sample must fit in an empty bucket (`bytes() <= max_bytes`); the
-/// buffer sends bigger ones to the dead letter before they get here.
-pub fn plan(
-    sensor: &str,
-    samples: impl IntoIterator<Item = Sample>,
-    memory: &mut HashMap<i64, Fill>,
-    shape: &Shape,
-    out: &mut Vec<Statement>,
-) {
+/// Every sample must fit in an empty bucket ([`Shape::check`]); bigger ones
+/// are dead-lettered before they get here.
+pub fn plan(samples: &[Sample], memory: &mut HashMap<i64, Fill>, shape: &Shape) -> Vec<Statement> {
+    let mut out = Vec::new();
     let mut current: Option<Statement> = None;
-    for sample in samples {
+    for (i, sample) in samples.iter().enumerate() {
         let start = shape.window_start(sample.ts_ms);
         let bytes = sample.bytes();
         if let Some(st) = current.as_mut() {
@@ -224,12 +241,12 @@ pub fn plan(
                 && base.bytes + st.bytes + bytes <= shape.max_bytes;
             if fits {
                 st.bytes += bytes;
-                st.samples.push(sample);
+                st.range.end = i + 1;
                 continue;
             }
         }
         if let Some(st) = current.take() {
-            close_statement(st, memory, out);
+            close_statement(st, memory, &mut out);
         }
         // Extend the remembered bucket if this sample fits, else start anew.
         let base = memory
@@ -237,16 +254,16 @@ pub fn plan(
             .copied()
             .filter(|f| f.count < shape.max_samples && f.bytes + bytes <= shape.max_bytes);
         current = Some(Statement {
-            sensor: sensor.to_string(),
             start_ms: start,
-            samples: vec![sample],
+            range: i..i + 1,
             bytes,
             base,
         });
     }
     if let Some(st) = current {
-        close_statement(st, memory, out);
+        close_statement(st, memory, &mut out);
     }
+    out
 }
 
 fn close_statement(st: Statement, memory: &mut HashMap<i64, Fill>, out: &mut Vec<Statement>) {
@@ -295,7 +312,7 @@ mod tests {
 
     impl Db {
         /// Applies a statement; returns whether it inserted.
-        fn apply(&mut self, st: &Statement, shape: &Shape) -> bool {
+        fn apply(&mut self, st: &Statement, samples: &[Sample], shape: &Shape) -> bool {
             let k = st.count();
             let found = self.buckets.iter_mut().find(|b| {
                 b.0 == st.start_ms
@@ -303,7 +320,7 @@ mod tests {
                     && b.2 <= shape.max_samples - k
                     && b.3 <= shape.max_bytes - st.bytes
             });
-            let msgs = st.samples.iter().map(|s| s.lsn);
+            let msgs = samples[st.range.clone()].iter().map(|s| s.lsn);
             match found {
                 Some(b) => {
                     b.2 += k;
@@ -329,14 +346,8 @@ mod tests {
                 bytes: 60,
             },
         )]);
-        let mut out = Vec::new();
-        plan(
-            "s",
-            (0..9).map(|i| sample(i, i as u64, 0)),
-            &mut memory,
-            &SHAPE,
-            &mut out,
-        );
+        let samples: Vec<Sample> = (0..9).map(|i| sample(i, i as u64, 0)).collect();
+        let out = plan(&samples, &mut memory, &SHAPE);
         let counts: Vec<u32> = out.iter().map(|s| s.count()).collect();
         assert_eq!(counts, vec![2, 5, 2]);
         assert_eq!(
@@ -353,15 +364,13 @@ mod tests {
     #[test]
     fn runs_follow_arrival_order_across_windows() {
         let mut memory = HashMap::new();
-        let mut out = Vec::new();
         let ts = [0, 10, 1500, 20, 1600];
-        plan(
-            "s",
-            ts.iter().enumerate().map(|(i, t)| sample(*t, i as u64, 0)),
-            &mut memory,
-            &SHAPE,
-            &mut out,
-        );
+        let samples: Vec<Sample> = ts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| sample(*t, i as u64, 0))
+            .collect();
+        let out = plan(&samples, &mut memory, &SHAPE);
         let starts: Vec<i64> = out.iter().map(|s| s.start_ms).collect();
         assert_eq!(starts, vec![0, 1000, 0, 1000]);
         // The second run of window 0 continues the bucket the first one began.
@@ -377,16 +386,10 @@ mod tests {
     #[test]
     fn size_cap_cuts_statements() {
         let mut memory = HashMap::new();
-        let mut out = Vec::new();
         let one = sample(0, 0, 60).bytes();
         assert!(one * 2 <= 200 && one * 3 > 200, "{one}");
-        plan(
-            "s",
-            (0..5).map(|i| sample(i, i as u64, 60)),
-            &mut memory,
-            &SHAPE,
-            &mut out,
-        );
+        let samples: Vec<Sample> = (0..5).map(|i| sample(i, i as u64, 60)).collect();
+        let out = plan(&samples, &mut memory, &SHAPE);
         let counts: Vec<u32> = out.iter().map(|s| s.count()).collect();
         assert_eq!(counts, vec![2, 2, 1]);
     }
@@ -400,14 +403,24 @@ mod tests {
 
     #[test]
     fn statement_bson_has_caps_and_rollups() {
+        let samples = vec![sample(1, 4, 0), sample(2, 2, 0)];
         let st = Statement {
-            sensor: "s".into(),
             start_ms: 0,
-            samples: vec![sample(1, 4, 0), sample(2, 2, 0)],
+            range: 0..2,
             bytes: 40,
             base: None,
         };
-        let d = bson::Document::try_from(st.to_bson(&SHAPE).as_ref()).unwrap();
+        let d = bson::Document::try_from(st.to_bson("s", &samples, &SHAPE).as_ref()).unwrap();
+        assert_eq!(d.get_document("q").unwrap().get_str("sensorId"), Ok("s"));
+        assert_eq!(
+            d.get_document("u")
+                .unwrap()
+                .get_document("$max")
+                .unwrap()
+                .get_i64("lsn"),
+            Ok(4),
+            "the highest LSN of the statement"
+        );
         let q = d.get_document("q").unwrap();
         assert_eq!(q.get_document("count").unwrap().get_i32("$lte").unwrap(), 3);
         assert_eq!(
@@ -455,12 +468,12 @@ mod tests {
             for (i, batch) in flushes.iter().enumerate() {
                 if forget[i] { memory.clear(); }
                 let samples: Vec<Sample> = batch.iter().map(|(ts, pad)| { msg += 1; sent.push(msg); sample(*ts, msg, *pad) }).collect();
-                let mut out = Vec::new();
-                plan("s", samples, &mut memory, &SHAPE, &mut out);
+                let out = plan(&samples, &mut memory, &SHAPE);
+                prop_assert_eq!(out.iter().flat_map(|st| st.range.clone()).collect::<Vec<_>>(), (0..samples.len()).collect::<Vec<_>>());
                 for st in &out {
                     prop_assert!(st.count() >= 1);
-                    prop_assert!(st.samples.iter().all(|s| SHAPE.window_start(s.ts_ms) == st.start_ms));
-                    let inserted = db.apply(st, &SHAPE);
+                    prop_assert!(samples[st.range.clone()].iter().all(|s| SHAPE.window_start(s.ts_ms) == st.start_ms));
+                    let inserted = db.apply(st, &samples, &SHAPE);
                     match st.fill_after(inserted) {
                         Some(f) => { memory.insert(st.start_ms, f); }
                         None => { memory.remove(&st.start_ms); }
@@ -491,11 +504,10 @@ mod tests {
             let mut sent = Vec::new();
             for (batch, closer_cutoff) in &flushes {
                 let samples: Vec<Sample> = batch.iter().map(|(ts, pad)| { msg += 1; sent.push(msg); sample(*ts, msg, *pad) }).collect();
-                let mut out = Vec::new();
-                plan("s", samples, &mut memory, &SHAPE, &mut out);
+                let out = plan(&samples, &mut memory, &SHAPE);
                 for st in &out {
                     let sealed_before: Vec<(u32, usize)> = db.buckets.iter().filter(|b| b.1).map(|b| (b.2, b.4.len())).collect();
-                    let inserted = db.apply(st, &SHAPE);
+                    let inserted = db.apply(st, &samples, &SHAPE);
                     let sealed_after: Vec<(u32, usize)> = db.buckets.iter().filter(|b| b.1).map(|b| (b.2, b.4.len())).collect();
                     prop_assert_eq!(sealed_before, sealed_after, "a sealed bucket was written");
                     match st.fill_after(inserted) {

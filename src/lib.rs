@@ -9,58 +9,68 @@
 //!               └─ PUBACK ─┘ <───────────────┘
 //!                          │ feed (memory)   │ catch-up (disk)
 //!                          v                 v
-//!                          pipeline: buffer, plan ──> writer ──> MongoDB
-//!                                    closer, checkpoint ──> spool
+//!                 pipeline: core (sans-IO) + task ──> store ──> MongoDB
+//!                          └──── checkpoint ───> spool
 //! ```
 //!
-//! - [`config`]: the TOML file -> validated [`config::Settings`].
+//! The edges (tasks, I/O):
 //! - [`ingest`]: owns the rumqttc event loop; subscribe, reconnect,
-//!   recognise redeliveries; the ordered [`ingest::acks::AckQueue`].
-//! - [`spooler`]: decodes, appends to the [`spool`], acknowledges once durable.
-//! - [`decode`]: topic patterns and payload formats -> readings. Pure.
-//! - [`buffer`]: per-sensor pending samples and open-bucket memory. Sans-IO.
-//! - [`bucket`]: the bucket document and the upsert statements. Sans-IO.
-//! - [`writer`]: sends statements and dead letters; decides what is retried.
-//! - [`closer`]: seals buckets whose window is over.
-//! - [`schema`]: indexes and retention (TTL) set up at start-up.
-//! - [`pipeline`]: the task tying decode, buffer, writer, closer and acks
-//!   together.
-//! - [`telemetry`]: metrics, `/metrics` `/healthz` `/readyz`, systemd notify.
+//!   recognise redeliveries, hand messages to the spooler.
+//! - [`spooler`]: decodes each message, appends it to the [`spool`],
+//!   releases PUBACKs in arrival order once durable ([`spooler::acks`]).
+//! - [`spool`]: the crash-safe local log behind one [`spool::Spool`] handle
+//!   (its appender thread, segments, checkpoint, reading back).
+//! - [`pipeline`]: a sans-IO core ([`pipeline::core`]) with its flush
+//!   policy ([`pipeline::policy`]), and the task that carries out what it
+//!   decides ([`pipeline::task`]).
+//! - [`store`]: one file per storage mode (schema, resolving what a replay
+//!   already applied, write, seal, read) and their MongoDB plumbing.
+//! - [`telemetry`]: metrics, `/metrics` `/healthz` `/readyz`, systemd.
 //! - [`simulate`] and [`query`]: the `palletd simulate` load generator and
 //!   `palletd query` to read back what was stored.
 //! - [`shutdown`]: signals and the shutdown order.
 //!
+//! The core (sans-IO, no tokio):
+//! - [`config`]: the TOML file -> validated [`config::Settings`].
+//! - [`decode`]: topic patterns and payload formats (one file each) ->
+//!   readings.
+//! - [`bucket`]: the bucket document and its upsert statements.
+//! - [`flush`]: what a flush hands the store and what comes back.
+//! - [`deadletter`]: dead-letter documents, ids, counting and logging.
+//! - [`retry`] (backoff) and [`clock`] (time stamps).
+//!
+//! Imports run from the edges to the core; the core never imports an edge.
 //! A PUBLISH is acknowledged once everything it carried is durable in the
-//! local spool; the spool is confirmed into MongoDB exactly once.
+//! local spool; the spool is written to MongoDB exactly once.
 
 pub mod bucket;
-pub mod buffer;
-pub mod closer;
+pub mod clock;
 pub mod config;
+pub mod deadletter;
 pub mod decode;
+pub mod flush;
 pub mod ingest;
 pub mod pipeline;
 pub mod query;
-pub mod schema;
+pub mod retry;
 pub mod shutdown;
 pub mod simulate;
 pub mod spool;
 pub mod spooler;
+pub mod store;
 pub mod telemetry;
-pub mod writer;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info};
 
-use crate::bucket::Shape;
 use crate::config::Settings;
-use crate::decode::{Decoder, Limits};
-use crate::pipeline::{Leftover, Pipeline};
+use crate::decode::Decoder;
+use crate::pipeline::Leftover;
 
 /// Why `run` ended badly.
 #[derive(Debug, thiserror::Error)]
@@ -82,22 +92,8 @@ pub enum RunError {
 /// `/readyz` fails while a flush has been running (retrying) longer than this.
 pub const READY_FLUSH_BOUND: Duration = Duration::from_secs(10);
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
-/// The bucket shape the settings describe.
-pub fn shape(settings: &Settings) -> Shape {
-    Shape {
-        window_ms: settings.bucket.window.as_millis() as i64,
-        max_samples: settings.bucket.max_samples,
-        max_bytes: settings.bucket.max_bytes,
-    }
-}
-
 /// Connects to MongoDB lazily: the driver connects on first use, so an
-/// unreachable database is retried by the writer, never fatal here.
+/// unreachable database is retried by the store, never fatal here.
 pub async fn mongo_client(settings: &Settings) -> Result<mongodb::Client, RunError> {
     let mut opts = mongodb::options::ClientOptions::parse(settings.mongodb.uri.expose())
         .await
@@ -123,29 +119,20 @@ pub async fn run(
     stop: CancellationToken,
     shutdown_timeout: Duration,
 ) -> Result<(), RunError> {
-    let shape = shape(&settings);
+    let shape = settings.shape();
     for w in &settings.warnings {
         tracing::warn!("{w}");
     }
     let metrics = telemetry::install();
     let health = Arc::new(telemetry::Health::default());
     let client = mongo_client(&settings).await?;
-    let writer = writer::Writer::new(&client, &settings, shape);
-    let decoder = Decoder::new(
-        settings.subscriptions.clone(),
-        Limits::from_settings(&settings),
-    );
-    let spool_dir = settings.spool.dir.clone();
-    let spool_error =
-        |e: std::io::Error| RunError::Spool(format!("{} (spool.dir): {e}", spool_dir.display()));
-    let recovered = spool::recover(&settings.spool.dir).map_err(spool_error)?;
-    let spool = spool::SpoolWriter::start(
-        &settings.spool,
-        recovered.next_lsn,
-        recovered.bytes,
-        recovered.checkpoint,
-    )
-    .map_err(spool_error)?;
+    let db = client.database(&settings.mongodb.database);
+    let store = store::Store::new(&settings, db.clone());
+    let decoder = Decoder::new(settings.subscriptions.clone(), settings.decode_limits());
+    let spool_error = |e: std::io::Error| {
+        RunError::Spool(format!("{} (spool.dir): {e}", settings.spool.dir.display()))
+    };
+    let (spool, recovered, appender) = spool::open(&settings.spool).map_err(spool_error)?;
     info!(
         dir = %settings.spool.dir.display(),
         bytes = recovered.bytes,
@@ -161,34 +148,28 @@ pub async fn run(
     let spooler = spooler::Spooler {
         decoder,
         acker: connection.acker(),
-        spool: spool.tx.clone(),
-        durable: spool.durable.clone(),
-        stats: spool.stats.clone(),
+        spool: spool.clone(),
         next_lsn: recovered.next_lsn,
         tag: recovered.tag,
-        max_size: settings.spool.max_size,
-        max_sample_bytes: shape.max_bytes,
+        shape,
         feed: feed_tx,
         sensors: spooler::SensorLimit::new(
             settings.limits.max_sensors,
             (settings.bucket.window + settings.closer.grace).as_millis() as i64,
         ),
     };
-    let pipeline = Pipeline::new(
-        &settings,
-        writer,
-        shape,
-        health.clone(),
-        pipeline::SpoolHandle {
-            dir: settings.spool.dir.clone(),
-            tx: spool.tx.clone(),
-            durable: spool.durable.clone(),
-            stats: spool.stats.clone(),
+    let core = pipeline::Core::new(
+        pipeline::Config {
+            shape,
             tag: recovered.tag,
+            max_pending: settings.flush.max_pending_samples,
+            max_lateness_ms: settings.bucket.max_lateness.as_millis() as i64,
+            flush_every: settings.flush.interval,
+            seal_every: settings.closer.interval,
             from: recovered.checkpoint,
-            replay: recovered.records,
             fresh_from: recovered.next_lsn,
         },
+        Instant::now(),
     );
     // Room for the broker's whole in-flight window, so ingest never waits.
     let (tx, rx) = mpsc::channel(settings.mqtt.max_inflight.max(1024));
@@ -200,7 +181,7 @@ pub async fn run(
     let abort = CancellationToken::new();
     let tracker = TaskTracker::new();
     if let Some(addr) = settings.http.listen {
-        let server = telemetry::serve(
+        let server = telemetry::http::serve(
             addr,
             metrics.clone(),
             health.clone(),
@@ -211,8 +192,8 @@ pub async fn run(
         .map_err(|e| RunError::Http(format!("cannot listen on {addr} (http.listen): {e}")))?;
         tracker.spawn(server);
     }
-    tracker.spawn(telemetry::supervise(
-        client.database(&settings.mongodb.database),
+    tracker.spawn(telemetry::systemd::supervise(
+        db,
         health.clone(),
         metrics,
         done.clone(),
@@ -235,12 +216,10 @@ pub async fn run(
     };
     let pipeline_task = {
         let (stop, done, abort) = (stop.clone(), done.clone(), abort.clone());
-        let intervals = pipeline::Intervals {
-            flush: settings.flush.interval,
-            closer: settings.closer.interval,
-        };
+        let health = health.clone();
         tracker.spawn(async move {
-            let result = pipeline.run(feed_rx, intervals, stop, abort).await;
+            let result =
+                pipeline::task::run(core, store, spool, feed_rx, health, stop, abort).await;
             done.cancel();
             result
         })
@@ -260,8 +239,8 @@ pub async fn run(
         // Every task returns promptly once aborted.
         let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
     }
-    // The writer thread syncs what was appended and exits.
-    tokio::task::spawn_blocking(move || spool.finish())
+    // The appender syncs what was appended and exits.
+    tokio::task::spawn_blocking(move || appender.finish())
         .await
         .ok();
     let mut left = Leftover::default();

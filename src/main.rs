@@ -266,57 +266,42 @@ fn simulate(
 
 fn query(args: &QueryArgs, settings: &palletd::config::Settings) -> anyhow::Result<()> {
     use palletd::query::{self, Format, Range};
-    let now = palletd::now_ms();
+    let now = palletd::clock::now_ms();
+    let time = |t: &Option<String>| {
+        t.as_deref()
+            .map(|t| query::parse_time(t, now))
+            .transpose()
+            .map_err(anyhow::Error::msg)
+    };
     let range = Range {
-        from: args
-            .from
-            .as_deref()
-            .map(|t| query::parse_time(t, now))
-            .transpose()
-            .map_err(anyhow::Error::msg)?,
-        to: args
-            .to
-            .as_deref()
-            .map(|t| query::parse_time(t, now))
-            .transpose()
-            .map_err(anyhow::Error::msg)?,
+        from: time(&args.from)?,
+        to: time(&args.to)?,
     };
     let format = match args.format {
         QueryFormat::Jsonl => Format::Jsonl,
         QueryFormat::Csv => Format::Csv,
     };
-    let timeseries = settings.storage.mode == palletd::config::StorageMode::Timeseries;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async {
         let client = palletd::mongo_client(settings).await?;
-        let db = client.database(&settings.mongodb.database);
-        let store = query::Store {
-            db: &db,
-            collection: &settings.mongodb.collection,
-            window_ms: settings.bucket.window.as_millis() as i64,
-            timeseries,
-        };
+        let store =
+            palletd::store::Store::new(settings, client.database(&settings.mongodb.database));
         let stdout = std::io::stdout();
         let mut out = std::io::BufWriter::new(stdout.lock());
         if args.summary {
-            query::print_summary(store, &mut out).await?;
+            query::print_summary(&store.summary().await?, &mut out)?;
         } else if let Some(n) = args.buckets {
-            anyhow::ensure!(
-                !timeseries,
-                "--buckets shows palletd's bucket documents; with storage.mode = \"timeseries\" the server keeps its own buckets"
-            );
-            query::print_buckets(&db, store.collection, args.sensor.as_deref(), n, &mut out)
-                .await?;
+            store.print_raw(args.sensor.as_deref(), n, &mut out).await?;
         } else {
             let sensor = args
                 .sensor
                 .as_deref()
                 .context("--sensor ID is needed (or --summary, or --buckets N)")?;
             if args.stats {
-                let stats = query::window_stats(store, sensor, range).await?;
+                let stats = store.window_stats(sensor, range).await?;
                 query::print_stats(sensor, &stats, format, &mut out)?;
             } else {
-                query::print_readings(store, sensor, range, format, &mut out).await?;
+                query::print_readings(&store, sensor, range, format, &mut out).await?;
             }
         }
         std::io::Write::flush(&mut out)?;

@@ -1,11 +1,14 @@
 //! Signals and the shutdown sequence's tokens.
 //!
 //! Order on SIGTERM/SIGINT: `stop` is cancelled, so ingest stops handing on
-//! messages (the broker keeps them) and the pipeline drains its channel,
-//! flushes everything and releases the acknowledgements that became due; then
-//! ingest sends them and disconnects. If that takes longer than
-//! `--shutdown-timeout`, `abort` is cancelled: every task returns at once and
-//! the process exits non-zero naming what was left (the broker redelivers
+//! messages (the broker keeps them); the spooler spools what it already
+//! received, waits until it is durable and releases the acknowledgements
+//! (`acked`), after which ingest sends them and disconnects; the pipeline
+//! takes what the spooler offered and writes what memory holds (what is only
+//! on disk stays in the spool for the next start), then the endpoints stop
+//! (`done`). If that takes longer than `--shutdown-timeout`, `abort` is
+//! cancelled: every task returns at once and the process exits non-zero
+//! naming what was left (it stays in the spool; the broker redelivers
 //! whatever was not acknowledged).
 
 use tokio::signal::unix::{signal, SignalKind};

@@ -158,7 +158,7 @@ pub async fn run(opts: SimOptions, stop: CancellationToken) -> Result<SimReport,
             }
             let i = next_sensor;
             next_sensor = (next_sensor + 1) % opts.sensors.max(1);
-            let reading = walks[i].step(&mut rng, crate::now_ms());
+            let reading = walks[i].step(&mut rng, crate::clock::now_ms());
             report.readings += 1;
             let payload = if i < batchers {
                 walks[i].batch.push(reading);

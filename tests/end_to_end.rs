@@ -6,16 +6,10 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use bson::{Bson, Document};
+use bson::Bson;
 use rand::{Rng, SeedableRng};
 
 use common::*;
-
-const HOUR_MS: i64 = 3_600_000;
-
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
 
 /// What a published reading must look like once stored.
 #[derive(Debug, Clone)]
@@ -23,22 +17,6 @@ struct Expected {
     /// `None`: no timestamp was sent, so it is the arrival time.
     ts_ms: Option<i64>,
     fields: BTreeMap<String, Bson>,
-}
-
-/// Unwinds every bucket into (sensor, seq) -> [(ts, sample)].
-fn unwind(buckets: &[Document]) -> HashMap<(String, i64), Vec<(i64, Document)>> {
-    let mut out: HashMap<(String, i64), Vec<(i64, Document)>> = HashMap::new();
-    for b in buckets {
-        let sensor = b.get_str("sensorId").unwrap().to_string();
-        for s in b.get_array("samples").unwrap() {
-            let mut s = s.as_document().unwrap().clone();
-            let ts = s.get_datetime("ts").unwrap().timestamp_millis();
-            s.remove("ts");
-            let seq = s.get_f64("seq").unwrap() as i64;
-            out.entry((sensor.clone(), seq)).or_default().push((ts, s));
-        }
-    }
-    out
 }
 
 /// A timestamp in one of the accepted forms, and the milliseconds it means.
@@ -75,13 +53,9 @@ fn timestamp(rng: &mut impl Rng, ts_ms: i64) -> (Option<serde_json::Value>, Opti
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_payloads_from_50_sensors_are_stored_exactly_once() {
-    let broker = Broker::start();
-    let db = Database::start();
-    let mut palletd = Palletd::start(&config(&broker, &db, "mixed", "palletd-mixed", ""));
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-
+    let mut stack = Stack::start("mixed", |c| c).await;
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let mut publisher = Publisher::connect(&broker, "pub-mixed").await;
+    let mut publisher = stack.publisher().await;
     let mut expected: HashMap<(String, i64), Expected> = HashMap::new();
     let started = now_ms();
     let mut seq = 0i64;
@@ -154,18 +128,17 @@ async fn mixed_payloads_from_50_sensors_are_stored_exactly_once() {
     publisher.flush().await;
     assert_eq!(expected.len(), 10_000);
 
-    let client = db.client().await;
     eventually(
         Duration::from_secs(120),
         "all 10,000 readings stored",
-        || async { stored_samples(&client, "mixed").await >= 10_000 },
+        || async { stack.stored().await >= 10_000 },
     )
     .await;
     // Give a duplicate the chance to show up before counting exactly.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let finished = now_ms();
 
-    let buckets = all_docs(&client, "mixed", "readings").await;
+    let buckets = stack.docs("readings").await;
     for b in &buckets {
         check_bucket(b, HOUR_MS, 200, 256 * 1024);
     }
@@ -183,53 +156,29 @@ async fn mixed_payloads_from_50_sensors_are_stored_exactly_once() {
             sample.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         assert_eq!(&fields, &want.fields, "{key:?} fields");
     }
-    assert!(all_docs(&client, "mixed", "readings_deadletter")
-        .await
-        .is_empty());
+    assert!(stack.docs("readings_deadletter").await.is_empty());
     // Every message was acknowledged once stored: the broker holds none.
-    eventually(
-        Duration::from_secs(30),
-        "the broker holds no message for palletd",
-        || async { broker_held_messages(&broker).await == 0 },
-    )
-    .await;
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.all_acknowledged().await;
+    stack.stop();
 }
 
 /// Publishes `n` single readings of one sensor, all in the current window.
-async fn publish_in_one_window(broker: &Broker, sensor: &str, n: i64, pad: usize) {
-    let mut publisher = Publisher::connect(broker, &format!("pub-{sensor}")).await;
+async fn publish_in_one_window(stack: &Stack, sensor: &str, n: i64, pad: usize) {
+    let mut publisher = stack.publisher().await;
     let start = now_ms().div_euclid(HOUR_MS) * HOUR_MS;
     for i in 0..n {
         let payload = serde_json::json!({ "ts": start + i, "seq": i, "pad": "x".repeat(pad) });
-        publisher
-            .publish(&format!("sensors/{sensor}/telemetry"), payload.to_string())
-            .await;
+        publisher.json(sensor, payload).await;
     }
     publisher.flush().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_bucket_rolls_over_to_new_document() {
-    let broker = Broker::start();
-    let db = Database::start();
-    let cfg = config(
-        &broker,
-        &db,
-        "rollover",
-        "palletd-rollover",
-        "[bucket]\nmax_samples = 7\n",
-    );
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    publish_in_one_window(&broker, "r1", 30, 0).await;
-
-    let client = db.client().await;
-    eventually(Duration::from_secs(60), "30 samples stored", || async {
-        stored_samples(&client, "rollover").await >= 30
-    })
-    .await;
-    let buckets = all_docs(&client, "rollover", "readings").await;
+    let mut stack = Stack::start("rollover", |c| c.max_samples(7)).await;
+    publish_in_one_window(&stack, "r1", 30, 0).await;
+    stack.wait_stored(30).await;
+    let buckets = stack.docs("readings").await;
     for b in &buckets {
         check_bucket(b, HOUR_MS, 7, 256 * 1024);
     }
@@ -244,30 +193,18 @@ async fn full_bucket_rolls_over_to_new_document() {
         "all buckets but the last are full"
     );
     assert_eq!(unwind(&buckets).len(), 30);
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bucket_rolls_over_at_the_byte_cap() {
-    let broker = Broker::start();
-    let db = Database::start();
-    let cfg = config(
-        &broker,
-        &db,
-        "bysize",
-        "palletd-bysize",
-        "[bucket]\nmax_samples = 1000\nmax_bytes = 1000\n",
-    );
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    publish_in_one_window(&broker, "b1", 40, 100).await;
-
-    let client = db.client().await;
-    eventually(Duration::from_secs(60), "40 samples stored", || async {
-        stored_samples(&client, "bysize").await >= 40
+    let mut stack = Stack::start("bysize", |c| {
+        c.max_samples(1000).set("bucket.max_bytes", 1000)
     })
     .await;
-    let buckets = all_docs(&client, "bysize", "readings").await;
+    publish_in_one_window(&stack, "b1", 40, 100).await;
+    stack.wait_stored(40).await;
+    let buckets = stack.docs("readings").await;
     assert!(buckets.len() > 1, "the byte cap started several buckets");
     let mut not_full = 0;
     for b in &buckets {
@@ -282,74 +219,44 @@ async fn bucket_rolls_over_at_the_byte_cap() {
     }
     assert_eq!(not_full, 1, "all buckets but the last are full by size");
     assert_eq!(unwind(&buckets).len(), 40);
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readings_are_acknowledged_once_spooled_and_stored_after_a_crash() {
-    let broker = Broker::start();
-    let mut db = Database::start();
-    db.stop();
-    let cfg = config(&broker, &db, "ackafter", "palletd-ackafter", "");
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-
-    let mut publisher = Publisher::connect(&broker, "pub-ackafter").await;
+    let mut stack = Stack::without_database("ackafter", |c| c).await;
+    let mut publisher = stack.publisher().await;
     for seq in 0..150 {
         let payload = serde_json::json!({ "seq": seq, "temp": 20.5 });
-        publisher
-            .publish("sensors/a1/telemetry", payload.to_string())
-            .await;
+        publisher.json("a1", payload).await;
     }
     publisher.flush().await;
     // The database is down, yet every message is acknowledged: it is durable
     // in the spool, so the broker holds none of them.
-    eventually(
-        Duration::from_secs(30),
-        "the broker holds no message for palletd",
-        || async { broker_held_messages(&broker).await == 0 },
-    )
-    .await;
-    palletd.kill();
+    stack.all_acknowledged().await;
+    stack.palletd.kill();
 
-    db.start_again();
-    let mut palletd = Palletd::start(&cfg);
-    let client = db.client().await;
-    eventually(
-        Duration::from_secs(60),
-        "all 150 readings stored from the spool",
-        || async { stored_samples(&client, "ackafter").await >= 150 },
-    )
-    .await;
+    stack.db.start_again();
+    let mut stack = Stack::on(stack.broker, stack.db, "ackafter", |c| c).await;
+    stack.wait_stored(150).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let stored = unwind(&all_docs(&client, "ackafter", "readings").await);
+    let stored = unwind(&stack.docs("readings").await);
     assert_eq!(stored.len(), 150);
     assert!(
         stored.values().all(|v| v.len() == 1),
         "no reading stored twice"
     );
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_goes_to_the_dead_letter_and_good_readings_are_stored() {
-    let broker = Broker::start();
-    let db = Database::start();
     // A first run subscribes to a topic the second run's config no longer
     // has; the persistent session keeps that subscription, so its messages
     // arrive at a palletd that has no pattern for them.
-    let legacy = config(
-        &broker,
-        &db,
-        "garbage",
-        "palletd-garbage",
-        "[[subscription]]\ntopic = \"legacy/{sensor}\"\n",
-    );
-    let mut first = Palletd::start(&legacy);
-    first.wait_for_log("Subscribed.", Duration::from_secs(30));
-    assert_eq!(first.terminate(), Some(0));
-    let mut palletd = Palletd::start(&config(&broker, &db, "garbage", "palletd-garbage", ""));
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let mut first = Stack::start("garbage", |c| c.subscribe("legacy/{sensor}")).await;
+    first.stop();
+    let mut stack = Stack::on(first.broker, first.db, "garbage", |c| c).await;
 
     let now = now_ms();
     let garbage: Vec<(&str, Vec<u8>, &str)> = vec![
@@ -395,35 +302,29 @@ async fn garbage_goes_to_the_dead_letter_and_good_readings_are_stored() {
         ),
         ("plant/g1/temp", b"warm".to_vec(), "bad_payload"),
     ];
-    let mut publisher = Publisher::connect(&broker, "pub-garbage").await;
+    let mut publisher = stack.publisher().await;
     let mut good = 0;
     for (topic, payload, _) in &garbage {
         publisher.publish(topic, payload.clone()).await;
         for _ in 0..3 {
             good += 1;
             let payload = serde_json::json!({ "seq": good, "temp": 19.0 });
-            publisher
-                .publish("sensors/ok1/telemetry", payload.to_string())
-                .await;
+            publisher.json("ok1", payload).await;
         }
     }
     publisher.flush().await;
 
-    let client = db.client().await;
     eventually(
         Duration::from_secs(60),
         "dead letters and good readings stored",
         || async {
-            all_docs(&client, "garbage", "readings_deadletter")
-                .await
-                .len()
-                >= garbage.len()
-                && stored_samples(&client, "garbage").await >= good as usize
+            stack.docs("readings_deadletter").await.len() >= garbage.len()
+                && stack.stored().await >= good as usize
         },
     )
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let dead = all_docs(&client, "garbage", "readings_deadletter").await;
+    let dead = stack.docs("readings_deadletter").await;
     assert_eq!(dead.len(), garbage.len(), "one dead letter per bad message");
     let mut causes: Vec<&str> = dead.iter().map(|d| d.get_str("cause").unwrap()).collect();
     let mut want: Vec<&str> = garbage.iter().map(|g| g.2).collect();
@@ -441,54 +342,43 @@ async fn garbage_goes_to_the_dead_letter_and_good_readings_are_stored() {
         .find(|d| d.get_str("cause") == Ok("payload_too_large"))
         .unwrap();
     assert_eq!(big.get_i64("payloadSize"), Ok(1_000_000));
-    let buckets = all_docs(&client, "garbage", "readings").await;
+    let buckets = stack.docs("readings").await;
     let stored = unwind(&buckets);
     assert_eq!(stored.len(), good as usize, "every good reading stored");
     assert!(
         buckets.iter().all(|b| b.get_str("sensorId") == Ok("ok1")),
         "no garbage in a bucket"
     );
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stores_pending_samples_and_exits_zero() {
-    let broker = Broker::start();
-    let db = Database::start();
     // A long interval and a large in-flight allowance: nothing is flushed
     // until shutdown.
-    let cfg = config(
-        &broker,
-        &db,
-        "sigterm",
-        "palletd-sigterm",
-        "[flush]\ninterval = \"1h\"\n",
-    )
-    .replace("max_inflight = 100", "max_inflight = 1000");
-    let mut palletd = Palletd::start_with(&cfg, &[], "palletd=trace,info");
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    let mut publisher = Publisher::connect(&broker, "pub-sigterm").await;
+    let mut stack = Stack::start("sigterm", |c| {
+        c.flush_interval("1h").set("mqtt.max_inflight", 1000)
+    })
+    .await;
+    let mut publisher = stack.publisher().await;
     for seq in 0..60 {
         let payload = serde_json::json!({ "seq": seq, "v": seq });
-        publisher
-            .publish("sensors/t1/telemetry", payload.to_string())
-            .await;
+        publisher.json("t1", payload).await;
     }
     publisher.flush().await;
-    palletd.wait_for_log_count("Message received.", 60, Duration::from_secs(30));
-    let client = db.client().await;
+    stack
+        .palletd
+        .wait_metric("palletd_samples_decoded_total", 60.0)
+        .await;
     // The first tick flushed nothing yet: nothing pending then.
-    assert_eq!(
-        stored_samples(&client, "sigterm").await,
-        0,
-        "nothing flushed before SIGTERM"
-    );
+    assert_eq!(stack.stored().await, 0, "nothing flushed before SIGTERM");
 
-    assert_eq!(palletd.terminate(), Some(0), "{}", palletd.log());
-    assert!(palletd
+    stack.stop();
+    assert!(stack
+        .palletd
         .log()
         .contains("Flushing buffered samples before exit."));
-    let stored = unwind(&all_docs(&client, "sigterm", "readings").await);
+    let stored = unwind(&stack.docs("readings").await);
     assert_eq!(stored.len(), 60, "every pending sample stored before exit");
 }
 
@@ -497,22 +387,29 @@ async fn shutdown_timeout_exits_nonzero_and_says_what_was_left() {
     let broker = Broker::start();
     let mut db = Database::start();
     db.stop();
-    let cfg = config(&broker, &db, "timeout", "palletd-timeout", "");
-    let mut palletd =
-        Palletd::start_with(&cfg, &["--shutdown-timeout", "2s"], "palletd=trace,info");
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let cfg = Config::new(&broker, &db, "timeout");
+    let mut palletd = Palletd::start_with(
+        &cfg,
+        Run {
+            args: &["--shutdown-timeout", "2s"],
+            ..Run::default()
+        },
+    );
+    palletd.subscribed().await;
     let mut publisher = Publisher::connect(&broker, "pub-timeout").await;
     for seq in 0..5 {
         publisher
-            .publish(
-                "sensors/x1/telemetry",
-                serde_json::json!({ "seq": seq }).to_string(),
-            )
+            .json("x1", serde_json::json!({ "seq": seq }))
             .await;
     }
     publisher.flush().await;
-    palletd.wait_for_log_count("Message received.", 5, Duration::from_secs(30));
-    palletd.wait_for_log("holding the data and retrying", Duration::from_secs(30));
+    palletd
+        .wait_metric("palletd_samples_decoded_total", 5.0)
+        .await;
+    // A flush is retrying against the absent database.
+    palletd
+        .wait_metric("palletd_database_errors_total", 1.0)
+        .await;
     assert_eq!(palletd.terminate(), Some(1));
     let log = palletd.log();
     assert!(log.contains("shutdown timed out"), "{log}");
@@ -520,11 +417,10 @@ async fn shutdown_timeout_exits_nonzero_and_says_what_was_left() {
     assert!(log.contains("0 message(s) not acknowledged"), "{log}");
     // What was left is in the spool: the next run stores it.
     db.start_again();
-    let mut palletd = Palletd::start(&cfg);
-    let client = db.client().await;
+    let mut stack = Stack::on(broker, db, "timeout", |c| c).await;
     eventually(Duration::from_secs(30), "the 5 readings stored", || async {
-        stored_samples(&client, "timeout").await == 5
+        stack.stored().await == 5
     })
     .await;
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }

@@ -6,94 +6,85 @@ mod common;
 
 use std::time::Duration;
 
-use rand::{Rng, SeedableRng};
-
 use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_five_times_under_load_stores_every_reading_exactly_once() {
-    let broker = Broker::start();
-    let db = Database::start();
-    let cfg = config(
-        &broker,
-        &db,
-        "crash",
-        "palletd-crash",
-        "[flush]\ninterval = \"300ms\"\n",
-    );
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    let publisher = Publisher::connect(&broker, "pub-crash").await;
-    let stream = tokio::spawn(publish_steadily(publisher, 20, 250.0, 3000));
-    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-    for _ in 0..5 {
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(700..2000))).await;
-        palletd.kill();
-        palletd = Palletd::start(&cfg);
-    }
+    let mut stack = Stack::start("crash", |c| c.flush_interval("300ms")).await;
+    let stream = tokio::spawn(publish_steadily(stack.publisher().await, 20, 250.0, 3000));
+    stack.kill_repeatedly(5, 5).await;
     let sent = stream.await.unwrap();
-    let client = db.client().await;
-    assert_exactly_once(&client, "crash", &sent, Duration::from_secs(120)).await;
-    assert_eq!(palletd.terminate(), Some(0));
+    assert_exactly_once(&stack.client, "crash", &sent, Duration::from_secs(120)).await;
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_outage_keeps_acknowledging_from_the_spool_and_loses_nothing() {
-    let broker = Broker::start();
-    let mut db = Database::start();
-    let cfg = config(&broker, &db, "outage", "palletd-outage", "");
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    let publisher = Publisher::connect(&broker, "pub-outage").await;
+    let mut stack = Stack::start("outage", |c| c).await;
     // 70 s of readings at 100/s; the database is away for 60 s of them.
-    let stream = tokio::spawn(publish_steadily(publisher, 20, 100.0, 7000));
+    let stream = tokio::spawn(publish_steadily(stack.publisher().await, 20, 100.0, 7000));
     tokio::time::sleep(Duration::from_secs(4)).await;
-    db.stop();
+    stack.db.stop();
     let mut most_held = 0;
     for _ in 0..6 {
         tokio::time::sleep(Duration::from_secs(9)).await;
-        most_held = most_held.max(broker_held_messages(&broker).await);
+        most_held = most_held.max(stack.broker.held_messages().await);
     }
     assert!(
         most_held <= 150,
         "the broker's queue for palletd stayed small: {most_held}"
     );
-    db.start_again();
+    stack.db.start_again();
     let sent = stream.await.unwrap();
-    let client = db.client().await;
-    assert_exactly_once(&client, "outage", &sent, Duration::from_secs(120)).await;
-    assert_eq!(broker_held_messages(&broker).await, 0);
-    assert_eq!(palletd.terminate(), Some(0));
+    assert_exactly_once(&stack.client, "outage", &sent, Duration::from_secs(120)).await;
+    assert_eq!(stack.broker.held_messages().await, 0);
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_applied_without_a_reply_is_not_applied_twice() {
-    let broker = Broker::start();
     let db = Database::start();
     let proxy = CutProxy::start(db.port).await;
-    let cfg =
-        config(&broker, &db, "ambiguous", "palletd-ambiguous", "").replace(&db.uri(), &proxy.uri());
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    palletd.wait_for_log("Indexes are in place.", Duration::from_secs(30));
+    let mut stack = Stack::on(Broker::start(), db, "ambiguous", |c| {
+        c.mongodb_uri(&proxy.uri())
+    })
+    .await;
+    wait_for_indexes(&stack).await;
     proxy.arm();
-    let publisher = Publisher::connect(&broker, "pub-ambiguous").await;
-    let sent = publish_steadily(publisher, 5, 200.0, 100).await;
-    let client = db.client().await;
-    assert_exactly_once(&client, "ambiguous", &sent, Duration::from_secs(60)).await;
+    let sent = publish_steadily(stack.publisher().await, 5, 200.0, 100).await;
+    assert_exactly_once(&stack.client, "ambiguous", &sent, Duration::from_secs(60)).await;
     assert_eq!(
         proxy.cuts.load(std::sync::atomic::Ordering::SeqCst),
         1,
         "one reply was dropped"
     );
     assert!(
-        palletd
+        stack
+            .palletd
             .log()
             .contains("An interrupted write had been applied"),
         "{}",
-        palletd.log()
+        stack.palletd.log()
     );
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
+}
+
+/// Waits until palletd made its indexes (the `{sensorId, lsn}` one last).
+async fn wait_for_indexes(stack: &Stack) {
+    eventually(Duration::from_secs(30), "the indexes are made", || async {
+        let names: Vec<String> = match stack
+            .client
+            .database(&stack.config.database())
+            .collection::<bson::Document>("readings")
+            .list_index_names()
+            .await
+        {
+            Ok(n) => n,
+            Err(_) => return false,
+        };
+        names.iter().any(|n| n.contains("lsn"))
+    })
+    .await;
 }
 
 /// The newest spool segment of a palletd run.
@@ -110,23 +101,12 @@ fn last_segment(broker: &Broker, client_id: &str) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_torn_spool_tail_loses_only_that_record() {
-    let broker = Broker::start();
-    let mut db = Database::start();
-    db.stop();
-    let cfg = config(&broker, &db, "torn", "palletd-torn", "");
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    let publisher = Publisher::connect(&broker, "pub-torn").await;
-    let sent = publish_steadily(publisher, 1, 500.0, 50).await;
-    eventually(
-        Duration::from_secs(30),
-        "all acknowledged from the spool",
-        || async { broker_held_messages(&broker).await == 0 },
-    )
-    .await;
-    palletd.kill();
+    let mut stack = Stack::without_database("torn", |c| c).await;
+    let sent = publish_steadily(stack.publisher().await, 1, 500.0, 50).await;
+    stack.all_acknowledged().await;
+    stack.palletd.kill();
     // Power lost in the middle of the last write: its tail is missing.
-    let segment = last_segment(&broker, "palletd-torn");
+    let segment = last_segment(&stack.broker, "palletd-torn");
     let len = std::fs::metadata(&segment).unwrap().len();
     std::fs::OpenOptions::new()
         .write(true)
@@ -135,52 +115,48 @@ async fn a_torn_spool_tail_loses_only_that_record() {
         .set_len(len - 3)
         .unwrap();
 
-    db.start_again();
-    let mut palletd = Palletd::start(&cfg);
-    let client = db.client().await;
+    stack.db.start_again();
+    let mut stack = Stack::on(stack.broker, stack.db, "torn", |c| c).await;
     let (last, rest) = sent.split_last().unwrap();
-    assert_exactly_once(&client, "torn", rest, Duration::from_secs(60)).await;
-    assert!(!stored_counts(&client, "torn").await.contains_key(last));
-    assert!(palletd.log().contains("torn record"), "{}", palletd.log());
+    assert_exactly_once(&stack.client, "torn", rest, Duration::from_secs(60)).await;
+    assert!(!stored_counts(&stack.client, "torn")
+        .await
+        .contains_key(last));
     assert!(
-        all_docs(&client, "torn", "readings_deadletter")
-            .await
-            .is_empty(),
+        stack.palletd.log().contains("torn record"),
+        "{}",
+        stack.palletd.log()
+    );
+    assert!(
+        stack.docs("readings_deadletter").await.is_empty(),
         "no garbage replayed"
     );
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_spool_stops_acknowledging_and_resumes_when_the_database_returns() {
-    let broker = Broker::start_with("max_inflight_messages 100\nmax_queued_messages 100000\n");
-    let mut db = Database::start();
-    db.stop();
-    let cfg = config(&broker, &db, "full", "palletd-full", "")
-        .replace("[spool]\n", "[spool]\nmax_size = \"64KiB\"\n");
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    let publisher = Publisher::connect(&broker, "pub-full").await;
-    let sent = publish_steadily(publisher, 10, 2000.0, 2000).await;
-    palletd.wait_for_log("Spool is full", Duration::from_secs(30));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let held = broker_held_messages(&broker).await;
-    assert!(held > 0, "the broker keeps what palletd could not spool");
-    db.start_again();
-    let client = db.client().await;
-    assert_exactly_once(&client, "full", &sent, Duration::from_secs(120)).await;
+    let mut stack = Stack::without_database("full", |c| c.set("spool.max_size", "64KiB")).await;
+    let sent = publish_steadily(stack.publisher().await, 10, 2000.0, 2000).await;
+    // Full: the spool holds its maximum and the broker keeps the rest.
+    stack
+        .palletd
+        .wait_metric("palletd_spool_bytes", 64.0 * 1024.0)
+        .await;
     eventually(
         Duration::from_secs(30),
-        "the broker holds nothing",
-        || async { broker_held_messages(&broker).await == 0 },
+        "the broker keeps what palletd could not spool",
+        || async { stack.broker.held_messages().await > 0 },
     )
     .await;
-    assert!(
-        palletd.log().contains("Spool has room again"),
-        "{}",
-        palletd.log()
-    );
-    assert_eq!(palletd.terminate(), Some(0));
+    let log = stack.palletd.log();
+    assert!(log.contains("Spool is full"), "{log}");
+    stack.db.start_again();
+    assert_exactly_once(&stack.client, "full", &sent, Duration::from_secs(120)).await;
+    stack.all_acknowledged().await;
+    let log = stack.palletd.log();
+    assert!(log.contains("Spool has room again"), "{log}");
+    stack.stop();
 }
 
 /// A second subscriber with its own kept session: what the broker delivered
@@ -225,19 +201,18 @@ async fn observer(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_loses_nothing() {
-    let mut broker = Broker::start();
-    let db = Database::start();
-    let cfg = config(&broker, &db, "restart", "palletd-restart", "");
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    let seen = observer(&broker).await;
-    let publisher = Publisher::connect_persistent(&broker, "pub-restart").await;
+    let mut stack = Stack::start("restart", |c| c).await;
+    let seen = observer(&stack.broker).await;
+    let publisher = Publisher::connect_persistent(&stack.broker, "pub-restart").await;
     let stream = tokio::spawn(publish_steadily(publisher, 10, 100.0, 1000));
     tokio::time::sleep(Duration::from_secs(4)).await;
-    broker.restart();
+    stack.broker.restart();
     let sent = stream.await.unwrap();
-    palletd.wait_for_log("Reconnected to the MQTT broker.", Duration::from_secs(30));
-    let client = db.client().await;
+    stack
+        .palletd
+        .wait_metric("palletd_broker_reconnects_total", 1.0)
+        .await;
+    let client = stack.client.clone();
     // Every published reading is stored. An independent subscriber with a
     // kept session tells, on failure, whether the broker itself lost any
     // (it forgets sessions when it cannot write its persistence file).
@@ -264,7 +239,7 @@ async fn a_broker_restart_loses_nothing() {
             &missing[..missing.len().min(10)],
             seen.len(),
             sent.len(),
-            palletd.log()
+            stack.palletd.log()
         );
     }
     let lost_by_broker = sent
@@ -275,18 +250,13 @@ async fn a_broker_restart_loses_nothing() {
         "readings the broker lost in its restart: {lost_by_broker} of {}",
         sent.len()
     );
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spooled_samples_too_big_for_a_lowered_cap_are_dead_lettered_not_dropped() {
-    let broker = Broker::start();
-    let mut db = Database::start();
-    db.stop();
-    let cfg = config(&broker, &db, "lowered", "palletd-lowered", "");
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    let mut publisher = Publisher::connect(&broker, "pub-lowered").await;
+    let mut stack = Stack::without_database("lowered", |c| c).await;
+    let mut publisher = stack.publisher().await;
     for seq in 0..5 {
         let pad = if seq % 2 == 0 {
             "x".repeat(500)
@@ -294,24 +264,19 @@ async fn spooled_samples_too_big_for_a_lowered_cap_are_dead_lettered_not_dropped
             String::new()
         };
         let payload = serde_json::json!({ "seq": seq, "pad": pad });
-        publisher
-            .publish("sensors/big1/telemetry", payload.to_string())
-            .await;
+        publisher.json("big1", payload).await;
     }
     publisher.flush().await;
-    eventually(
-        Duration::from_secs(30),
-        "all spooled and acknowledged",
-        || async { broker_held_messages(&broker).await == 0 },
-    )
-    .await;
-    palletd.kill();
+    stack.all_acknowledged().await;
+    stack.palletd.kill();
 
     // The operator lowers the byte cap before the spool is replayed.
-    db.start_again();
-    let lowered = cfg.replace("[spool]\n", "[bucket]\nmax_bytes = 256\n\n[spool]\n");
-    let mut palletd = Palletd::start(&lowered);
-    let client = db.client().await;
+    stack.db.start_again();
+    let mut stack = Stack::on(stack.broker, stack.db, "lowered", |c| {
+        c.set("bucket.max_bytes", 256)
+    })
+    .await;
+    let client = stack.client.clone();
     eventually(
         Duration::from_secs(60),
         "every sample stored or dead-lettered",
@@ -333,5 +298,5 @@ async fn spooled_samples_too_big_for_a_lowered_cap_are_dead_lettered_not_dropped
     assert!(dead
         .iter()
         .all(|d| d.get_str("cause") == Ok("sample_too_large")));
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }

@@ -9,34 +9,6 @@ use bson::{doc, Bson, Document};
 
 use common::*;
 
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
-fn ts_of(sample: &Bson) -> i64 {
-    sample
-        .as_document()
-        .unwrap()
-        .get_datetime("ts")
-        .unwrap()
-        .timestamp_millis()
-}
-
-fn seqs(bucket: &Document) -> Vec<i64> {
-    bucket
-        .get_array("samples")
-        .unwrap()
-        .iter()
-        .map(|s| s.as_document().unwrap().get_f64("seq").unwrap() as i64)
-        .collect()
-}
-
-async fn publish_json(publisher: &mut Publisher, sensor: &str, value: serde_json::Value) {
-    publisher
-        .publish(&format!("sensors/{sensor}/telemetry"), value.to_string())
-        .await;
-}
-
 /// Publishes readings `seq` at `start + seq` ms and waits for the broker.
 async fn publish_seqs(
     publisher: &mut Publisher,
@@ -45,63 +17,34 @@ async fn publish_seqs(
     seqs: std::ops::Range<i64>,
 ) {
     for seq in seqs {
-        publish_json(
-            publisher,
-            sensor,
-            serde_json::json!({ "ts": start + seq, "seq": seq }),
-        )
-        .await;
+        publisher
+            .json(sensor, serde_json::json!({ "ts": start + seq, "seq": seq }))
+            .await;
     }
     publisher.flush().await;
-}
-
-fn check_sealed(b: &Document) {
-    assert!(b.get_bool("closed").unwrap(), "sealed: {b}");
-    assert!(b.get_datetime("closedAt").is_ok(), "closedAt set: {b}");
-    let ts: Vec<i64> = b.get_array("samples").unwrap().iter().map(ts_of).collect();
-    assert!(
-        ts.windows(2).all(|w| w[0] <= w[1]),
-        "samples sorted by ts: {ts:?}"
-    );
-    let (sum, n, avg) = (
-        b.get_document("sum").unwrap(),
-        b.get_document("n").unwrap(),
-        b.get_document("avg").unwrap(),
-    );
-    assert_eq!(avg.len(), sum.len(), "one avg per rolled-up field: {b}");
-    for (field, s) in sum {
-        let want = s.as_f64().unwrap() / n.get_i32(field).unwrap() as f64;
-        let got = avg.get_f64(field).unwrap();
-        assert!(
-            (got - want).abs() < 1e-9,
-            "avg.{field} = sum / n: {got} vs {want}"
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closer_seals_ended_windows_and_late_samples_start_a_second_bucket() {
-    let broker = Broker::start();
-    let db = Database::start();
-    let extra = "[bucket]\nwindow = \"1s\"\n[closer]\ninterval = \"1s\"\ngrace = \"1s\"\n[flush]\ninterval = \"200ms\"\n";
-    let mut palletd = Palletd::start(&config(&broker, &db, "closer", "palletd-closer", extra));
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    let mut publisher = Publisher::connect(&broker, "pub-closer").await;
+    let mut stack = Stack::start("closer", |c| {
+        c.window("1s").closer("1s", "1s").flush_interval("200ms")
+    })
+    .await;
+    let mut publisher = stack.publisher().await;
     // The next one-second window; samples out of order inside it.
     let w0 = now_ms().div_euclid(1000) * 1000 + 1000;
     for (seq, off) in [700, 100, 500, 300, 900].into_iter().enumerate() {
         let v = serde_json::json!({ "ts": w0 + off, "seq": seq, "temp": 20.0 + seq as f64, "hum": 40 + seq });
-        publish_json(&mut publisher, "c1", v).await;
+        publisher.json("c1", v).await;
     }
     publisher.flush().await;
 
-    let client = db.client().await;
     eventually(Duration::from_secs(20), "the bucket is sealed", || async {
-        let b = all_docs(&client, "closer", "readings").await;
+        let b = stack.docs("readings").await;
         b.len() == 1 && b[0].get_bool("closed") == Ok(true)
     })
     .await;
-    let sealed = all_docs(&client, "closer", "readings").await.remove(0);
+    let sealed = stack.docs("readings").await.remove(0);
     check_sealed(&sealed);
     assert_eq!(sealed.get_i32("count"), Ok(5));
     assert_eq!(
@@ -111,18 +54,18 @@ async fn closer_seals_ended_windows_and_late_samples_start_a_second_bucket() {
 
     // A late sample for the sealed window: a second bucket of that window.
     let v = serde_json::json!({ "ts": w0 + 50, "seq": 99, "temp": 1.0 });
-    publish_json(&mut publisher, "c1", v).await;
+    publisher.json("c1", v).await;
     publisher.flush().await;
     eventually(
         Duration::from_secs(20),
         "the late bucket is stored and sealed",
         || async {
-            let b = all_docs(&client, "closer", "readings").await;
+            let b = stack.docs("readings").await;
             b.len() == 2 && b.iter().all(|b| b.get_bool("closed") == Ok(true))
         },
     )
     .await;
-    let buckets = all_docs(&client, "closer", "readings").await;
+    let buckets = stack.docs("readings").await;
     let first = buckets
         .iter()
         .find(|b| b.get_object_id("_id") == sealed.get_object_id("_id"))
@@ -135,34 +78,26 @@ async fn closer_seals_ended_windows_and_late_samples_start_a_second_bucket() {
     assert_eq!(late.get_datetime("startTs").unwrap().timestamp_millis(), w0);
     assert_eq!(seqs(late), vec![99]);
     check_sealed(late);
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_order_and_interleaved_windows_keep_arrival_order() {
-    let broker = Broker::start();
-    let db = Database::start();
     // Hour windows, and a grace long enough that the previous hour is open.
-    let extra = "[closer]\ngrace = \"2h\"\n";
-    let mut palletd = Palletd::start(&config(&broker, &db, "order", "palletd-order", extra));
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let mut stack = Stack::start("order", |c| c.set("closer.grace", "2h")).await;
     let hour = 3_600_000;
     let current = now_ms().div_euclid(hour) * hour;
     let previous = current - hour;
-    let mut publisher = Publisher::connect(&broker, "pub-order").await;
+    let mut publisher = stack.publisher().await;
     // Alternate windows; inside each window the timestamps go backwards.
     for seq in 0..40i64 {
         let base = if seq % 2 == 0 { previous } else { current };
         let v = serde_json::json!({ "ts": base + 60_000 - seq * 1000, "seq": seq, "v": seq });
-        publish_json(&mut publisher, "o1", v).await;
+        publisher.json("o1", v).await;
     }
     publisher.flush().await;
-    let client = db.client().await;
-    eventually(Duration::from_secs(30), "40 samples stored", || async {
-        stored_samples(&client, "order").await >= 40
-    })
-    .await;
-    let buckets = all_docs(&client, "order", "readings").await;
+    stack.wait_stored(40).await;
+    let buckets = stack.docs("readings").await;
     assert_eq!(buckets.len(), 2, "one bucket per window");
     for b in &buckets {
         check_bucket(b, hour, 200, 256 * 1024);
@@ -179,43 +114,35 @@ async fn out_of_order_and_interleaved_windows_keep_arrival_order() {
             "each sample in its own window"
         );
     }
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn far_future_and_too_old_samples_are_dead_lettered_and_the_rest_stored() {
-    let broker = Broker::start();
-    let db = Database::start();
-    let mut palletd = Palletd::start(&config(&broker, &db, "clock", "palletd-clock", ""));
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let mut stack = Stack::start("clock", |c| c).await;
     let now = now_ms();
-    let mut publisher = Publisher::connect(&broker, "pub-clock").await;
+    let mut publisher = stack.publisher().await;
     let payload = serde_json::json!([
         { "ts": now - 1000, "seq": 1, "v": 1 },
         { "ts": now + 3_600_000, "seq": 2, "v": 2 },
         { "ts": now - 2000, "seq": 3, "v": 3 },
         { "ts": now - 8 * 86_400_000, "seq": 4, "v": 4 },
     ]);
-    publish_json(&mut publisher, "k1", payload).await;
+    publisher.json("k1", payload).await;
     publisher.flush().await;
-    let client = db.client().await;
     eventually(
         Duration::from_secs(30),
         "stored and dead-lettered",
         || async {
-            stored_samples(&client, "clock").await >= 2
-                && all_docs(&client, "clock", "readings_deadletter")
-                    .await
-                    .len()
-                    >= 2
+            stack.stored().await >= 2 && stack.docs("readings_deadletter").await.len() >= 2
         },
     )
     .await;
-    let buckets = all_docs(&client, "clock", "readings").await;
+    let buckets = stack.docs("readings").await;
     let mut stored: Vec<i64> = buckets.iter().flat_map(seqs).collect();
     stored.sort_unstable();
     assert_eq!(stored, vec![1, 3]);
-    let dead = all_docs(&client, "clock", "readings_deadletter").await;
+    let dead = stack.docs("readings_deadletter").await;
     assert_eq!(dead.len(), 2);
     let errors: Vec<&str> = dead.iter().map(|d| d.get_str("error").unwrap()).collect();
     assert!(dead
@@ -233,88 +160,61 @@ async fn far_future_and_too_old_samples_are_dead_lettered_and_the_rest_stored() 
             .any(|e| e.starts_with("sample 3:") && e.contains("max_lateness")),
         "{errors:?}"
     );
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buckets_left_open_by_a_killed_palletd_are_sealed_by_the_next_run() {
-    let broker = Broker::start();
-    let db = Database::start();
-    let quiet = "[bucket]\nwindow = \"1s\"\n[closer]\ninterval = \"1h\"\ngrace = \"1s\"\n";
-    let mut palletd = Palletd::start(&config(&broker, &db, "leftopen", "palletd-leftopen", quiet));
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    let mut publisher = Publisher::connect(&broker, "pub-leftopen").await;
+    let mut stack = Stack::start("leftopen", |c| c.window("1s").closer("1h", "1s")).await;
+    let mut publisher = stack.publisher().await;
     for seq in 0..6 {
-        publish_json(
-            &mut publisher,
-            "l1",
-            serde_json::json!({ "seq": seq, "v": seq }),
-        )
-        .await;
+        publisher
+            .json("l1", serde_json::json!({ "seq": seq, "v": seq }))
+            .await;
     }
     publisher.flush().await;
-    let client = db.client().await;
-    eventually(Duration::from_secs(30), "6 samples stored", || async {
-        stored_samples(&client, "leftopen").await >= 6
-    })
-    .await;
-    palletd.kill();
-    let open = all_docs(&client, "leftopen", "readings").await;
+    stack.wait_stored(6).await;
+    stack.palletd.kill();
+    let open = stack.docs("readings").await;
     assert!(
         open.iter().all(|b| b.get_bool("closed") == Ok(false)),
         "left open"
     );
 
-    let busy = quiet.replace("interval = \"1h\"", "interval = \"1s\"");
-    let mut palletd = Palletd::start(&config(&broker, &db, "leftopen", "palletd-leftopen", &busy));
+    let mut stack = Stack::on(stack.broker, stack.db, "leftopen", |c| {
+        c.window("1s").closer("1s", "1s")
+    })
+    .await;
     eventually(
         Duration::from_secs(30),
         "the next run seals them",
         || async {
-            let b = all_docs(&client, "leftopen", "readings").await;
+            let b = stack.docs("readings").await;
             b.len() == open.len() && b.iter().all(|b| b.get_bool("closed") == Ok(true))
         },
     )
     .await;
-    for b in all_docs(&client, "leftopen", "readings").await {
+    for b in stack.docs("readings").await {
         check_sealed(&b);
     }
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_restart_the_open_bucket_keeps_filling_to_its_cap() {
-    let broker = Broker::start();
-    let db = Database::start();
-    let cfg = config(
-        &broker,
-        &db,
-        "refill",
-        "palletd-refill",
-        "[bucket]\nmax_samples = 10\n",
-    );
     let hour = 3_600_000;
     let start = now_ms().div_euclid(hour) * hour;
-    let client = db.client().await;
-
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    let mut publisher = Publisher::connect(&broker, "pub-refill").await;
+    let mut stack = Stack::start("refill", |c| c.max_samples(10)).await;
+    let mut publisher = stack.publisher().await;
     publish_seqs(&mut publisher, "f1", start, 0..4).await;
-    eventually(Duration::from_secs(30), "4 samples stored", || async {
-        stored_samples(&client, "refill").await >= 4
-    })
-    .await;
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.wait_stored(4).await;
+    stack.stop();
 
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Connected to the MQTT broker.", Duration::from_secs(30));
+    stack.palletd = Palletd::start(&stack.config);
+    stack.palletd.ready().await;
     publish_seqs(&mut publisher, "f1", start, 4..14).await;
-    eventually(Duration::from_secs(30), "14 samples stored", || async {
-        stored_samples(&client, "refill").await >= 14
-    })
-    .await;
-    let buckets = all_docs(&client, "refill", "readings").await;
+    stack.wait_stored(14).await;
+    let buckets = stack.docs("readings").await;
     assert_eq!(buckets.len(), 2);
     let first = buckets.iter().find(|b| seqs(b).contains(&0)).unwrap();
     assert_eq!(
@@ -324,7 +224,7 @@ async fn after_a_restart_the_open_bucket_keeps_filling_to_its_cap() {
     );
     let second = buckets.iter().find(|b| !seqs(b).contains(&0)).unwrap();
     assert_eq!(seqs(second), (10..14).collect::<Vec<_>>());
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }
 
 async fn ttl(client: &mongodb::Client, db: &str, coll: &str, name: &str) -> Option<i64> {
@@ -347,90 +247,82 @@ async fn ttl(client: &mongodb::Client, db: &str, coll: &str, name: &str) -> Opti
         })
 }
 
+/// The schema is set up in process: the storage mode against the real
+/// server, no broker and no palletd process needed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_index_follows_the_configuration() {
-    let broker = Broker::start();
     let db = Database::start();
     let client = db.client().await;
-    let runs: [(&str, Option<i64>, Option<i64>); 3] = [
-        (
-            "[retention]\nexpire_after = \"1h\"\n",
-            Some(3600),
-            Some(7 * 86400),
-        ),
-        (
-            "[retention]\nexpire_after = \"2h\"\ndeadletter_expire_after = \"1d\"\n",
-            Some(7200),
-            Some(86400),
-        ),
-        (
-            "[retention]\ndeadletter_expire_after = \"off\"\n",
-            None,
-            None,
-        ),
+    // (expire_after, deadletter_expire_after, bucket TTL, dead-letter TTL)
+    type Run = (&'static str, Option<&'static str>, Option<i64>, Option<i64>);
+    let runs: [Run; 3] = [
+        ("1h", None, Some(3600), Some(7 * 86400)),
+        ("2h", Some("1d"), Some(7200), Some(86400)),
+        ("", Some("off"), None, None),
     ];
-    for (extra, buckets, dead) in runs {
-        let mut palletd = Palletd::start(&config(&broker, &db, "ttl", "palletd-ttl", extra));
-        palletd.wait_for_log("Indexes are in place.", Duration::from_secs(30));
+    for (expire, dead_expire, buckets, dead) in runs {
+        let mut cfg = Config::offline(&db, "ttl");
+        if !expire.is_empty() {
+            cfg = cfg.set("retention.expire_after", expire);
+        }
+        if let Some(d) = dead_expire {
+            cfg = cfg.set("retention.deadletter_expire_after", d);
+        }
+        let settings = cfg.settings();
+        let mut store = palletd::store::Store::new(&settings, client.database("ttl"));
+        assert!(store.try_ensure_schema().await, "schema set up");
         assert_eq!(
             ttl(&client, "ttl", "readings", "endTs_ttl").await,
             buckets,
-            "{extra}"
+            "{expire}"
         );
         assert_eq!(
             ttl(&client, "ttl", "readings_deadletter", "receivedAt_ttl").await,
             dead,
-            "{extra}"
+            "{dead_expire:?}"
         );
-        assert_eq!(palletd.terminate(), Some(0), "{}", palletd.log());
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buckets_past_retention_are_deleted() {
-    let broker = Broker::start();
     let db = Database::start();
-    let cfg = config(
-        &broker,
-        &db,
-        "expire",
-        "palletd-expire",
-        "[retention]\nexpire_after = \"1s\"\n",
-    );
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    let hour = 3_600_000;
-    let now = now_ms();
-    let mut publisher = Publisher::connect(&broker, "pub-expire").await;
-    for seq in 0..5 {
-        // Two hours ago: the window ended over an hour ago.
-        publish_json(
-            &mut publisher,
-            "e1",
-            serde_json::json!({ "ts": now - 2 * hour + seq, "seq": seq }),
-        )
-        .await;
-        publish_json(
-            &mut publisher,
-            "e1",
-            serde_json::json!({ "ts": now + seq, "seq": 100 + seq }),
-        )
-        .await;
-    }
-    publisher.flush().await;
-    let client = db.client().await;
-    eventually(Duration::from_secs(30), "10 samples stored", || async {
-        stored_samples(&client, "expire").await >= 10
+    // The TTL monitor waits until the readings are seen stored (else it
+    // could delete the old window first), then runs every second.
+    db.pause_ttl_monitor().await;
+    let mut stack = Stack::on(Broker::start(), db, "expire", |c| {
+        c.set("retention.expire_after", "1s")
     })
     .await;
-    // The TTL monitor runs about once a minute.
+    let hour = 3_600_000;
+    let now = now_ms();
+    let mut publisher = stack.publisher().await;
+    for seq in 0..5 {
+        // Two hours ago: the window ended over an hour ago.
+        publisher
+            .json(
+                "e1",
+                serde_json::json!({ "ts": now - 2 * hour + seq, "seq": seq }),
+            )
+            .await;
+        publisher
+            .json(
+                "e1",
+                serde_json::json!({ "ts": now + seq, "seq": 100 + seq }),
+            )
+            .await;
+    }
+    publisher.flush().await;
+    stack.wait_stored(10).await;
+    let passes = stack.db.fast_ttl_monitor().await;
     eventually(
-        Duration::from_secs(150),
-        "the expired bucket is deleted",
-        || async { stored_samples(&client, "expire").await == 5 },
+        Duration::from_secs(60),
+        "two TTL monitor passes",
+        || async { stack.db.ttl_passes().await >= passes + 2 },
     )
     .await;
-    let left = all_docs(&client, "expire", "readings").await;
+    assert_eq!(stack.stored().await, 5, "the expired bucket is deleted");
+    let left = stack.docs("readings").await;
     let mut s: Vec<i64> = left.iter().flat_map(seqs).collect();
     s.sort_unstable();
     assert_eq!(
@@ -438,7 +330,7 @@ async fn buckets_past_retention_are_deleted() {
         vec![100, 101, 102, 103, 104],
         "only the current window is kept"
     );
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }
 
 /// Both seal forms (one pipeline update on 5.2+, two statements before)
@@ -459,16 +351,18 @@ async fn legacy_and_pipeline_seals_agree() {
         }
     };
     let coll = database.collection::<Document>("readings");
-    coll.create_indexes(palletd::schema::bucket_indexes())
+    coll.create_indexes(palletd::store::buckets::indexes())
         .await
         .unwrap();
     coll.insert_many([bucket("new"), bucket("old")])
         .await
         .unwrap();
-    let mut modern =
-        palletd::closer::Closer::new("readings", Duration::from_secs(1)).with_legacy_update(false);
-    let mut legacy =
-        palletd::closer::Closer::new("readings", Duration::from_secs(1)).with_legacy_update(true);
+    let settings = Config::offline(&db, "seal")
+        .set("closer.grace", "1s")
+        .settings();
+    let buckets = || palletd::store::buckets::Buckets::new(&settings);
+    let mut modern = buckets().with_legacy_seal(false);
+    let mut legacy = buckets().with_legacy_seal(true);
     // Seal only "new" with the pipeline form, then the rest with the legacy form.
     coll.update_one(
         doc! { "sensorId": "old" },
@@ -476,8 +370,8 @@ async fn legacy_and_pipeline_seals_agree() {
     )
     .await
     .unwrap();
-    assert_eq!(modern.run(&database, 3000).await.unwrap(), 1);
-    assert_eq!(legacy.run(&database, 7000).await.unwrap(), 1);
+    assert_eq!(modern.seal(&database, 3000).await.unwrap(), 1);
+    assert_eq!(legacy.seal(&database, 7000).await.unwrap(), 1);
     let mut docs = all_docs(&client, "seal", "readings").await;
     for d in &mut docs {
         check_sealed(d);

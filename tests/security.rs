@@ -80,23 +80,13 @@ fn tls_config(
     database: &str,
     ca: &Path,
     password_file: &Path,
-) -> String {
-    config(broker, db, database, &format!("palletd-{database}"), "")
-        .replace(
-            &format!("url = \"mqtt://127.0.0.1:{}\"", broker.port),
-            &format!(
-                "url = \"mqtts://127.0.0.1:{}\"\nusername = \"palletd\"\npassword_file = \"{}\"",
-                broker.port,
-                password_file.display()
-            ),
-        )
-        .replace(
-            "[mongodb]",
-            &format!(
-                "[mqtt.tls]\nca_file = \"{}\"\nserver_name = \"localhost\"\n\n[mongodb]",
-                ca.display()
-            ),
-        )
+) -> Config {
+    Config::new(broker, db, database)
+        .set("mqtt.url", format!("mqtts://127.0.0.1:{}", broker.port))
+        .set("mqtt.username", "palletd")
+        .set("mqtt.password_file", password_file.display().to_string())
+        .set("mqtt.tls.ca_file", ca.display().to_string())
+        .set("mqtt.tls.server_name", "localhost")
 }
 
 /// A TLS publisher that trusts `ca`.
@@ -132,7 +122,7 @@ async fn tls_and_password_store_readings_and_wrong_ca_or_password_keep_retrying(
     // Right CA, right password: readings arrive.
     let cfg = tls_config(&broker, &db, "tls", &pki.ca, &pw);
     let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    palletd.ready().await;
     let publisher = tls_publisher(&broker, &pki.ca).await;
     for seq in 0..20 {
         publisher
@@ -159,10 +149,7 @@ async fn tls_and_password_store_readings_and_wrong_ca_or_password_keep_retrying(
     tokio::time::sleep(Duration::from_secs(3)).await;
     let log = palletd.log();
     assert!(log.contains("TLS") || log.contains("certificate"), "{log}");
-    assert!(
-        palletd.child.try_wait().unwrap().is_none(),
-        "still running, retrying"
-    );
+    assert!(palletd.running(), "still running, retrying");
     assert!(!log.contains("Subscribed."), "{log}");
     assert_eq!(palletd.terminate(), Some(0));
 
@@ -172,10 +159,7 @@ async fn tls_and_password_store_readings_and_wrong_ca_or_password_keep_retrying(
     let mut palletd = Palletd::start(&cfg);
     palletd.wait_for_log("broker refused the connection", Duration::from_secs(30));
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        palletd.child.try_wait().unwrap().is_none(),
-        "still running, retrying"
-    );
+    assert!(palletd.running(), "still running, retrying");
     assert_eq!(palletd.terminate(), Some(0));
 }
 
@@ -203,14 +187,18 @@ async fn mongodb_credentials_from_uri_file_work_and_no_secret_is_ever_printed() 
     let (db, uri) = auth_database().await;
     let uri_file = write_file(dir.path(), "mongodb-uri", &uri);
     let pw = write_file(dir.path(), "mqtt-password", MQTT_PASSWORD);
-    let cfg = tls_config(&broker, &db, "authdb", &pki.ca, &pw).replace(
-        &format!("uri = \"{}\"", db.uri()),
-        &format!("uri_file = \"{}\"", uri_file.display()),
-    );
-    assert!(!cfg.contains(DB_PASSWORD) && !cfg.contains(MQTT_PASSWORD));
+    let cfg = tls_config(&broker, &db, "authdb", &pki.ca, &pw)
+        .unset("mongodb.uri")
+        .set("mongodb.uri_file", uri_file.display().to_string());
+    let text = cfg.toml();
+    assert!(!text.contains(DB_PASSWORD) && !text.contains(MQTT_PASSWORD));
 
-    let mut palletd = Palletd::start_with(&cfg, &[], "trace");
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let trace = Run {
+        log: Some("trace"),
+        ..Run::default()
+    };
+    let mut palletd = Palletd::start_with(&cfg, trace);
+    palletd.ready().await;
     let publisher = tls_publisher(&broker, &pki.ca).await;
     for seq in 0..10 {
         publisher
@@ -235,13 +223,20 @@ async fn mongodb_credentials_from_uri_file_work_and_no_secret_is_ever_printed() 
     // Wrong database password: a clear error, retrying, the password never shown.
     let bad_uri = uri.replace(DB_PASSWORD, "Wr0ng-db-pa55");
     std::fs::write(&uri_file, &bad_uri).unwrap();
-    let mut bad = Palletd::start_with(&cfg, &[], "trace");
+    let mut bad = Palletd::start_with(
+        &cfg,
+        Run {
+            log: Some("trace"),
+            ..Run::default()
+        },
+    );
+    bad.wait_metric("palletd_database_errors_total", 1.0).await;
     bad.wait_for_log("holding the data and retrying", Duration::from_secs(30));
     assert!(bad.log().contains("uthentication"), "{}", bad.log());
     assert_eq!(bad.terminate(), Some(0));
 
     // check-config output and errors.
-    let cfg_path = write_file(dir.path(), "palletd.toml", &cfg);
+    let cfg_path = write_file(dir.path(), "palletd.toml", &text);
     let check = Command::new(env!("CARGO_BIN_EXE_palletd"))
         .args(["check-config", "--config"])
         .arg(&cfg_path)
@@ -250,10 +245,7 @@ async fn mongodb_credentials_from_uri_file_work_and_no_secret_is_ever_printed() 
     let broken = write_file(
         dir.path(),
         "broken.toml",
-        &cfg.replace(
-            "[mongodb]",
-            &format!("[mongodb]\npassword = \"{DB_PASSWORD}\""),
-        ),
+        &cfg.clone().set("mongodb.password", DB_PASSWORD).toml(),
     );
     let broken_check = Command::new(env!("CARGO_BIN_EXE_palletd"))
         .args(["check-config", "--config"])
@@ -296,15 +288,15 @@ fn peak_rss_kb(pid: u32) -> u64 {
 async fn a_flood_of_sensor_ids_is_dead_lettered_beyond_the_limit() {
     let broker = Broker::start_with("max_inflight_messages 1000\nmax_queued_messages 200000\n");
     let db = Database::start();
-    let cfg = config(
-        &broker,
-        &db,
-        "flood",
-        "palletd-flood",
-        "[limits]\nmax_sensors = 10000\n",
+    let cfg = Config::new(&broker, &db, "flood").set("limits.max_sensors", 10000);
+    let mut palletd = Palletd::start_with(
+        &cfg,
+        Run {
+            log: Some("info"),
+            ..Run::default()
+        },
     );
-    let mut palletd = Palletd::start_with(&cfg, &[], "info");
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    palletd.ready().await;
     let mut publisher = Publisher::connect(&broker, "pub-flood").await;
     let client = db.client().await;
     let handled = |client: mongodb::Client| async move {

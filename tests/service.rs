@@ -12,44 +12,13 @@ use bson::Document;
 
 use common::*;
 
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
-/// Samples of a metric in a parsed scrape, by their labels.
-fn metric(scrape: &prometheus_parse::Scrape, name: &str, label: Option<(&str, &str)>) -> f64 {
-    scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == name)
-        .filter(|s| label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
-        .map(|s| match s.value {
-            prometheus_parse::Value::Counter(v)
-            | prometheus_parse::Value::Gauge(v)
-            | prometheus_parse::Value::Untyped(v) => v,
-            _ => 0.0,
-        })
-        .sum()
-}
-
-fn scrape(port: u16) -> prometheus_parse::Scrape {
-    let (status, body) = http_get(port, "/metrics");
-    assert_eq!(status, 200);
-    let lines = body.lines().map(|l| Ok(l.to_string()));
-    prometheus_parse::Scrape::parse(lines).expect("/metrics is Prometheus text")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_match_what_was_stored_and_readyz_follows_the_database() {
-    let broker = Broker::start();
-    let mut db = Database::start();
-    let cfg = config(&broker, &db, "metrics", "palletd-metrics", "");
-    let port = http_port(&cfg);
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let mut stack = Stack::start("metrics", |c| c).await;
+    let port = stack.palletd.http_port;
     assert_eq!(http_get(port, "/healthz").0, 200);
 
-    let mut publisher = Publisher::connect(&broker, "pub-metrics").await;
+    let mut publisher = stack.publisher().await;
     for seq in 0..30 {
         publisher
             .publish(
@@ -64,18 +33,14 @@ async fn metrics_match_what_was_stored_and_readyz_follows_the_database() {
         .await;
     publisher.publish("sensors/m2/telemetry", "{broken").await;
     publisher.flush().await;
-    let client = db.client().await;
-    eventually(Duration::from_secs(30), "33 samples stored", || async {
-        stored_samples(&client, "metrics").await >= 33
-    })
-    .await;
+    stack.wait_stored(33).await;
     eventually(Duration::from_secs(10), "metrics caught up", || async {
-        let s = scrape(port);
+        let s = stack.palletd.scrape();
         metric(&s, "palletd_samples_stored_total", None) >= 33.0
             && metric(&s, "palletd_dead_letters_total", None) >= 1.0
     })
     .await;
-    let s = scrape(port);
+    let s = stack.palletd.scrape();
     assert_eq!(metric(&s, "palletd_messages_received_total", None), 32.0);
     assert_eq!(metric(&s, "palletd_samples_decoded_total", None), 33.0);
     assert_eq!(metric(&s, "palletd_samples_stored_total", None), 33.0);
@@ -102,7 +67,7 @@ async fn metrics_match_what_was_stored_and_readyz_follows_the_database() {
         http_get(port, "/readyz").0 == 200
     })
     .await;
-    db.stop();
+    stack.db.stop();
     let stopped = Instant::now();
     eventually(
         Duration::from_secs(15),
@@ -113,12 +78,12 @@ async fn metrics_match_what_was_stored_and_readyz_follows_the_database() {
     let (_, why) = http_get(port, "/readyz");
     assert!(why.contains("database"), "{why}");
     eprintln!("unready {:?} after the database stopped", stopped.elapsed());
-    db.start_again();
+    stack.db.start_again();
     eventually(Duration::from_secs(30), "ready again", || async {
         http_get(port, "/readyz").0 == 200
     })
     .await;
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }
 
 /// Collects notify datagrams for `dur`.
@@ -147,15 +112,17 @@ async fn systemd_notify_ready_and_watchdog_only_while_flushes_progress() {
     let dir = tempfile::tempdir().unwrap();
     let sock_path = dir.path().join("notify.sock");
     let sock = UnixDatagram::bind(&sock_path).unwrap();
-    let cfg = config(&broker, &db, "notify", "palletd-notify", "");
-    let mut palletd = Palletd::start_with_env(
+    let cfg = Config::new(&broker, &db, "notify");
+    let mut palletd = Palletd::start_with(
         &cfg,
-        &[],
-        "info",
-        &[
-            ("NOTIFY_SOCKET", sock_path.to_str().unwrap()),
-            ("WATCHDOG_USEC", "2000000"),
-        ],
+        Run {
+            log: Some("info"),
+            env: &[
+                ("NOTIFY_SOCKET", sock_path.to_str().unwrap()),
+                ("WATCHDOG_USEC", "2000000"),
+            ],
+            ..Run::default()
+        },
     );
     let first = collect(&sock, Duration::from_secs(5));
     assert!(first.iter().any(|m| m.contains("READY=1")), "{first:?}");
@@ -169,7 +136,10 @@ async fn systemd_notify_ready_and_watchdog_only_while_flushes_progress() {
         .publish("sensors/n1/telemetry", r#"{"v": 1}"#)
         .await;
     publisher.flush().await;
-    palletd.wait_for_log("holding the data and retrying", Duration::from_secs(30));
+    // A flush is retrying against the absent database.
+    palletd
+        .wait_metric("palletd_database_errors_total", 1.0)
+        .await;
     // Past the watchdog interval the pets stop.
     collect(&sock, Duration::from_secs(3));
     let stuck = collect(&sock, Duration::from_secs(4));
@@ -192,31 +162,16 @@ async fn systemd_notify_ready_and_watchdog_only_while_flushes_progress() {
     assert_eq!(palletd.terminate(), Some(0));
 }
 
-fn run_query(cfg_path: &std::path::Path, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_palletd"))
-        .arg("query")
-        .arg("--config")
-        .arg(cfg_path)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn query_prints_exactly_the_published_readings_in_order_across_buckets() {
-    let broker = Broker::start();
-    let db = Database::start();
-    let extra = "[bucket]\nwindow = \"1s\"\nmax_samples = 4\n[closer]\ninterval = \"1s\"\ngrace = \"1s\"\n[flush]\ninterval = \"200ms\"\n";
-    let cfg = config(&broker, &db, "query", "palletd-query", extra);
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    let mut publisher = Publisher::connect(&broker, "pub-query").await;
+    let mut stack = Stack::start("query", |c| {
+        c.window("1s")
+            .max_samples(4)
+            .closer("1s", "1s")
+            .flush_interval("200ms")
+    })
+    .await;
+    let mut publisher = stack.publisher().await;
     // Three one-second windows, 10 readings each, out of order: several
     // full buckets per window.
     let w0 = now_ms().div_euclid(1000) * 1000 + 1000;
@@ -239,9 +194,8 @@ async fn query_prints_exactly_the_published_readings_in_order_across_buckets() {
         )
         .await;
     publisher.flush().await;
-    let client = db.client().await;
     eventually(Duration::from_secs(30), "buckets sealed", || async {
-        let b = all_docs(&client, "query", "readings").await;
+        let b = stack.docs("readings").await;
         b.iter().map(|b| b.get_i32("count").unwrap()).sum::<i32>() == 31
             && b.iter().all(|b| b.get_bool("closed") == Ok(true))
     })
@@ -256,18 +210,20 @@ async fn query_prints_exactly_the_published_readings_in_order_across_buckets() {
     publisher.flush().await;
     published.push((w0 + 5, 30));
     eventually(Duration::from_secs(30), "late reading stored", || async {
-        stored_samples(&client, "query").await == 32
+        stack.stored().await == 32
     })
     .await;
 
-    let cfg_path = write_file(palletd.dir.path(), "query.toml", &cfg);
+    let cfg_path = stack
+        .config
+        .write_to(stack.palletd.dir.path(), "query.toml");
     let from = chrono::DateTime::from_timestamp_millis(w0)
         .unwrap()
         .to_rfc3339();
     let to = chrono::DateTime::from_timestamp_millis(w0 + 2500)
         .unwrap()
         .to_rfc3339();
-    let out = run_query(&cfg_path, &["--sensor", "q1", "--from", &from, "--to", &to]);
+    let out = query_ok(&cfg_path, &["--sensor", "q1", "--from", &from, "--to", &to]);
     let got: Vec<(i64, i64)> = out
         .lines()
         .map(|l| {
@@ -287,14 +243,15 @@ async fn query_prints_exactly_the_published_readings_in_order_across_buckets() {
     want.sort();
     assert_eq!(got, want, "exactly the readings in range, in time order");
 
-    let csv = run_query(&cfg_path, &["--sensor", "q1", "--format", "csv"]);
+    let csv = query_ok(&cfg_path, &["--sensor", "q1", "--format", "csv"]);
     let mut lines = csv.lines();
     assert_eq!(lines.next(), Some("sensorId,ts,seq,v"));
     assert_eq!(lines.count(), 31);
 
     // --stats matches the buckets' rollups, merged per window.
-    let stats = run_query(&cfg_path, &["--sensor", "q1", "--stats"]);
-    let buckets: Vec<Document> = all_docs(&client, "query", "readings")
+    let stats = query_ok(&cfg_path, &["--sensor", "q1", "--stats"]);
+    let buckets: Vec<Document> = stack
+        .docs("readings")
         .await
         .into_iter()
         .filter(|b| b.get_str("sensorId") == Ok("q1"))
@@ -334,17 +291,13 @@ async fn query_prints_exactly_the_published_readings_in_order_across_buckets() {
         lines[0]["buckets"].as_i64().unwrap() >= 3,
         "the first window merged full and late buckets"
     );
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn simulator_publishes_what_palletd_stores() {
-    let broker = Broker::start();
-    let db = Database::start();
-    let cfg = config(&broker, &db, "sim", "palletd-sim", "");
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    let cfg_path = write_file(palletd.dir.path(), "sim.toml", &cfg);
+    let mut stack = Stack::start("sim", |c| c).await;
+    let cfg_path = stack.config.write_to(stack.palletd.dir.path(), "sim.toml");
     let out = Command::new(env!("CARGO_BIN_EXE_palletd"))
         .args(["simulate", "--config"])
         .arg(&cfg_path)
@@ -364,27 +317,33 @@ async fn simulator_publishes_what_palletd_stores() {
     let report = String::from_utf8_lossy(&out.stdout);
     assert!(report.contains("published 200 readings"), "{report}");
     assert!(report.contains("0 not acknowledged"), "{report}");
-    let client = db.client().await;
     eventually(Duration::from_secs(30), "200 readings stored", || async {
-        stored_samples(&client, "sim").await == 200
+        stack.stored().await == 200
     })
     .await;
-    let sensors: std::collections::BTreeSet<String> = all_docs(&client, "sim", "readings")
+    let sensors: std::collections::BTreeSet<String> = stack
+        .docs("readings")
         .await
         .iter()
         .map(|b| b.get_str("sensorId").unwrap().to_string())
         .collect();
     assert_eq!(sensors.len(), 5);
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_are_one_object_per_line() {
     let broker = Broker::start();
     let db = Database::start();
-    let cfg = config(&broker, &db, "logs", "palletd-logs", "");
-    let mut palletd = Palletd::start_with_args(&cfg, &["--log-format", "json"]);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    let cfg = Config::new(&broker, &db, "logs");
+    let mut palletd = Palletd::start_with(
+        &cfg,
+        Run {
+            args: &["--log-format", "json"],
+            ..Run::default()
+        },
+    );
+    palletd.ready().await;
     assert_eq!(palletd.terminate(), Some(0));
     let log = palletd.log();
     assert!(log.lines().count() >= 3);

@@ -6,47 +6,38 @@ mod common;
 use std::time::Duration;
 
 use bson::{doc, Document};
-use rand::{Rng, SeedableRng};
 
 use common::*;
 
-const TIMESERIES: &str = "[storage]\nmode = \"timeseries\"\ngranularity = \"seconds\"\n";
-
-async fn collection_info(client: &mongodb::Client, db: &str) -> Document {
+async fn collection_info_opt(client: &mongodb::Client, db: &str) -> Option<Document> {
     let reply = client
         .database(db)
         .run_command(doc! { "listCollections": 1, "filter": { "name": "readings" } })
         .await
-        .unwrap();
+        .ok()?;
     reply
         .get_document("cursor")
-        .unwrap()
+        .ok()?
         .get_array("firstBatch")
-        .unwrap()[0]
+        .ok()?
+        .first()?
         .as_document()
-        .unwrap()
-        .clone()
+        .cloned()
 }
 
-fn run_query(cfg_path: &std::path::Path, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_palletd"))
-        .arg("query")
-        .arg("--config")
-        .arg(cfg_path)
-        .args(args)
-        .output()
-        .unwrap()
+async fn collection_info(client: &mongodb::Client, db: &str) -> Document {
+    collection_info_opt(client, db)
+        .await
+        .expect("the readings collection exists")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readings_become_time_series_documents_that_query_reads_back() {
-    let broker = Broker::start();
-    let db = Database::start();
-    let extra = format!("{TIMESERIES}[retention]\nexpire_after = \"30d\"\n");
-    let cfg = config(&broker, &db, "ts", "palletd-ts", &extra);
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    let mut publisher = Publisher::connect(&broker, "pub-ts").await;
+    let mut stack = Stack::start("ts", |c| {
+        c.timeseries().set("retention.expire_after", "30d")
+    })
+    .await;
+    let mut publisher = stack.publisher().await;
     let t0 = chrono::Utc::now().timestamp_millis() - 60_000;
     for seq in 0..20i64 {
         // Out of order within each sensor.
@@ -61,9 +52,9 @@ async fn readings_become_time_series_documents_that_query_reads_back() {
             .await;
     }
     publisher.flush().await;
-    let client = db.client().await;
+    let client = stack.client.clone();
     eventually(Duration::from_secs(30), "20 readings stored", || async {
-        stored_samples(&client, "ts").await == 20
+        stack.stored().await == 20
     })
     .await;
 
@@ -78,7 +69,7 @@ async fn readings_become_time_series_documents_that_query_reads_back() {
         .get("expireAfterSeconds")
         .and_then(|b| b.as_i64().or(b.as_i32().map(i64::from)));
     assert_eq!(ttl, Some(30 * 86_400));
-    for d in all_docs(&client, "ts", "readings").await {
+    for d in stack.docs("readings").await {
         let seq = d.get_f64("seq").unwrap() as i64;
         assert_eq!(
             d.get_datetime("ts").unwrap().timestamp_millis(),
@@ -95,7 +86,7 @@ async fn readings_become_time_series_documents_that_query_reads_back() {
         );
     }
 
-    let cfg_path = write_file(palletd.dir.path(), "ts.toml", &cfg);
+    let cfg_path = stack.config.write_to(stack.palletd.dir.path(), "ts.toml");
     let out = run_query(&cfg_path, &["--sensor", "t1"]);
     assert!(
         out.status.success(),
@@ -144,18 +135,25 @@ async fn readings_become_time_series_documents_that_query_reads_back() {
     assert!(!out.status.success(), "--buckets has no meaning here");
 
     // Retention follows the configuration on the next start.
-    assert_eq!(palletd.terminate(), Some(0));
-    let cfg = cfg.replace("expire_after = \"30d\"", "expire_after = \"2d\"");
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Retention changed.", Duration::from_secs(30));
-    let options = collection_info(&client, "ts").await;
-    let ttl = options
-        .get_document("options")
-        .unwrap()
-        .get("expireAfterSeconds")
-        .and_then(|b| b.as_i64().or(b.as_i32().map(i64::from)));
-    assert_eq!(ttl, Some(2 * 86_400));
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
+    stack.config = stack.config.set("retention.expire_after", "2d");
+    stack.palletd = Palletd::start(&stack.config);
+    stack.palletd.ready().await;
+    let ttl = || async {
+        collection_info(&client, "ts")
+            .await
+            .get_document("options")
+            .unwrap()
+            .get("expireAfterSeconds")
+            .and_then(|b| b.as_i64().or(b.as_i32().map(i64::from)))
+    };
+    eventually(Duration::from_secs(30), "the retention changed", || async {
+        ttl().await == Some(2 * 86_400)
+    })
+    .await;
+    assert_eq!(ttl().await, Some(2 * 86_400));
+    assert!(stack.palletd.log().contains("Retention changed."));
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,9 +167,9 @@ async fn a_bucket_collection_is_not_written_as_time_series() {
         .insert_one(doc! { "sensorId": "x", "samples": [] })
         .await
         .unwrap();
-    let cfg = config(&broker, &db, "mixed", "palletd-mixed", TIMESERIES);
+    let cfg = Config::new(&broker, &db, "mixed").timeseries();
     let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
+    palletd.subscribed().await;
     let mut publisher = Publisher::connect(&broker, "pub-mixed").await;
     publisher
         .publish("sensors/m1/telemetry", r#"{"v": 1}"#.to_string())
@@ -192,6 +190,7 @@ async fn a_bucket_collection_is_not_written_as_time_series() {
         .await
         .unwrap();
     let mut palletd = Palletd::start(&cfg);
+    palletd.ready().await;
     eventually(Duration::from_secs(30), "the reading stored", || async {
         let docs = all_docs(&client, "mixed", "readings").await;
         docs.len() == 1 && docs[0].get_f64("v") == Ok(1.0)
@@ -206,54 +205,44 @@ async fn a_bucket_collection_is_not_written_as_time_series() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_under_load_in_timeseries_mode_stores_every_reading_exactly_once() {
-    let broker = Broker::start();
-    let db = Database::start();
-    let extra = format!("{TIMESERIES}[flush]\ninterval = \"300ms\"\n");
-    let cfg = config(&broker, &db, "tscrash", "palletd-tscrash", &extra);
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    let publisher = Publisher::connect(&broker, "pub-tscrash").await;
-    let stream = tokio::spawn(publish_steadily(publisher, 20, 250.0, 2000));
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(700..2000))).await;
-        palletd.kill();
-        palletd = Palletd::start(&cfg);
-    }
+    let mut stack = Stack::start("tscrash", |c| c.timeseries().flush_interval("300ms")).await;
+    let stream = tokio::spawn(publish_steadily(stack.publisher().await, 20, 250.0, 2000));
+    stack.kill_repeatedly(3, 7).await;
     let sent = stream.await.unwrap();
-    let client = db.client().await;
-    assert_exactly_once(&client, "tscrash", &sent, Duration::from_secs(120)).await;
-    assert_eq!(palletd.terminate(), Some(0));
+    assert_exactly_once(&stack.client, "tscrash", &sent, Duration::from_secs(120)).await;
+    stack.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_insert_applied_without_a_reply_is_not_applied_twice() {
-    let broker = Broker::start();
     let db = Database::start();
     let proxy = CutProxy::start_cutting(db.port, b"documents").await;
-    let cfg = config(
-        &broker,
-        &db,
-        "tsambiguous",
-        "palletd-tsambiguous",
-        TIMESERIES,
+    let mut stack = Stack::on(Broker::start(), db, "tsambiguous", |c| {
+        c.timeseries().mongodb_uri(&proxy.uri())
+    })
+    .await;
+    // The time series collection exists (made at start).
+    eventually(
+        Duration::from_secs(30),
+        "the collection is made",
+        || async {
+            collection_info_opt(&stack.client, "tsambiguous")
+                .await
+                .is_some()
+        },
     )
-    .replace(&db.uri(), &proxy.uri());
-    let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("Subscribed.", Duration::from_secs(30));
-    palletd.wait_for_log("Indexes are in place.", Duration::from_secs(30));
+    .await;
     proxy.arm();
-    let publisher = Publisher::connect(&broker, "pub-tsambiguous").await;
-    let sent = publish_steadily(publisher, 5, 200.0, 100).await;
-    let client = db.client().await;
-    assert_exactly_once(&client, "tsambiguous", &sent, Duration::from_secs(60)).await;
+    let sent = publish_steadily(stack.publisher().await, 5, 200.0, 100).await;
+    assert_exactly_once(&stack.client, "tsambiguous", &sent, Duration::from_secs(60)).await;
     assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert!(
-        palletd
+        stack
+            .palletd
             .log()
             .contains("An interrupted insert had been applied"),
         "{}",
-        palletd.log()
+        stack.palletd.log()
     );
-    assert_eq!(palletd.terminate(), Some(0));
+    stack.stop();
 }

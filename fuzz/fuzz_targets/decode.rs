@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use palletd::config::{Subscription, DEFAULT_SENSOR_ID_PATTERN};
+use palletd::decode::{Subscription, DEFAULT_SENSOR_ID_PATTERN};
 use palletd::decode::{check_field_name, Decoder, FieldValue, Limits, PayloadFormat, TopicPattern};
 
 fn subscription(topic: &str, format: PayloadFormat, sensor_field: Option<&str>) -> Subscription {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
-use crate::decode::{PayloadFormat, TopicPattern};
+use crate::decode::{Limits, PayloadFormat, Subscription, TopicPattern};
 use raw::{
     RawBucket, RawCloser, RawFlush, RawHttp, RawLimits, RawMongo, RawMqtt, RawMqttTls,
     RawRetention, RawSize, RawSpool, RawStorage, RawSubscription, RawWriteConcern,
@@ -23,9 +23,7 @@ use raw::{
 /// `config.toml.example` is exactly this text.
 pub const EXAMPLE: &str = include_str!("../../config.toml.example");
 
-/// Sensor ids unless `bucket.sensor_id_pattern` says otherwise: letters,
-/// digits, `-`, `_`, `.`, `:`, 1 to 128 of them.
-pub const DEFAULT_SENSOR_ID_PATTERN: &str = "[A-Za-z0-9._:-]{1,128}";
+pub use crate::decode::DEFAULT_SENSOR_ID_PATTERN;
 
 /// Where the spool lives unless `spool.dir` says otherwise: the systemd
 /// `StateDirectory=palletd`.
@@ -119,6 +117,31 @@ pub struct Settings {
     pub warnings: Vec<String>,
 }
 
+impl Settings {
+    /// What the decoder checks every message against.
+    pub fn decode_limits(&self) -> Limits {
+        Limits {
+            max_payload_size: self.mqtt.max_payload_size,
+            max_lateness_ms: self.bucket.max_lateness.as_millis() as i64,
+            max_future_ms: self.bucket.max_future.as_millis() as i64,
+            max_samples_per_message: self.limits.max_samples_per_message,
+            max_fields_per_sample: self.limits.max_fields_per_sample,
+            max_field_name_length: self.limits.max_field_name_length,
+            max_string_length: self.limits.max_string_length,
+            sensor_id_pattern: self.bucket.sensor_id_pattern.clone(),
+        }
+    }
+
+    /// The bucket shape: window and caps, in the planner's units.
+    pub fn shape(&self) -> crate::bucket::Shape {
+        crate::bucket::Shape {
+            window_ms: self.bucket.window.as_millis() as i64,
+            max_samples: self.bucket.max_samples,
+            max_bytes: self.bucket.max_bytes,
+        }
+    }
+}
+
 /// Limits against hostile or broken input; each rejection is counted and
 /// dead-lettered.
 #[derive(Debug, Clone)]
@@ -202,6 +225,23 @@ pub enum StorageMode {
     Timeseries,
 }
 
+impl StorageMode {
+    /// The names `storage.mode` may take; each is one file in `src/store/`.
+    pub const NAMES: &'static [&'static str] = &["buckets", "timeseries"];
+}
+
+impl std::str::FromStr for StorageMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "buckets" => Ok(StorageMode::Buckets),
+            "timeseries" => Ok(StorageMode::Timeseries),
+            other => Err(crate::decode::not_one_of(StorageMode::NAMES, other)),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StorageSettings {
     pub mode: StorageMode,
@@ -254,17 +294,6 @@ pub struct HttpSettings {
     /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` (an
     /// empty `listen`) turns the endpoint off.
     pub listen: Option<std::net::SocketAddr>,
-}
-
-#[derive(Debug, Clone)]
-pub struct Subscription {
-    pub pattern: TopicPattern,
-    pub format: PayloadFormat,
-    pub timestamp_field: String,
-    pub sensor_field: Option<String>,
-    /// Field name for `format = "number"` when the topic has no `{field}`.
-    pub field: Option<String>,
-    pub qos: u8,
 }
 
 const SECTIONS: &[&str] = &[
@@ -797,14 +826,15 @@ impl Validator {
     }
 
     fn storage(&mut self, s: RawStorage) -> StorageSettings {
-        let mode = match s.mode.as_deref() {
-            None | Some("buckets") => StorageMode::Buckets,
-            Some("timeseries") => StorageMode::Timeseries,
-            Some(other) => {
-                self.err(
-                    "storage.mode",
-                    format!("must be \"buckets\" or \"timeseries\", got {other:?}"),
-                );
+        let mode = match s
+            .mode
+            .as_deref()
+            .unwrap_or("buckets")
+            .parse::<StorageMode>()
+        {
+            Ok(m) => m,
+            Err(e) => {
+                self.err("storage.mode", e);
                 StorageMode::Buckets
             }
         };
@@ -941,14 +971,15 @@ impl Validator {
                 None
             }
         };
-        let format = match s.format.as_deref() {
-            None | Some("json") => PayloadFormat::Json,
-            Some("number") => PayloadFormat::Number,
-            Some(other) => {
-                self.err(
-                    format!("{path}.format"),
-                    format!("must be \"json\" or \"number\", got {other:?}"),
-                );
+        let format = match s
+            .format
+            .as_deref()
+            .unwrap_or("json")
+            .parse::<PayloadFormat>()
+        {
+            Ok(f) => f,
+            Err(e) => {
+                self.err(format!("{path}.format"), e);
                 PayloadFormat::Json
             }
         };

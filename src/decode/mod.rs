@@ -5,22 +5,76 @@
 //! rejections. A rejection of the whole message (bad JSON, unknown topic, too
 //! large) leaves no readings; a rejection of one sample (bad timestamp, bad
 //! field name, a clock far off) leaves the message's other samples intact.
+//!
+//! Each payload format is one file and one arm of [`PayloadFormat`]:
+//! [`json`] and [`number`]. Adding a format means a new file with a
+//! `decode` function, its arm in the enum (its name in [`PayloadFormat::NAMES`]
+//! and in `FromStr`) and its arm in [`Decoder::decode`]; the configuration
+//! learns the name from here.
 
+mod json;
+mod number;
 mod topic;
 
 use std::fmt;
 
+pub use json::parse_timestamp;
 pub use topic::{TopicMatch, TopicPattern};
-
-use crate::config::Subscription;
 
 /// How a subscription's payloads are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PayloadFormat {
-    /// A JSON object, or an array of objects.
+    /// A JSON object, or an array of objects ([`json`]).
     Json,
-    /// A bare number; its field name comes from `{field}` or `field`.
+    /// A bare number; its field name comes from `{field}` or `field`
+    /// ([`number`]).
     Number,
+}
+
+impl PayloadFormat {
+    /// The names a subscription's `format` may take.
+    pub const NAMES: &'static [&'static str] = &["json", "number"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PayloadFormat::Json => "json",
+            PayloadFormat::Number => "number",
+        }
+    }
+}
+
+impl std::str::FromStr for PayloadFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "json" => Ok(PayloadFormat::Json),
+            "number" => Ok(PayloadFormat::Number),
+            other => Err(not_one_of(PayloadFormat::NAMES, other)),
+        }
+    }
+}
+
+/// The error for a name that is not one of `names` (a configuration value).
+pub fn not_one_of(names: &[&str], got: &str) -> String {
+    let names: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
+    format!("must be one of {}, got {got:?}", names.join(", "))
+}
+
+/// Sensor ids unless `bucket.sensor_id_pattern` says otherwise: letters,
+/// digits, `-`, `_`, `.`, `:`, 1 to 128 of them.
+pub const DEFAULT_SENSOR_ID_PATTERN: &str = "[A-Za-z0-9._:-]{1,128}";
+
+/// One `[[subscription]]`: which topics, and how their payloads are read.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    pub pattern: TopicPattern,
+    pub format: PayloadFormat,
+    pub timestamp_field: String,
+    pub sensor_field: Option<String>,
+    /// Field name for `format = "number"` when the topic has no `{field}`.
+    pub field: Option<String>,
+    pub qos: u8,
 }
 
 /// A value of one field of a sample.
@@ -126,21 +180,6 @@ pub struct Limits {
     pub sensor_id_pattern: regex::Regex,
 }
 
-impl Limits {
-    pub fn from_settings(s: &crate::config::Settings) -> Limits {
-        Limits {
-            max_payload_size: s.mqtt.max_payload_size,
-            max_lateness_ms: s.bucket.max_lateness.as_millis() as i64,
-            max_future_ms: s.bucket.max_future.as_millis() as i64,
-            max_samples_per_message: s.limits.max_samples_per_message,
-            max_fields_per_sample: s.limits.max_fields_per_sample,
-            max_field_name_length: s.limits.max_field_name_length,
-            max_string_length: s.limits.max_string_length,
-            sensor_id_pattern: s.bucket.sensor_id_pattern.clone(),
-        }
-    }
-}
-
 /// Decodes messages for a set of subscriptions.
 #[derive(Debug, Clone)]
 pub struct Decoder {
@@ -176,9 +215,9 @@ impl Decoder {
             return out;
         };
         let result = match sub.format {
-            PayloadFormat::Number => decode_number(sub, m, payload, now_ms, &self.limits),
+            PayloadFormat::Number => number::decode(sub, m, payload, now_ms, &self.limits),
             PayloadFormat::Json => {
-                decode_json(sub, m, payload, now_ms, &self.limits, &mut out.errors)
+                json::decode(sub, m, payload, now_ms, &self.limits, &mut out.errors)
             }
         };
         match result {
@@ -205,19 +244,13 @@ impl Decoder {
         };
         Err(DecodeError::TimeOutOfRange {
             index,
-            ts: format_ts(r.ts_ms),
-            what: format!("{what} (received at {})", format_ts(now_ms)),
+            ts: crate::clock::iso(r.ts_ms),
+            what: format!("{what} (received at {})", crate::clock::iso(now_ms)),
         })
     }
 }
 
-fn format_ts(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-        .unwrap_or_else(|| format!("{ms}ms"))
-}
-
-fn check_sensor(id: &str, limits: &Limits) -> Result<(), DecodeError> {
+pub(crate) fn check_sensor(id: &str, limits: &Limits) -> Result<(), DecodeError> {
     if id.is_empty() {
         return Err(DecodeError::BadSensor("empty sensor id".into()));
     }
@@ -235,39 +268,7 @@ fn check_sensor(id: &str, limits: &Limits) -> Result<(), DecodeError> {
     Ok(())
 }
 
-fn decode_number(
-    sub: &Subscription,
-    m: TopicMatch<'_>,
-    payload: &[u8],
-    now_ms: i64,
-    limits: &Limits,
-) -> Result<Vec<Reading>, DecodeError> {
-    let sensor = m.sensor.unwrap_or_default();
-    check_sensor(sensor, limits)?;
-    let field = m.field.or(sub.field.as_deref()).unwrap_or_default();
-    check_field_name(field).map_err(|e| DecodeError::BadField {
-        index: 0,
-        message: e.to_string(),
-    })?;
-    let text = std::str::from_utf8(payload)
-        .map_err(|_| DecodeError::BadPayload("not UTF-8 text".into()))?
-        .trim();
-    let value: f64 = text
-        .parse()
-        .map_err(|_| DecodeError::BadPayload(format!("not a number: {:?}", truncate(text, 64))))?;
-    if !value.is_finite() {
-        return Err(DecodeError::BadPayload(format!(
-            "not a finite number: {text:?}"
-        )));
-    }
-    Ok(vec![Reading {
-        sensor: sensor.to_string(),
-        ts_ms: now_ms,
-        fields: vec![(field.to_string(), FieldValue::Num(value))],
-    }])
-}
-
-fn truncate(s: &str, max: usize) -> &str {
+pub(crate) fn truncate(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
     }
@@ -278,237 +279,9 @@ fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-fn decode_json(
-    sub: &Subscription,
-    m: TopicMatch<'_>,
-    payload: &[u8],
-    now_ms: i64,
-    limits: &Limits,
-    errors: &mut Vec<DecodeError>,
-) -> Result<Vec<Reading>, DecodeError> {
-    let value: serde_json::Value = serde_json::from_slice(payload)
-        .map_err(|e| DecodeError::BadPayload(format!("invalid JSON: {e}")))?;
-    let objects = match value {
-        serde_json::Value::Object(o) => vec![o],
-        serde_json::Value::Array(items) => {
-            if items.is_empty() {
-                return Err(DecodeError::BadPayload("empty array: no samples".into()));
-            }
-            if items.len() > limits.max_samples_per_message {
-                return Err(DecodeError::OverLimit {
-                    cause: "too_many_samples",
-                    message: format!(
-                        "{} samples in one message exceed limits.max_samples_per_message ({})",
-                        items.len(),
-                        limits.max_samples_per_message
-                    ),
-                });
-            }
-            let mut objects = Vec::with_capacity(items.len());
-            for (i, item) in items.into_iter().enumerate() {
-                match item {
-                    serde_json::Value::Object(o) => objects.push(o),
-                    _ => {
-                        return Err(DecodeError::BadPayload(format!(
-                            "array element {i} is not an object"
-                        )))
-                    }
-                }
-            }
-            objects
-        }
-        _ => {
-            return Err(DecodeError::BadPayload(
-                "expected a JSON object or an array of objects".into(),
-            ))
-        }
-    };
-    let topic_sensor = match (&sub.sensor_field, m.sensor) {
-        (None, Some(s)) => {
-            check_sensor(s, limits)?;
-            Some(s)
-        }
-        _ => None,
-    };
-    let mut readings = Vec::with_capacity(objects.len());
-    for (index, mut obj) in objects.into_iter().enumerate() {
-        match sample_from_object(sub, topic_sensor, &mut obj, index, now_ms, limits) {
-            Ok(r) => readings.push(r),
-            Err(e) => errors.push(e),
-        }
-    }
-    Ok(readings)
-}
-
-fn sample_from_object(
-    sub: &Subscription,
-    topic_sensor: Option<&str>,
-    obj: &mut serde_json::Map<String, serde_json::Value>,
-    index: usize,
-    now_ms: i64,
-    limits: &Limits,
-) -> Result<Reading, DecodeError> {
-    if obj.len() > limits.max_fields_per_sample + 2 {
-        return Err(DecodeError::OverLimit {
-            cause: "too_many_fields",
-            message: format!(
-                "sample {index}: {} fields exceed limits.max_fields_per_sample ({})",
-                obj.len(),
-                limits.max_fields_per_sample
-            ),
-        });
-    }
-    let sensor = match &sub.sensor_field {
-        Some(f) => match obj.remove(f) {
-            Some(serde_json::Value::String(s)) => {
-                check_sensor(&s, limits)?;
-                s
-            }
-            Some(serde_json::Value::Number(n)) => {
-                let s = n.to_string();
-                check_sensor(&s, limits)?;
-                s
-            }
-            Some(_) => {
-                return Err(DecodeError::BadSensor(format!(
-                    "sample {index}: field {f:?} is not a string"
-                )))
-            }
-            None => {
-                return Err(DecodeError::BadSensor(format!(
-                    "sample {index}: field {f:?} is missing"
-                )))
-            }
-        },
-        None => topic_sensor.unwrap_or_default().to_string(),
-    };
-    let ts_ms = match obj.remove(&sub.timestamp_field) {
-        None => now_ms,
-        Some(v) => {
-            parse_timestamp(&v).map_err(|message| DecodeError::BadTimestamp { index, message })?
-        }
-    };
-    let mut fields = Vec::with_capacity(obj.len());
-    for (name, value) in std::mem::take(obj) {
-        if name.len() > limits.max_field_name_length {
-            return Err(DecodeError::OverLimit {
-                cause: "field_name_too_long",
-                message: format!(
-                    "sample {index}: a field name of {} bytes exceeds limits.max_field_name_length ({})",
-                    name.len(),
-                    limits.max_field_name_length
-                ),
-            });
-        }
-        let value = match value {
-            serde_json::Value::Null => continue,
-            serde_json::Value::Bool(b) => FieldValue::Bool(b),
-            serde_json::Value::String(s) if s.len() > limits.max_string_length => {
-                return Err(DecodeError::OverLimit {
-                    cause: "string_too_long",
-                    message: format!(
-                        "sample {index}: field {:?} has {} bytes, over limits.max_string_length ({})",
-                        truncate(&name, 64),
-                        s.len(),
-                        limits.max_string_length
-                    ),
-                })
-            }
-            serde_json::Value::String(s) => FieldValue::Str(s),
-            serde_json::Value::Number(n) => match n.as_f64() {
-                Some(f) if f.is_finite() => FieldValue::Num(f),
-                _ => {
-                    return Err(DecodeError::BadField {
-                        index,
-                        message: format!("field {name:?}: number out of range"),
-                    })
-                }
-            },
-            serde_json::Value::Array(_) | serde_json::Value::Object(_) => {
-                return Err(DecodeError::BadField {
-                    index,
-                    message: format!("field {name:?}: nested objects and arrays are not supported"),
-                })
-            }
-        };
-        check_field_name(&name).map_err(|e| DecodeError::BadField {
-            index,
-            message: e.to_string(),
-        })?;
-        if name == "ts" {
-            return Err(DecodeError::BadField {
-                index,
-                message: "field \"ts\" is reserved for the sample timestamp".into(),
-            });
-        }
-        fields.push((name, value));
-    }
-    if fields.len() > limits.max_fields_per_sample {
-        return Err(DecodeError::OverLimit {
-            cause: "too_many_fields",
-            message: format!(
-                "sample {index}: {} fields exceed limits.max_fields_per_sample ({})",
-                fields.len(),
-                limits.max_fields_per_sample
-            ),
-        });
-    }
-    Ok(Reading {
-        sensor,
-        ts_ms,
-        fields,
-    })
-}
-
-/// RFC 3339 text, or an epoch number whose unit is told by its magnitude:
-/// below 1e11 seconds, below 1e14 milliseconds, below 1e17 microseconds,
-/// else nanoseconds. Integers are truncated to the millisecond (floor),
-/// fractional numbers rounded to the nearest millisecond.
-pub fn parse_timestamp(v: &serde_json::Value) -> Result<i64, String> {
-    match v {
-        serde_json::Value::String(s) => chrono::DateTime::parse_from_rfc3339(s.trim())
-            .map(|t| t.timestamp_millis())
-            .map_err(|e| format!("{:?} is not RFC 3339: {e}", truncate(s, 64))),
-        serde_json::Value::Number(n) => {
-            // Integers exactly (nanoseconds exceed f64 precision), floats rounded.
-            if let Some(i) = n.as_i64() {
-                let ms = match i.unsigned_abs() {
-                    a if a < 100_000_000_000 => i.checked_mul(1000),
-                    a if a < 100_000_000_000_000 => Some(i),
-                    a if a < 100_000_000_000_000_000 => Some(i.div_euclid(1000)),
-                    _ => Some(i.div_euclid(1_000_000)),
-                };
-                return ms
-                    .filter(|ms| ms.unsigned_abs() <= 8_640_000_000_000_000)
-                    .ok_or_else(|| format!("{n} is outside the representable date range"));
-            }
-            let x = n.as_f64().ok_or("not a number")?;
-            if !x.is_finite() {
-                return Err("not a finite number".into());
-            }
-            let ms = match x.abs() {
-                a if a < 1e11 => x * 1e3,
-                a if a < 1e14 => x,
-                a if a < 1e17 => x / 1e3,
-                _ => x / 1e6,
-            };
-            if ms.abs() > 8.64e15 {
-                return Err(format!("{n} is outside the representable date range"));
-            }
-            Ok(ms.round() as i64)
-        }
-        other => Err(format!(
-            "expected RFC 3339 text or an epoch number, got {other}"
-        )),
-    }
-}
-
 impl fmt::Display for PayloadFormat {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            PayloadFormat::Json => "json",
-            PayloadFormat::Number => "number",
-        })
+        f.write_str(self.name())
     }
 }
 
@@ -539,11 +312,8 @@ mod tests {
             max_fields_per_sample: 5,
             max_field_name_length: 16,
             max_string_length: 32,
-            sensor_id_pattern: regex::Regex::new(&format!(
-                "^(?:{})$",
-                crate::config::DEFAULT_SENSOR_ID_PATTERN
-            ))
-            .unwrap(),
+            sensor_id_pattern: regex::Regex::new(&format!("^(?:{})$", DEFAULT_SENSOR_ID_PATTERN))
+                .unwrap(),
         }
     }
 
@@ -580,26 +350,6 @@ mod tests {
         assert!(r
             .fields
             .contains(&("note".into(), FieldValue::Str("x".into()))));
-    }
-
-    #[test]
-    fn epoch_units_are_told_by_magnitude() {
-        let secs = NOW / 1000;
-        for (v, want) in [
-            (serde_json::json!(secs), NOW),
-            (serde_json::json!(secs as f64 + 0.25), NOW + 250),
-            (serde_json::json!(NOW), NOW),
-            (serde_json::json!(NOW * 1000 + 999), NOW),
-            (serde_json::json!(NOW * 1_000_000 + 1), NOW),
-        ] {
-            assert_eq!(parse_timestamp(&v), Ok(want), "{v}");
-        }
-        assert!(parse_timestamp(&serde_json::json!("yesterday")).is_err());
-        assert!(parse_timestamp(&serde_json::json!(true)).is_err());
-        assert_eq!(
-            parse_timestamp(&serde_json::json!("2026-08-20T16:00:00+02:00")),
-            Ok(NOW)
-        );
     }
 
     #[test]

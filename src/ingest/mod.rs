@@ -1,8 +1,9 @@
 //! Owns the rumqttc event loop: connect, subscribe, reconnect, and hand each
-//! PUBLISH to the pipeline. Acknowledgements are sent by the pipeline through
-//! [`Acker`] (a non-blocking `try_ack` into rumqttc's request channel); this
-//! task never awaits an ack or a subscribe, so it always keeps polling, and
-//! the keep-alive and the PUBACKs go out even while the database is slow.
+//! PUBLISH to the spooler. Acknowledgements are sent by the spooler through
+//! [`Acker`] (a non-blocking `try_ack` into rumqttc's request channel) once
+//! a message is durable in the spool; this task never awaits an ack or a
+//! subscribe, so it always keeps polling, and the keep-alive and the PUBACKs
+//! go out even while the spool or the database is slow.
 //!
 //! Session: clean session off under the configured client id, so the broker
 //! keeps unacknowledged messages across disconnects and restarts. The
@@ -18,7 +19,6 @@
 //! packet ids. Only past 65,536 waiting messages (a QoS 0 flood) does the task
 //! stop reading from the socket.
 
-pub mod acks;
 pub mod tls;
 
 use std::time::Duration;
@@ -31,11 +31,13 @@ use tracing::{debug, error, info, warn};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::{MqttSettings, Subscription};
+use crate::clock::now_ms;
+use crate::config::MqttSettings;
+use crate::decode::Subscription;
+use crate::retry::Backoff;
 use crate::telemetry::{self, Health};
-use crate::writer::Backoff;
 
-/// One received PUBLISH, as the pipeline sees it.
+/// One received PUBLISH, as the spooler sees it.
 #[derive(Debug)]
 pub struct Message {
     pub topic: String,
@@ -298,6 +300,7 @@ impl Connection {
                     // reconnect: each subscribe re-sends retained messages.
                     if !ack.session_present || !subscribed {
                         subscribed = true;
+                        health.set_subscribed(false);
                         let subs = self
                             .filters
                             .iter()
@@ -305,19 +308,25 @@ impl Connection {
                         if let Err(e) = self.client.try_subscribe_many(subs) {
                             error!(error = %e, "Could not queue the subscriptions.");
                         }
+                    } else {
+                        // The broker kept the session and its subscriptions.
+                        health.set_subscribed(true);
                     }
                 }
                 Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                    let mut all = true;
                     for (code, (filter, _)) in ack.return_codes.iter().zip(&self.filters) {
                         match code {
                             rumqttc::SubscribeReasonCode::Success(q) => {
                                 info!(%filter, qos = ?q, "Subscribed.")
                             }
                             rumqttc::SubscribeReasonCode::Failure => {
+                                all = false;
                                 error!(%filter, "The broker refused the subscription; check its ACLs.")
                             }
                         }
                     }
+                    health.set_subscribed(all);
                 }
                 Ok(Event::Incoming(Packet::Publish(p))) => {
                     if stop.is_cancelled() {
@@ -343,7 +352,7 @@ impl Connection {
                         topic: p.topic,
                         payload: p.payload,
                         ack,
-                        received_ms: crate::now_ms(),
+                        received_ms: now_ms(),
                         id,
                         duplicate,
                     };

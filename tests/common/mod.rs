@@ -1,7 +1,10 @@
 //! Test harness: a real Mosquitto and a real SecantusDB server per test, on
 //! free ports with their own temporary directories, palletd as a child
-//! process, and helpers to publish and to read the stored buckets back.
+//! process configured with a typed [`Config`] builder, and helpers that
+//! wait for what can be observed (`/readyz`, `/metrics`, stored documents,
+//! the broker's `$SYS` counters) and read the stored buckets back.
 //!
+//! [`Stack::start`] brings broker, database and palletd up together.
 //! A missing service binary fails the test with the command that installs it
 //! (`scripts/install-test-services` does both).
 #![allow(dead_code)]
@@ -19,7 +22,13 @@ use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
 
 pub const INSTALL_HINT: &str = "run `scripts/install-test-services` (installs Mosquitto from Debian and SecantusDB from crates.io)";
 
-fn free_port() -> u16 {
+pub const HOUR_MS: i64 = 3_600_000;
+
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -62,6 +71,8 @@ fn kill_and_wait(child: &mut Child, signal: &str) {
         .status();
     let _ = child.wait();
 }
+
+// ------------------------------------------------------------- services
 
 /// A Mosquitto broker on a free port.
 pub struct Broker {
@@ -135,6 +146,42 @@ impl Broker {
 
     pub fn url(&self) -> String {
         format!("mqtt://127.0.0.1:{}", self.port)
+    }
+
+    /// Messages Mosquitto holds beyond its retained ones (the $SYS topics
+    /// are retained), read from $SYS: in flight to or queued for a client.
+    pub async fn held_messages(&self) -> i64 {
+        let mut opts = MqttOptions::new("sys-reader", "127.0.0.1", self.port);
+        opts.set_keep_alive(Duration::from_secs(5));
+        let (client, mut eventloop) = AsyncClient::new(opts, 10);
+        for topic in [
+            "$SYS/broker/store/messages/count",
+            "$SYS/broker/retained messages/count",
+        ] {
+            client.subscribe(topic, QoS::AtMostOnce).await.unwrap();
+        }
+        let read = async {
+            let (mut stored, mut retained) = (None, None);
+            loop {
+                if let Ok(Event::Incoming(Packet::Publish(p))) = eventloop.poll().await {
+                    let n = String::from_utf8_lossy(&p.payload)
+                        .trim()
+                        .parse::<i64>()
+                        .unwrap();
+                    if p.topic.contains("store") {
+                        stored = Some(n);
+                    } else {
+                        retained = Some(n);
+                    }
+                    if let (Some(s), Some(r)) = (stored, retained) {
+                        return s - r;
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .expect("no $SYS store counts from the broker")
     }
 }
 
@@ -239,6 +286,52 @@ impl Database {
         opts.server_selection_timeout = Some(Duration::from_secs(5));
         mongodb::Client::with_options(opts).unwrap()
     }
+
+    /// Makes the TTL monitor run every second (MongoDB's
+    /// `ttlMonitorSleepSecs`; 60 by default) and returns how many passes
+    /// it has made so far.
+    pub async fn fast_ttl_monitor(&self) -> i64 {
+        let client = self.client().await;
+        let admin = client.database("admin");
+        admin
+            .run_command(doc! { "setParameter": 1, "ttlMonitorSleepSecs": 1 })
+            .await
+            .expect("setParameter ttlMonitorSleepSecs");
+        let passes = self.ttl_passes().await;
+        admin
+            .run_command(doc! { "setParameter": 1, "ttlMonitorEnabled": true })
+            .await
+            .expect("setParameter ttlMonitorEnabled");
+        passes
+    }
+
+    /// Stops the TTL monitor until [`Database::fast_ttl_monitor`].
+    pub async fn pause_ttl_monitor(&self) {
+        self.client()
+            .await
+            .database("admin")
+            .run_command(doc! { "setParameter": 1, "ttlMonitorEnabled": false })
+            .await
+            .expect("setParameter ttlMonitorEnabled");
+    }
+
+    /// Passes of the TTL monitor so far (`serverStatus.metrics.ttl.passes`).
+    pub async fn ttl_passes(&self) -> i64 {
+        let status = self
+            .client()
+            .await
+            .database("admin")
+            .run_command(doc! { "serverStatus": 1 })
+            .await
+            .unwrap();
+        status
+            .get_document("metrics")
+            .and_then(|m| m.get_document("ttl"))
+            .ok()
+            .and_then(|t| t.get("passes"))
+            .and_then(|p| p.as_i64().or(p.as_i32().map(i64::from)))
+            .unwrap_or(0)
+    }
 }
 
 impl Drop for Database {
@@ -249,34 +342,48 @@ impl Drop for Database {
     }
 }
 
-/// A palletd configuration for tests; `extra` is appended verbatim and may
-/// add sections ([bucket], [flush], more [[subscription]]s).
-pub fn config(
-    broker: &Broker,
-    db: &Database,
-    database: &str,
-    client_id: &str,
-    extra: &str,
-) -> String {
-    format!(
-        r#"
+// --------------------------------------------------------------- config
+
+/// A palletd configuration, built up typed and written out as TOML.
+///
+/// The defaults: the given broker and database, database `name`, client id
+/// `palletd-<name>`, a 5 s keep-alive, 100 messages in flight, the HTTP
+/// endpoint on a free port, the spool in the broker's directory (so it
+/// survives a palletd restart within a test), and two subscriptions:
+/// `sensors/{sensor}/telemetry` (JSON) and `plant/{sensor}/{field}` (numbers).
+#[derive(Clone)]
+pub struct Config {
+    table: toml::Table,
+    pub http_port: u16,
+    pub name: String,
+}
+
+impl Config {
+    pub fn new(broker: &Broker, db: &Database, name: &str) -> Config {
+        Self::new_with(&broker.url(), broker.dir.path(), db, name)
+    }
+
+    fn new_with(url: &str, dir: &Path, db: &Database, name: &str) -> Config {
+        let client_id = format!("palletd-{name}");
+        let http_port = free_port();
+        let spool = dir.join(format!("spool-{client_id}"));
+        let text = format!(
+            r#"
 [mqtt]
-url = "{}"
+url = "{url}"
 client_id = "{client_id}"
 keep_alive = "5s"
 max_inflight = 100
 
 [mongodb]
-uri = "{}"
-database = "{database}"
+uri = "{uri}"
+database = "{name}"
 
 [http]
-listen = "127.0.0.1:{}"
+listen = "127.0.0.1:{http_port}"
 
 [spool]
-dir = "{}"
-
-{extra}
+dir = "{spool}"
 
 [[subscription]]
 topic = "sensors/{{sensor}}/telemetry"
@@ -285,69 +392,159 @@ topic = "sensors/{{sensor}}/telemetry"
 topic = "plant/{{sensor}}/{{field}}"
 format = "number"
 "#,
-        broker.url(),
-        db.uri(),
-        free_port(),
-        broker
-            .dir
-            .path()
-            .join(format!("spool-{client_id}"))
-            .display()
-    )
+            uri = db.uri(),
+            spool = spool.display(),
+        );
+        Config {
+            table: toml::from_str(&text).unwrap(),
+            http_port,
+            name: name.to_string(),
+        }
+    }
+
+    /// A configuration for in-process use of the library against `db` (no
+    /// broker; its URL points nowhere).
+    pub fn offline(db: &Database, name: &str) -> Config {
+        let mut c = Config::new_with("mqtt://127.0.0.1:1", &std::env::temp_dir(), db, name);
+        c.http_port = 0;
+        c
+    }
+
+    /// The validated settings, as palletd would load them.
+    pub fn settings(&self) -> palletd::config::Settings {
+        palletd::config::parse(&self.toml(), None).expect("a valid config")
+    }
+
+    /// Sets `section.key` (or `section.sub.key`) to `value`.
+    pub fn set(mut self, path: &str, value: impl Into<toml::Value>) -> Config {
+        let mut keys: Vec<&str> = path.split('.').collect();
+        let last = keys.pop().expect("a key");
+        let mut table = &mut self.table;
+        for k in keys {
+            table = table
+                .entry(k)
+                .or_insert_with(|| toml::Value::Table(Default::default()))
+                .as_table_mut()
+                .expect("a table");
+        }
+        table.insert(last.to_string(), value.into());
+        self
+    }
+
+    /// Removes `section.key`.
+    pub fn unset(mut self, path: &str) -> Config {
+        let (section, key) = path.split_once('.').expect("section.key");
+        if let Some(t) = self.table.get_mut(section).and_then(|t| t.as_table_mut()) {
+            t.remove(key);
+        }
+        self
+    }
+
+    /// Adds a `[[subscription]]` for a JSON topic pattern.
+    pub fn subscribe(mut self, topic: &str) -> Config {
+        let mut sub = toml::Table::new();
+        sub.insert("topic".into(), topic.into());
+        if let Some(toml::Value::Array(subs)) = self.table.get_mut("subscription") {
+            subs.push(toml::Value::Table(sub));
+        }
+        self
+    }
+
+    pub fn window(self, window: &str) -> Config {
+        self.set("bucket.window", window)
+    }
+
+    pub fn max_samples(self, n: i64) -> Config {
+        self.set("bucket.max_samples", n)
+    }
+
+    pub fn flush_interval(self, every: &str) -> Config {
+        self.set("flush.interval", every)
+    }
+
+    pub fn closer(self, every: &str, grace: &str) -> Config {
+        self.set("closer.interval", every)
+            .set("closer.grace", grace)
+    }
+
+    pub fn timeseries(self) -> Config {
+        self.set("storage.mode", "timeseries")
+            .set("storage.granularity", "seconds")
+    }
+
+    pub fn mongodb_uri(self, uri: &str) -> Config {
+        self.set("mongodb.uri", uri)
+    }
+
+    pub fn client_id(&self) -> String {
+        self.table["mqtt"]["client_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    pub fn database(&self) -> String {
+        self.table["mongodb"]["database"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    pub fn toml(&self) -> String {
+        toml::to_string(&self.table).unwrap()
+    }
+
+    /// The config written to `dir/<name>`, for a `palletd` command.
+    pub fn write_to(&self, dir: &Path, name: &str) -> PathBuf {
+        write_file(dir, name, &self.toml())
+    }
 }
 
-/// The port of `[http] listen` in a config made by [`config`].
-pub fn http_port(config: &str) -> u16 {
-    config
-        .split("listen = \"127.0.0.1:")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .and_then(|p| p.parse().ok())
-        .expect("config has an [http] listen port")
-}
+// -------------------------------------------------------------- palletd
 
 /// palletd running as a child process.
 pub struct Palletd {
     pub child: Child,
     pub dir: tempfile::TempDir,
+    pub http_port: u16,
     log: PathBuf,
 }
 
+/// How to start palletd besides its config.
+#[derive(Default)]
+pub struct Run<'a> {
+    pub args: &'a [&'a str],
+    /// `RUST_LOG` (default `palletd=debug,info`).
+    pub log: Option<&'a str>,
+    pub env: &'a [(&'a str, &'a str)],
+}
+
 impl Palletd {
-    pub fn start(config: &str) -> Palletd {
-        Self::start_with_args(config, &[])
+    pub fn start(config: &Config) -> Palletd {
+        Self::start_with(config, Run::default())
     }
 
-    pub fn start_with_args(config: &str, args: &[&str]) -> Palletd {
-        Self::start_with(config, args, "palletd=debug,info")
-    }
-
-    pub fn start_with(config: &str, args: &[&str], rust_log: &str) -> Palletd {
-        Self::start_with_env(config, args, rust_log, &[])
-    }
-
-    pub fn start_with_env(
-        config: &str,
-        args: &[&str],
-        rust_log: &str,
-        env: &[(&str, &str)],
-    ) -> Palletd {
+    pub fn start_with(config: &Config, run: Run) -> Palletd {
         let dir = tempfile::tempdir().unwrap();
-        let conf = dir.path().join("palletd.toml");
-        std::fs::write(&conf, config).unwrap();
+        let conf = config.write_to(dir.path(), "palletd.toml");
         let log = dir.path().join("palletd.log");
         let child = Command::new(env!("CARGO_BIN_EXE_palletd"))
             .arg("run")
             .arg("--config")
             .arg(&conf)
-            .args(args)
-            .env("RUST_LOG", rust_log)
-            .envs(env.iter().copied())
+            .args(run.args)
+            .env("RUST_LOG", run.log.unwrap_or("palletd=debug,info"))
+            .envs(run.env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        Palletd { child, dir, log }
+        Palletd {
+            child,
+            dir,
+            http_port: config.http_port,
+            log,
+        }
     }
 
     pub fn log(&self) -> String {
@@ -377,15 +574,80 @@ impl Palletd {
         }
     }
 
-    /// Polls until the log contains `needle`.
-    pub fn wait_for_log(&self, needle: &str, within: Duration) {
-        self.wait_for_log_count(needle, 1, within)
+    /// Still running?
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// Polls until the log contains `needle` at least `n` times.
-    pub fn wait_for_log_count(&self, needle: &str, n: usize, within: Duration) {
+    /// `/readyz`: (status, body).
+    pub fn readyz(&self) -> (u16, String) {
+        http_get(self.http_port, "/readyz")
+    }
+
+    /// Polls `/readyz` until palletd is ready: connected and subscribed to
+    /// the broker, the database answering.
+    pub async fn ready(&self) {
+        self.wait_until(Duration::from_secs(30), "ready (/readyz)", |p| {
+            p.readyz().0 == 200
+        })
+        .await;
+    }
+
+    /// Polls `/readyz` until the broker acknowledged the subscriptions,
+    /// whatever the database does.
+    pub async fn subscribed(&self) {
+        self.wait_until(Duration::from_secs(30), "subscribed (/readyz)", |p| {
+            let (status, why) = p.readyz();
+            status == 200 || why.contains("database") || why.contains("flush")
+        })
+        .await;
+    }
+
+    /// The metrics palletd serves (none while the endpoint is not up).
+    pub fn scrape(&self) -> prometheus_parse::Scrape {
+        let (status, body) = http_get(self.http_port, "/metrics");
+        let lines = body.lines().map(|l| Ok(l.to_string()));
+        let scrape = prometheus_parse::Scrape::parse(lines).expect("/metrics is Prometheus text");
+        assert!(status == 200 || scrape.samples.is_empty());
+        scrape
+    }
+
+    /// The sum of a metric's samples (those with `label`, if given).
+    pub fn metric(&self, name: &str, label: Option<(&str, &str)>) -> f64 {
+        metric(&self.scrape(), name, label)
+    }
+
+    /// Polls until `f(self)` holds, or panics with `what` and the log.
+    pub async fn wait_until(&self, within: Duration, what: &str, f: impl Fn(&Palletd) -> bool) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if f(self) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for palletd to be {what}:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Polls until a metric reaches `at_least`.
+    pub async fn wait_metric(&self, name: &str, at_least: f64) {
+        self.wait_until(
+            Duration::from_secs(60),
+            &format!("at {name} >= {at_least}"),
+            |p| p.metric(name, None) >= at_least,
+        )
+        .await;
+    }
+
+    /// Polls until the log contains `needle` (for tests of what palletd
+    /// says; wait for observable state with the other waits).
+    pub fn wait_for_log(&self, needle: &str, within: Duration) {
         let deadline = Instant::now() + within;
-        while self.log().matches(needle).count() < n {
+        while !self.log().contains(needle) {
             assert!(
                 Instant::now() < deadline,
                 "palletd never logged {needle:?}:\n{}",
@@ -404,8 +666,161 @@ impl Drop for Palletd {
     }
 }
 
+/// The sum of a metric's samples in a scrape (those with `label`, if given).
+pub fn metric(scrape: &prometheus_parse::Scrape, name: &str, label: Option<(&str, &str)>) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter(|s| label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+/// Runs `palletd query --config FILE ARGS`.
+pub fn run_query(cfg_path: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_palletd"))
+        .arg("query")
+        .arg("--config")
+        .arg(cfg_path)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `palletd query` that must succeed: its standard output.
+pub fn query_ok(cfg_path: &Path, args: &[&str]) -> String {
+    let out = run_query(cfg_path, args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+// ---------------------------------------------------------------- stack
+
+/// A broker, a database and palletd, started together for one test.
+pub struct Stack {
+    pub broker: Broker,
+    pub db: Database,
+    pub config: Config,
+    pub palletd: Palletd,
+    pub client: mongodb::Client,
+}
+
+impl Stack {
+    /// Broker, database and palletd with `configure`d settings, ready.
+    pub async fn start(name: &str, configure: impl FnOnce(Config) -> Config) -> Stack {
+        let broker = Broker::start();
+        let db = Database::start();
+        Self::on(broker, db, name, configure).await
+    }
+
+    /// palletd on these services, ready.
+    pub async fn on(
+        broker: Broker,
+        db: Database,
+        name: &str,
+        configure: impl FnOnce(Config) -> Config,
+    ) -> Stack {
+        let stack = Self::assemble(broker, db, name, configure).await;
+        stack.palletd.ready().await;
+        stack
+    }
+
+    /// Broker and palletd up (subscribed), the database stopped: palletd
+    /// spools and acknowledges what it receives. `stack.db.start_again()`
+    /// brings the database back.
+    pub async fn without_database(name: &str, configure: impl FnOnce(Config) -> Config) -> Stack {
+        let mut db = Database::start();
+        db.stop();
+        let stack = Self::assemble(Broker::start(), db, name, configure).await;
+        stack.palletd.subscribed().await;
+        stack
+    }
+
+    async fn assemble(
+        broker: Broker,
+        db: Database,
+        name: &str,
+        configure: impl FnOnce(Config) -> Config,
+    ) -> Stack {
+        let config = configure(Config::new(&broker, &db, name));
+        let palletd = Palletd::start(&config);
+        let client = db.client().await;
+        Stack {
+            broker,
+            db,
+            config,
+            palletd,
+            client,
+        }
+    }
+
+    /// SIGKILLs palletd `times` times at random moments 0.7-2 s apart (the
+    /// same moments for the same `seed`), starting it again each time.
+    pub async fn kill_repeatedly(&mut self, times: usize, seed: u64) {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        for _ in 0..times {
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(700..2000))).await;
+            self.palletd.kill();
+            self.palletd = Palletd::start(&self.config);
+        }
+    }
+
+    /// Waits until the broker holds no message for palletd: everything it
+    /// sent was acknowledged (spooled).
+    pub async fn all_acknowledged(&self) {
+        eventually(
+            Duration::from_secs(30),
+            "the broker holds no message for palletd",
+            || async { self.broker.held_messages().await == 0 },
+        )
+        .await;
+    }
+
+    pub async fn publisher(&self) -> Publisher {
+        Publisher::connect(&self.broker, &format!("pub-{}", self.config.name)).await
+    }
+
+    /// Samples stored so far.
+    pub async fn stored(&self) -> usize {
+        stored_samples(&self.client, &self.config.database()).await
+    }
+
+    /// All documents of one of this test's collections.
+    pub async fn docs(&self, coll: &str) -> Vec<Document> {
+        all_docs(&self.client, &self.config.database(), coll).await
+    }
+
+    /// Waits until at least `n` samples are stored.
+    pub async fn wait_stored(&self, n: usize) {
+        eventually(
+            Duration::from_secs(60),
+            &format!("{n} samples stored"),
+            || async { self.stored().await >= n },
+        )
+        .await;
+    }
+
+    /// Stops palletd with SIGTERM; it must exit 0.
+    pub fn stop(&mut self) {
+        assert_eq!(self.palletd.terminate(), Some(0), "{}", self.palletd.log());
+    }
+}
+
+// ------------------------------------------------------------ publisher
+
 /// An MQTT publisher whose QoS 1 publishes are all acknowledged by the broker
-/// when `publish_all` returns.
+/// when `flush` returns.
 pub struct Publisher {
     client: AsyncClient,
     acks: tokio::sync::mpsc::UnboundedReceiver<()>,
@@ -457,6 +872,12 @@ impl Publisher {
         self.sent += 1;
     }
 
+    /// Publishes a JSON reading of `sensor` on `sensors/<sensor>/telemetry`.
+    pub async fn json(&mut self, sensor: &str, value: serde_json::Value) {
+        self.publish(&format!("sensors/{sensor}/telemetry"), value.to_string())
+            .await;
+    }
+
     /// Waits until the broker acknowledged every publish so far.
     pub async fn flush(&mut self) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -468,6 +889,8 @@ impl Publisher {
         }
     }
 }
+
+// ---------------------------------------------------- reading it back
 
 /// All documents of a collection.
 pub async fn all_docs(client: &mongodb::Client, db: &str, coll: &str) -> Vec<Document> {
@@ -501,7 +924,6 @@ where
     }
 }
 
-/// Number of samples stored in all buckets.
 /// Samples stored: in bucket documents, or one per time series document.
 pub async fn stored_samples(client: &mongodb::Client, db: &str) -> usize {
     all_docs(client, db, "readings")
@@ -509,6 +931,42 @@ pub async fn stored_samples(client: &mongodb::Client, db: &str) -> usize {
         .iter()
         .map(|b| b.get_array("samples").map_or(1, |s| s.len()))
         .sum()
+}
+
+/// The `seq` field of every sample of a bucket, in stored order.
+pub fn seqs(bucket: &Document) -> Vec<i64> {
+    bucket
+        .get_array("samples")
+        .unwrap()
+        .iter()
+        .map(|s| s.as_document().unwrap().get_f64("seq").unwrap() as i64)
+        .collect()
+}
+
+/// A sample's `ts` in ms.
+pub fn ts_of(sample: &Bson) -> i64 {
+    sample
+        .as_document()
+        .unwrap()
+        .get_datetime("ts")
+        .unwrap()
+        .timestamp_millis()
+}
+
+/// Unwinds every bucket into (sensor, seq) -> [(ts, sample without ts)].
+pub fn unwind(buckets: &[Document]) -> HashMap<(String, i64), Vec<(i64, Document)>> {
+    let mut out: HashMap<(String, i64), Vec<(i64, Document)>> = HashMap::new();
+    for b in buckets {
+        let sensor = b.get_str("sensorId").unwrap().to_string();
+        for s in b.get_array("samples").unwrap() {
+            let mut s = s.as_document().unwrap().clone();
+            let ts = s.get_datetime("ts").unwrap().timestamp_millis();
+            s.remove("ts");
+            let seq = s.get_f64("seq").unwrap() as i64;
+            out.entry((sensor.clone(), seq)).or_default().push((ts, s));
+        }
+    }
+    out
 }
 
 /// Checks every invariant of a bucket document; panics naming the broken one.
@@ -533,16 +991,7 @@ pub fn check_bucket(b: &Document, window_ms: i64, max_samples: usize, max_bytes:
         "startTs aligned to the window"
     );
     assert_eq!(end, start + window_ms, "endTs = startTs + window");
-    let ts: Vec<i64> = samples
-        .iter()
-        .map(|s| {
-            s.as_document()
-                .unwrap()
-                .get_datetime("ts")
-                .unwrap()
-                .timestamp_millis()
-        })
-        .collect();
+    let ts: Vec<i64> = samples.iter().map(ts_of).collect();
     assert!(
         ts.iter().all(|t| (start..end).contains(t)),
         "sample ts in [startTs, endTs)"
@@ -590,16 +1039,46 @@ pub fn check_bucket(b: &Document, window_ms: i64, max_samples: usize, max_bytes:
     }
 }
 
-/// A plain HTTP/1.0 GET on 127.0.0.1: (status, body).
+/// Checks a sealed bucket: closed, `closedAt`, samples sorted, `avg = sum / n`.
+pub fn check_sealed(b: &Document) {
+    assert!(b.get_bool("closed").unwrap(), "sealed: {b}");
+    assert!(b.get_datetime("closedAt").is_ok(), "closedAt set: {b}");
+    let ts: Vec<i64> = b.get_array("samples").unwrap().iter().map(ts_of).collect();
+    assert!(
+        ts.windows(2).all(|w| w[0] <= w[1]),
+        "samples sorted by ts: {ts:?}"
+    );
+    let (sum, n, avg) = (
+        b.get_document("sum").unwrap(),
+        b.get_document("n").unwrap(),
+        b.get_document("avg").unwrap(),
+    );
+    assert_eq!(avg.len(), sum.len(), "one avg per rolled-up field: {b}");
+    for (field, s) in sum {
+        let want = s.as_f64().unwrap() / n.get_i32(field).unwrap() as f64;
+        let got = avg.get_f64(field).unwrap();
+        assert!(
+            (got - want).abs() < 1e-9,
+            "avg.{field} = sum / n: {got} vs {want}"
+        );
+    }
+}
+
+/// A plain HTTP/1.0 GET on 127.0.0.1: (status, body); status 0 when
+/// nothing listens.
 pub fn http_get(port: u16, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("HTTP endpoint listening");
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
     let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
+    if stream.read_to_string(&mut text).is_err() {
+        return (0, String::new());
+    }
     let status = text
         .split(' ')
         .nth(1)
@@ -708,47 +1187,6 @@ async fn proxy_connection(
     upstream.abort();
 }
 
-/// Messages Mosquitto holds beyond its retained ones (the $SYS topics are
-/// retained), read from $SYS: in flight to or queued for a client.
-pub async fn broker_held_messages(broker: &Broker) -> i64 {
-    let mut opts = rumqttc::MqttOptions::new("sys-reader", "127.0.0.1", broker.port);
-    opts.set_keep_alive(Duration::from_secs(5));
-    let (client, mut eventloop) = rumqttc::AsyncClient::new(opts, 10);
-    for topic in [
-        "$SYS/broker/store/messages/count",
-        "$SYS/broker/retained messages/count",
-    ] {
-        client
-            .subscribe(topic, rumqttc::QoS::AtMostOnce)
-            .await
-            .unwrap();
-    }
-    let read = async {
-        let (mut stored, mut retained) = (None, None);
-        loop {
-            if let Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) =
-                eventloop.poll().await
-            {
-                let n = String::from_utf8_lossy(&p.payload)
-                    .trim()
-                    .parse::<i64>()
-                    .unwrap();
-                if p.topic.contains("store") {
-                    stored = Some(n);
-                } else {
-                    retained = Some(n);
-                }
-                if let (Some(s), Some(r)) = (stored, retained) {
-                    return s - r;
-                }
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), read)
-        .await
-        .expect("no $SYS store counts from the broker")
-}
-
 pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
@@ -826,7 +1264,7 @@ pub async fn assert_exactly_once(
     assert_eq!(stored.len(), sent.len(), "nothing extra");
     for b in all_docs(client, db, "readings").await {
         if b.contains_key("samples") {
-            check_bucket(&b, 3_600_000, 200, 256 * 1024);
+            check_bucket(&b, HOUR_MS, 200, 256 * 1024);
         }
     }
 }

@@ -10,71 +10,29 @@
 //! When the spool reaches `spool.max_size`, the spooler stops taking
 //! messages: they stay unacknowledged at the broker until the checkpoint
 //! frees segments. It says so at ERROR, with the numbers.
+//!
+//! - [`acks`]: the ordered queue that releases PUBACKs in arrival order.
+//! - [`sensors`]: the bound on distinct sensors (`limits.max_sensors`).
 
-use std::collections::HashMap;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+pub mod acks;
+pub mod sensors;
+
 use std::time::{Duration, Instant};
 
-use bson::{doc, Document};
-use tokio::sync::{mpsc, watch};
+use bson::Document;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
-use crate::bucket::Sample;
+use crate::bucket::{Sample, Shape};
+use crate::clock::now_ms;
+use crate::deadletter::{self, Reporter};
 use crate::decode::Decoder;
-use crate::ingest::acks::AckQueue;
 use crate::ingest::{AckToken, Acker, Message};
-use crate::spool::{Command, Entry, Record, SpoolStats};
+use crate::spool::{Entry, Record, Spool};
 use crate::telemetry;
-
-/// Dead-letter payloads are kept up to this size (`truncated: true` beyond).
-pub const DEADLETTER_PAYLOAD_MAX: usize = 64 * 1024;
-
-/// How often a cause of rejection is logged at most.
-const LOG_EVERY: Duration = Duration::from_secs(60);
-
-/// Bounds the distinct sensors palletd tracks. A sensor not seen for
-/// `idle_ms` (a window plus the closer's grace: its bucket is done) may be
-/// forgotten to make room; a new sensor when all places are taken by active
-/// ones is refused (its readings go to the dead letter), so a flood of
-/// made-up sensor ids cannot grow memory.
-pub struct SensorLimit {
-    max: usize,
-    idle_ms: i64,
-    last_seen: HashMap<String, i64>,
-    last_sweep: i64,
-}
-
-impl SensorLimit {
-    pub fn new(max: usize, idle_ms: i64) -> Self {
-        SensorLimit {
-            max,
-            idle_ms,
-            last_seen: HashMap::new(),
-            last_sweep: 0,
-        }
-    }
-
-    /// Whether a reading of `sensor` at `now_ms` may be taken.
-    pub fn admit(&mut self, sensor: &str, now_ms: i64) -> bool {
-        if let Some(t) = self.last_seen.get_mut(sensor) {
-            *t = now_ms;
-            return true;
-        }
-        if self.last_seen.len() >= self.max && now_ms - self.last_sweep >= 1000 {
-            // At most once a second: forget sensors that went idle.
-            self.last_sweep = now_ms;
-            let idle = self.idle_ms;
-            self.last_seen.retain(|_, t| now_ms - *t < idle);
-        }
-        if self.last_seen.len() >= self.max {
-            return false;
-        }
-        self.last_seen.insert(sensor.to_string(), now_ms);
-        true
-    }
-}
+use acks::AckQueue;
+pub use sensors::SensorLimit;
 
 /// What one message appended, offered to the pipeline.
 #[derive(Debug)]
@@ -122,25 +80,16 @@ struct Unacked {
     received_ms: i64,
 }
 
-/// The `_id` of the dead letter with this LSN: idempotent inserts.
-pub fn deadletter_id(tag: u32, lsn: u64) -> bson::oid::ObjectId {
-    let mut bytes = [0u8; 12];
-    bytes[0..4].copy_from_slice(&tag.to_be_bytes());
-    bytes[4..12].copy_from_slice(&lsn.to_be_bytes());
-    bson::oid::ObjectId::from_bytes(bytes)
-}
-
 pub struct Spooler {
     pub decoder: Decoder,
     pub acker: Acker,
-    pub spool: mpsc::Sender<Command>,
-    pub durable: watch::Receiver<u64>,
-    pub stats: Arc<SpoolStats>,
+    pub spool: Spool,
+    /// The LSN of the next record.
     pub next_lsn: u64,
+    /// The spool's tag, for dead-letter ids.
     pub tag: u32,
-    pub max_size: u64,
-    /// Bytes one sample may have (`bucket.max_bytes`).
-    pub max_sample_bytes: u32,
+    /// A sample must fit in an empty bucket of this shape.
+    pub shape: Shape,
     pub feed: mpsc::Sender<Feed>,
     pub sensors: SensorLimit,
 }
@@ -156,7 +105,7 @@ impl Spooler {
         abort: CancellationToken,
     ) -> Result<(), usize> {
         let mut acks: AckQueue<Unacked> = AckQueue::default();
-        let mut throttle = LogThrottle::default();
+        let mut reporter = Reporter::default();
         let mut full_since: Option<Instant> = None;
         // (first LSN, received) of a message at most once a second, to tell
         // the age of the oldest record the checkpoint has not passed.
@@ -167,14 +116,14 @@ impl Spooler {
                 gauges_at = Instant::now();
                 self.gauges(&mut marks, &acks);
             }
-            let full = self.stats.bytes.load(Ordering::Relaxed) >= self.max_size;
+            let full = self.spool.is_full();
             match (full, full_since) {
                 (true, None) => {
                     full_since = Some(Instant::now());
                     error!(
-                        bytes = self.stats.bytes.load(Ordering::Relaxed),
-                        max_size = self.max_size,
-                        unconfirmed_records = self.next_lsn.saturating_sub(self.stats.checkpoint.load(Ordering::Relaxed)),
+                        bytes = self.spool.bytes(),
+                        max_size = self.spool.max_size(),
+                        unconfirmed_records = self.next_lsn.saturating_sub(self.spool.checkpointed()),
                         "Spool is full: not acknowledging new messages (the broker keeps them) until the database takes the backlog."
                     );
                 }
@@ -187,9 +136,9 @@ impl Spooler {
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => break,
-                changed = self.durable.changed() => {
+                changed = self.spool.durable_changed() => {
                     if changed.is_err() {
-                        error!("The spool writer stopped; no more acknowledgements.");
+                        error!("The spool's appender stopped; no more acknowledgements.");
                         return Err(acks.len());
                     }
                     self.release(&mut acks);
@@ -198,10 +147,10 @@ impl Spooler {
                     Some(m) => {
                         // Take what else is waiting: one append, one feed.
                         let mut batch = Batch::new(self.next_lsn);
-                        self.receive(m, &mut acks, &mut throttle, &mut batch);
+                        self.receive(m, &mut acks, &mut reporter, &mut batch);
                         while batch.messages < MAX_BATCH_MESSAGES {
                             match rx.try_recv() {
-                                Ok(m) => self.receive(m, &mut acks, &mut throttle, &mut batch),
+                                Ok(m) => self.receive(m, &mut acks, &mut reporter, &mut batch),
                                 Err(_) => break,
                             }
                         }
@@ -220,17 +169,17 @@ impl Spooler {
         rx.close();
         while let Some(m) = rx.recv().await {
             let mut batch = Batch::new(self.next_lsn);
-            self.receive(m, &mut acks, &mut throttle, &mut batch);
+            self.receive(m, &mut acks, &mut reporter, &mut batch);
             self.send(batch).await;
         }
         let end = self.next_lsn;
         loop {
             self.release(&mut acks);
-            if *self.durable.borrow() >= end {
+            if self.spool.durable() >= end {
                 break;
             }
             tokio::select! {
-                changed = self.durable.changed() => if changed.is_err() { break },
+                changed = self.spool.durable_changed() => if changed.is_err() { break },
                 _ = abort.cancelled() => return Err(acks.len()),
             }
         }
@@ -250,7 +199,7 @@ impl Spooler {
     }
 
     fn release(&mut self, acks: &mut AckQueue<Unacked>) {
-        let durable = *self.durable.borrow();
+        let durable = self.spool.durable();
         let acker = &mut self.acker;
         acks.pop_ready(durable, |u| {
             if let Some(a) = u.ack {
@@ -261,26 +210,24 @@ impl Spooler {
 
     /// Refreshes the spool and acknowledgement gauges.
     fn gauges(&self, marks: &mut std::collections::VecDeque<(u64, i64)>, acks: &AckQueue<Unacked>) {
-        let checkpoint = self.stats.checkpoint.load(Ordering::Relaxed);
+        let checkpoint = self.spool.checkpointed();
         while marks.len() > 1 && marks[1].0 <= checkpoint {
             marks.pop_front();
         }
-        if marks.back().is_none_or(|m| crate::now_ms() - m.1 >= 1000) {
-            marks.push_back((self.next_lsn, crate::now_ms()));
+        if marks.back().is_none_or(|m| now_ms() - m.1 >= 1000) {
+            marks.push_back((self.next_lsn, now_ms()));
         }
         let oldest = marks
             .front()
             .filter(|m| m.0 < self.next_lsn && checkpoint < self.next_lsn);
         metrics::gauge!(telemetry::SPOOL_OLDEST_SECONDS)
-            .set(oldest.map_or(0.0, |m| (crate::now_ms() - m.1).max(0) as f64 / 1000.0));
-        metrics::counter!(telemetry::SPOOL_FSYNCS)
-            .absolute(self.stats.fsyncs.load(Ordering::Relaxed));
-        let oldest = acks.oldest().map_or(0.0, |u| {
-            (crate::now_ms() - u.received_ms).max(0) as f64 / 1000.0
-        });
+            .set(oldest.map_or(0.0, |m| (now_ms() - m.1).max(0) as f64 / 1000.0));
+        metrics::counter!(telemetry::SPOOL_FSYNCS).absolute(self.spool.fsyncs());
+        let oldest = acks
+            .oldest()
+            .map_or(0.0, |u| (now_ms() - u.received_ms).max(0) as f64 / 1000.0);
         metrics::gauge!(telemetry::OLDEST_UNACKED_SECONDS).set(oldest);
-        metrics::gauge!(telemetry::SPOOL_BYTES)
-            .set(self.stats.bytes.load(Ordering::Relaxed) as f64);
+        metrics::gauge!(telemetry::SPOOL_BYTES).set(self.spool.bytes() as f64);
     }
 
     /// Appends a batch to the spool, then offers it to the pipeline.
@@ -289,12 +236,13 @@ impl Spooler {
             return;
         }
         metrics::counter!(telemetry::SAMPLES_DECODED).increment(batch.feed.samples.len() as u64);
-        let command = Command::Append {
-            bytes: batch.bytes,
-            end: batch.feed.end,
-        };
-        if self.spool.send(command).await.is_err() {
-            error!("The spool writer stopped; the messages are left to the broker.");
+        if self
+            .spool
+            .append(batch.bytes, batch.feed.end)
+            .await
+            .is_err()
+        {
+            error!("The spool's appender stopped; the messages are left to the broker.");
             return;
         }
         // Never wait for the pipeline: what it cannot take now it reads back
@@ -308,7 +256,7 @@ impl Spooler {
         &mut self,
         m: Message,
         acks: &mut AckQueue<Unacked>,
-        throttle: &mut LogThrottle,
+        reporter: &mut Reporter,
         batch: &mut Batch,
     ) {
         let unacked = Unacked {
@@ -328,14 +276,12 @@ impl Spooler {
         let feed = &mut batch.feed;
         let bytes = &mut batch.bytes;
         let mut append = |lsn: u64, entry: Entry| {
-            bytes.extend_from_slice(
-                &Record {
-                    lsn,
-                    received_ms: m.received_ms,
-                    entry,
-                }
-                .encode(),
-            );
+            Record {
+                lsn,
+                received_ms: m.received_ms,
+                entry,
+            }
+            .encode_into(bytes);
         };
         if let (Some((pkid, digest)), Some(_)) = (m.id, m.ack) {
             append(self.next_lsn, Entry::MessageId { pkid, digest });
@@ -358,15 +304,8 @@ impl Spooler {
                 continue;
             }
             let sample = Sample::encode(reading, self.next_lsn);
-            if sample.bytes() > self.max_sample_bytes {
-                rejections.push((
-                    "sample_too_large",
-                    crate::buffer::TooBig {
-                        bytes: sample.bytes(),
-                        max_bytes: self.max_sample_bytes,
-                    }
-                    .to_string(),
-                ));
+            if let Err(too_big) = self.shape.check(&sample) {
+                rejections.push(("sample_too_large", too_big.to_string()));
                 continue;
             }
             append(
@@ -380,10 +319,17 @@ impl Spooler {
             feed.samples.push((reading.sensor.clone(), sample));
         }
         for (cause, error) in rejections {
-            throttle.log(cause, &m.topic, &error);
-            metrics::counter!(telemetry::DEAD_LETTERS, "cause" => cause).increment(1);
+            reporter.report(cause, &m.topic, &error, 1);
             let lsn = self.next_lsn;
-            let doc = deadletter_doc(self.tag, lsn, &m, cause, error);
+            let doc = deadletter::for_message(
+                self.tag,
+                lsn,
+                m.received_ms,
+                &m.topic,
+                &m.payload,
+                cause,
+                error,
+            );
             append(
                 lsn,
                 Entry::DeadLetter {
@@ -395,71 +341,5 @@ impl Spooler {
         }
         feed.end = self.next_lsn;
         acks.push(self.next_lsn, unacked);
-    }
-}
-
-fn deadletter_doc(tag: u32, lsn: u64, m: &Message, cause: &'static str, error: String) -> Document {
-    let keep = m.payload.len().min(DEADLETTER_PAYLOAD_MAX);
-    let mut doc = doc! {
-        "_id": deadletter_id(tag, lsn),
-        "receivedAt": bson::DateTime::from_millis(m.received_ms),
-        "topic": &m.topic,
-        "payload": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: m.payload[..keep].to_vec() },
-        "error": error,
-        "cause": cause,
-    };
-    if keep < m.payload.len() {
-        doc.insert("truncated", true);
-        doc.insert("payloadSize", m.payload.len() as i64);
-    }
-    doc
-}
-
-/// Logs each cause of rejection at most once per [`LOG_EVERY`], with how
-/// many were suppressed since.
-#[derive(Default)]
-pub struct LogThrottle {
-    last: HashMap<&'static str, (Instant, u64)>,
-}
-
-impl LogThrottle {
-    pub fn log(&mut self, cause: &'static str, subject: &str, error: &str) {
-        let now = Instant::now();
-        match self.last.get_mut(cause) {
-            Some((at, suppressed)) if now.duration_since(*at) < LOG_EVERY => {
-                *suppressed += 1;
-            }
-            Some((at, suppressed)) => {
-                warn!(
-                    cause,
-                    subject,
-                    error,
-                    suppressed = *suppressed,
-                    "Reading sent to the dead letter."
-                );
-                *at = now;
-                *suppressed = 0;
-            }
-            None => {
-                warn!(cause, subject, error, "Reading sent to the dead letter.");
-                self.last.insert(cause, (now, 0));
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sensor_limit_refuses_new_sensors_until_idle_ones_are_forgotten() {
-        let mut l = SensorLimit::new(2, 10_000);
-        assert!(l.admit("a", 0));
-        assert!(l.admit("b", 0));
-        assert!(!l.admit("c", 5_000), "both still active");
-        assert!(l.admit("a", 6_000), "known sensors always pass");
-        assert!(l.admit("c", 12_000), "b went idle and was forgotten");
-        assert!(!l.admit("d", 12_500), "a and c are active");
     }
 }

@@ -1,0 +1,139 @@
+//! The dead letter: what cannot become a sample goes to
+//! `<collection>_deadletter` with its cause, and its message is
+//! acknowledged. This module owns the documents' shape, their idempotent
+//! `_id`, and how rejections are counted and logged (at most once a minute
+//! per cause, with how many were suppressed). Sans-IO.
+//!
+//! A dead letter carries the LSN of its spool record in its `_id`, so
+//! writing it again after a crash or an interrupted insert is harmless.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bson::{doc, Document};
+
+use crate::telemetry;
+
+/// Payloads are kept up to this size (`truncated: true` beyond).
+pub const PAYLOAD_MAX: usize = 64 * 1024;
+
+/// How often one cause of rejection is logged at most.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// A dead letter waiting to be written: its spool LSN and its document.
+pub type DeadLetter = (u64, Document);
+
+/// The `_id` of the dead letter of spool `tag` with this LSN.
+pub fn id(tag: u32, lsn: u64) -> bson::oid::ObjectId {
+    let mut bytes = [0u8; 12];
+    bytes[0..4].copy_from_slice(&tag.to_be_bytes());
+    bytes[4..12].copy_from_slice(&lsn.to_be_bytes());
+    bson::oid::ObjectId::from_bytes(bytes)
+}
+
+/// A whole message that was rejected: its topic and (the first 64 KiB of)
+/// its payload.
+pub fn for_message(
+    tag: u32,
+    lsn: u64,
+    received_ms: i64,
+    topic: &str,
+    payload: &[u8],
+    cause: &str,
+    error: String,
+) -> Document {
+    let keep = payload.len().min(PAYLOAD_MAX);
+    let mut doc = doc! {
+        "_id": id(tag, lsn),
+        "receivedAt": bson::DateTime::from_millis(received_ms),
+        "topic": topic,
+        "payload": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: payload[..keep].to_vec() },
+        "error": error,
+        "cause": cause,
+    };
+    if keep < payload.len() {
+        doc.insert("truncated", true);
+        doc.insert("payloadSize", payload.len() as i64);
+    }
+    doc
+}
+
+/// One decoded sample that cannot go into the collection (too large for a
+/// bucket, refused by the database): its sensor and the sample itself.
+pub fn for_sample(
+    tag: u32,
+    lsn: u64,
+    now_ms: i64,
+    sensor: &str,
+    sample: &bson::RawDocument,
+    cause: &str,
+    error: &str,
+) -> Document {
+    let sample = Document::try_from(sample)
+        .map(bson::Bson::Document)
+        .unwrap_or(bson::Bson::Null);
+    doc! {
+        "_id": id(tag, lsn),
+        "receivedAt": bson::DateTime::from_millis(now_ms),
+        "sensorId": sensor,
+        "sample": sample,
+        "error": error,
+        "cause": cause,
+    }
+}
+
+/// Counts rejections by cause and logs each cause at most once a minute,
+/// with how many were suppressed since.
+#[derive(Default)]
+pub struct Reporter {
+    last: HashMap<&'static str, (Instant, u64)>,
+}
+
+impl Reporter {
+    /// Counts `n` readings dead-lettered for `cause` and maybe logs it.
+    pub fn report(&mut self, cause: &'static str, subject: &str, error: &str, n: u64) {
+        metrics::counter!(telemetry::DEAD_LETTERS, "cause" => cause).increment(n);
+        let now = Instant::now();
+        match self.last.get_mut(cause) {
+            Some((at, suppressed)) if now.duration_since(*at) < LOG_EVERY => {
+                *suppressed += n;
+            }
+            Some((at, suppressed)) => {
+                tracing::warn!(
+                    cause,
+                    subject,
+                    error,
+                    suppressed = *suppressed,
+                    "Reading sent to the dead letter."
+                );
+                *at = now;
+                *suppressed = n.saturating_sub(1);
+            }
+            None => {
+                tracing::warn!(cause, subject, error, "Reading sent to the dead letter.");
+                self.last.insert(cause, (now, n.saturating_sub(1)));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_per_spool_and_lsn() {
+        assert_ne!(id(1, 2), id(1, 3));
+        assert_ne!(id(1, 2), id(2, 2));
+        assert_eq!(id(7, 9), id(7, 9));
+    }
+
+    #[test]
+    fn large_payloads_are_truncated_and_say_so() {
+        let d = for_message(1, 2, 0, "t", &vec![b'x'; PAYLOAD_MAX + 5], "c", "e".into());
+        assert_eq!(d.get_bool("truncated"), Ok(true));
+        assert_eq!(d.get_i64("payloadSize"), Ok((PAYLOAD_MAX + 5) as i64));
+        let small = for_message(1, 2, 0, "t", b"abc", "c", "e".into());
+        assert!(small.get("truncated").is_none());
+    }
+}

@@ -1,0 +1,38 @@
+//! `format = "number"`: the payload is one bare number (`21.7`); the field
+//! name comes from the topic's `{field}` or the subscription's `field`, the
+//! time is the arrival time.
+
+use super::{check_field_name, check_sensor, truncate, DecodeError, FieldValue, Limits, Reading};
+use super::{Subscription, TopicMatch};
+
+pub(super) fn decode(
+    sub: &Subscription,
+    m: TopicMatch<'_>,
+    payload: &[u8],
+    now_ms: i64,
+    limits: &Limits,
+) -> Result<Vec<Reading>, DecodeError> {
+    let sensor = m.sensor.unwrap_or_default();
+    check_sensor(sensor, limits)?;
+    let field = m.field.or(sub.field.as_deref()).unwrap_or_default();
+    check_field_name(field).map_err(|e| DecodeError::BadField {
+        index: 0,
+        message: e.to_string(),
+    })?;
+    let text = std::str::from_utf8(payload)
+        .map_err(|_| DecodeError::BadPayload("not UTF-8 text".into()))?
+        .trim();
+    let value: f64 = text
+        .parse()
+        .map_err(|_| DecodeError::BadPayload(format!("not a number: {:?}", truncate(text, 64))))?;
+    if !value.is_finite() {
+        return Err(DecodeError::BadPayload(format!(
+            "not a finite number: {text:?}"
+        )));
+    }
+    Ok(vec![Reading {
+        sensor: sensor.to_string(),
+        ts_ms: now_ms,
+        fields: vec![(field.to_string(), FieldValue::Num(value))],
+    }])
+}

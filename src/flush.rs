@@ -1,0 +1,91 @@
+//! What one flush hands to the store and what comes back: the types between
+//! the sans-IO pipeline core ([`crate::pipeline::core`]) and a storage mode
+//! ([`crate::store`]). Sans-IO.
+//!
+//! A flush is a [`Batch`]: per sensor a [`Run`] of its pending samples in
+//! LSN order (with what palletd knows of that sensor's open buckets), plus
+//! the dead letters waiting to be written. The store sets one [`Outcome`]
+//! per sample. Before samples that may already be in MongoDB (replayed from
+//! an earlier run, or part of a write whose reply was lost) are written, the
+//! core asks the store to [`Resolve`] them.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::bucket::{Fill, Sample};
+use crate::deadletter::DeadLetter;
+
+/// Open-bucket fill per window start; a window that is absent is unknown.
+pub type Fills = HashMap<i64, Fill>;
+
+/// One sensor's samples in a flush.
+#[derive(Debug, Default)]
+pub struct Run {
+    pub sensor: String,
+    /// In LSN order (which is arrival order).
+    pub samples: Vec<Sample>,
+    /// What palletd knows of the sensor's open buckets; the buckets store
+    /// learns what is unknown, plans with it and updates it.
+    pub fills: Fills,
+    /// One per sample, set by the store.
+    pub outcomes: Vec<Outcome>,
+}
+
+/// What became of one sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Durable in MongoDB with the configured write concern.
+    Applied,
+    /// Refused for good by the database, with its message: dead-letter it.
+    Rejected(String),
+    /// Sent in a write whose result is unknown (connection lost, timeout,
+    /// write concern error): it may or may not be in MongoDB.
+    Unknown,
+    /// Not sent in this flush (certainly not applied by it).
+    NotSent,
+}
+
+/// A flush: runs of samples and dead letters.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub runs: Vec<Run>,
+    pub deadletters: Vec<DeadLetter>,
+}
+
+impl Batch {
+    pub fn samples(&self) -> usize {
+        self.runs.iter().map(|r| r.samples.len()).sum()
+    }
+}
+
+/// What the store reports of a write besides the outcomes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// Statements (or documents) sent and applied.
+    pub statements: usize,
+    /// Buckets a statement created.
+    pub buckets_created: u64,
+    /// The database failed at least once during this write (the time went
+    /// into retries: the write says nothing about the database's speed).
+    pub met_errors: bool,
+}
+
+/// Samples of one sensor that may already be in MongoDB.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Resolve {
+    pub sensor: String,
+    /// (lsn, ts_ms) of each uncertain sample.
+    pub samples: Vec<(u64, i64)>,
+}
+
+/// What the store learned about uncertain samples.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Resolution {
+    /// The uncertain LSNs that are in MongoDB.
+    pub applied: HashSet<u64>,
+    /// Per sensor, from a store whose writes apply a prefix of each sensor's
+    /// samples (buckets): every LSN of that sensor at or below the mark is
+    /// in MongoDB, none above it. Lets later replayed samples of the sensor
+    /// be settled without asking again. A store without that rule leaves it
+    /// empty.
+    pub watermarks: HashMap<String, u64>,
+}

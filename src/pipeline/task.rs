@@ -1,0 +1,218 @@
+//! The pipeline task: a thin shell around the [`Core`]. It feeds the core
+//! what arrives (records from the spooler, the durable LSN, the time) and
+//! carries out what it asks (read the spool, resolve, write, checkpoint,
+//! seal), one action at a time. It decides nothing itself.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info};
+
+use super::core::{Action, Core, Flushed, Leftover};
+use crate::clock::now_ms;
+use crate::spool::{self, Reader, Spool};
+use crate::spooler::Feed;
+use crate::store::Store;
+use crate::telemetry::{self, Health};
+
+/// Progress of the start-up replay, logged every 5 s.
+struct Replay {
+    records: u64,
+    since: Instant,
+    logged: Instant,
+}
+
+/// Runs until `stop`, then writes what memory holds. Returns what was left
+/// when `abort` cut that short.
+pub async fn run(
+    mut core: Core,
+    mut store: Store,
+    mut spool: Spool,
+    mut feed: mpsc::Receiver<Feed>,
+    health: Arc<Health>,
+    stop: CancellationToken,
+    abort: CancellationToken,
+) -> Result<(), Leftover> {
+    let mut reader: Option<Reader> = None;
+    let mut closer_failing = false;
+    // The last write's reply was lost: the next resolve says what it did.
+    let mut interrupted = false;
+    let replay_records = core.backlog();
+    let mut replay = (replay_records > 0).then(|| {
+        info!(
+            records = replay_records,
+            "Replaying the spool into MongoDB."
+        );
+        Replay {
+            records: replay_records,
+            since: Instant::now(),
+            logged: Instant::now(),
+        }
+    });
+    loop {
+        // What the spooler offered meanwhile comes first.
+        while let Ok(f) = feed.try_recv() {
+            reader = None;
+            core.feed(f, now_ms());
+        }
+        core.set_durable(spool.durable());
+        let now = Instant::now();
+        let Some(action) = core.poll(now, now_ms()) else {
+            let durable = core.needs_durable(now);
+            tokio::select! {
+                biased;
+                _ = stop.cancelled(), if !core.stopping() => {
+                    // Take what the spooler already offered; records on disk
+                    // only stay there for the next start.
+                    feed.close();
+                    while let Some(f) = feed.recv().await {
+                        core.feed(f, now_ms());
+                    }
+                    let pending = core.pending();
+                    if pending > 0 {
+                        info!(samples = pending, "Flushing buffered samples before exit.");
+                    }
+                    core.stop();
+                }
+                f = feed.recv(), if !stop.is_cancelled() => match f {
+                    Some(f) => {
+                        reader = None;
+                        core.feed(f, now_ms());
+                    }
+                    None => core.stop(),
+                },
+                changed = spool.wait_durable(durable.unwrap_or(0)), if durable.is_some() => {
+                    if changed.is_err() {
+                        error!("The spool's appender stopped; nothing more can be written.");
+                        return Err(core.leftover());
+                    }
+                }
+                _ = tokio::time::sleep_until(core.deadline().into()) => {}
+                _ = abort.cancelled() => return Err(core.leftover()),
+            }
+            continue;
+        };
+        match action {
+            Action::Checkpoint(lsn) => {
+                spool.checkpoint(lsn);
+                metrics::gauge!(telemetry::SPOOL_UNCONFIRMED)
+                    .set(spool.durable().saturating_sub(lsn) as f64);
+            }
+            Action::Read { from, max, limit } => {
+                let r = match reader.take() {
+                    Some(r) if r.next() == from => r,
+                    _ => spool.reader(from),
+                };
+                let (r, records) = spool::read(r, max, limit).await;
+                match records {
+                    Ok(records) => {
+                        metrics::counter!(telemetry::SPOOL_REPLAYED)
+                            .increment(records.len() as u64);
+                        core.records(records, max, limit, now_ms());
+                        reader = Some(r);
+                    }
+                    Err(e) => {
+                        error!(error = %e, "Cannot read the spool; retrying.");
+                        core.read_failed();
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            _ = abort.cancelled() => return Err(core.leftover()),
+                        }
+                    }
+                }
+                if let Some(r) = &mut replay {
+                    if core.backlog() == 0 {
+                        let secs = r.since.elapsed().as_secs_f64();
+                        info!(
+                            records = r.records,
+                            seconds = format!("{secs:.1}"),
+                            per_second = (r.records as f64 / secs.max(1e-3)) as u64,
+                            "Spool replay done."
+                        );
+                        replay = None;
+                    } else if r.logged.elapsed() >= Duration::from_secs(5) {
+                        info!(
+                            remaining = core.backlog(),
+                            "Replaying the spool (LSNs left to read)."
+                        );
+                        r.logged = Instant::now();
+                    }
+                }
+            }
+            Action::Resolve(req) => {
+                let Ok(resolution) = store.resolve(&req, &abort).await else {
+                    return Err(core.leftover());
+                };
+                let dropped = core.resolved(resolution);
+                if dropped > 0 && std::mem::take(&mut interrupted) {
+                    info!(samples = dropped, "{}", store.interrupted_and_applied());
+                } else if dropped > 0 {
+                    info!(
+                        samples = dropped,
+                        "Skipped replayed samples that MongoDB already has."
+                    );
+                }
+            }
+            Action::Write(mut batch) => {
+                let started = Instant::now();
+                health.flush_started();
+                let Ok(written) = store.write(&mut batch, &abort).await else {
+                    return Err(core.leftover());
+                };
+                let report = core.written(batch, written, Instant::now(), now_ms());
+                record(&report, started.elapsed(), core.pending());
+                health.flush_finished(report.samples_stored);
+                if report.unknown > 0 {
+                    interrupted = true;
+                    info!(
+                        samples = report.unknown,
+                        "A write was interrupted; learning what MongoDB has before sending those samples again."
+                    );
+                }
+                debug!(
+                    statements = report.statements,
+                    samples = report.samples_stored,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "Flushed."
+                );
+            }
+            Action::Seal { now_ms } => {
+                let cutoff = match store.seal(now_ms).await {
+                    Ok(sealed) => {
+                        if sealed > 0 {
+                            metrics::counter!(telemetry::BUCKETS_SEALED).increment(sealed);
+                            debug!(sealed, "Sealed buckets.");
+                        }
+                        if std::mem::take(&mut closer_failing) {
+                            info!("The closer works again.");
+                        }
+                        store.seal_cutoff(now_ms)
+                    }
+                    Err(e) => {
+                        if !std::mem::replace(&mut closer_failing, true) {
+                            tracing::warn!(error = %e, "The closer could not seal buckets; retrying at its next interval.");
+                        }
+                        None
+                    }
+                };
+                core.sealed(Instant::now(), cutoff);
+            }
+            Action::Done => return Ok(()),
+        }
+    }
+}
+
+fn record(report: &Flushed, took: Duration, pending: usize) {
+    use telemetry::*;
+    if report.statements > 0 || report.samples_stored > 0 || report.deadletters > 0 {
+        metrics::counter!(FLUSHES).increment(1);
+    }
+    metrics::counter!(STATEMENTS).increment(report.statements);
+    metrics::counter!(SAMPLES_STORED).increment(report.samples_stored);
+    metrics::counter!(BUCKETS_CREATED).increment(report.buckets_created);
+    metrics::counter!(SAMPLES_LATE_INTO_SEALED).increment(report.late_into_sealed);
+    metrics::histogram!(FLUSH_SECONDS).record(took.as_secs_f64());
+    metrics::gauge!(PENDING_SAMPLES).set(pending as f64);
+}

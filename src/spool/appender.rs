@@ -1,0 +1,177 @@
+//! The appender: the one thread that owns the open segment. It writes what
+//! the spooler appends, group-commits (one fsync for everything appended
+//! during the previous one), publishes the durable LSN, stores checkpoints
+//! and deletes the segments they confirm.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tracing::{error, info};
+
+use super::log::{list_segments, segment_name, sync_dir, write_checkpoint};
+use super::{Fsync, Shared};
+
+/// A request to the appender.
+pub(super) enum Command {
+    /// Encoded records, in LSN order; `end` is the LSN after the last.
+    Append { bytes: Vec<u8>, end: u64 },
+    /// A checkpoint was requested (its LSN is in [`Shared::requested`]).
+    Checkpoint,
+    /// Sync and stop.
+    Close,
+}
+
+pub(super) struct Appender {
+    pub dir: PathBuf,
+    pub fsync: Fsync,
+    pub segment_size: u64,
+    /// (first LSN, file, bytes written) of the open segment.
+    pub current: Option<(u64, BufWriter<File>, u64)>,
+    pub next_lsn: u64,
+    pub checkpoint: u64,
+    pub shared: Arc<Shared>,
+}
+
+impl Appender {
+    pub fn run(&mut self, mut rx: mpsc::Receiver<Command>, durable: watch::Sender<u64>) {
+        let mut failing = false;
+        let mut closing = false;
+        while let Some(cmd) = rx.blocking_recv() {
+            let mut batch = vec![cmd];
+            while let Ok(more) = rx.try_recv() {
+                batch.push(more);
+            }
+            if let Some(at) = batch.iter().position(|c| matches!(c, Command::Close)) {
+                batch.truncate(at);
+                closing = true;
+            }
+            match self.apply(batch) {
+                Ok(Some(end)) => {
+                    if failing {
+                        info!("Spool writes work again.");
+                        failing = false;
+                    }
+                    let _ = durable.send(end);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    // Nothing is acknowledged past the last durable LSN; the
+                    // broker keeps those messages. Retry shortly.
+                    if !failing {
+                        error!(error = %e, dir = %self.dir.display(), "Cannot write the spool (disk full or failing?); new messages are not acknowledged.");
+                        failing = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            }
+            if closing {
+                break;
+            }
+        }
+        let _ = self.sync();
+    }
+
+    /// Applies a batch of commands; returns the new durable LSN if appends
+    /// became durable. A requested checkpoint is taken up after every batch,
+    /// so one whose wake-up did not fit into the channel is not lost.
+    fn apply(&mut self, batch: Vec<Command>) -> io::Result<Option<u64>> {
+        let mut end = None;
+        for cmd in batch {
+            match cmd {
+                Command::Append { bytes, end: e } => {
+                    self.append(&bytes, e)?;
+                    end = Some(e);
+                    if self.fsync == Fsync::Always {
+                        self.sync()?;
+                    }
+                }
+                Command::Checkpoint | Command::Close => {}
+            }
+        }
+        if end.is_some() {
+            self.sync()?;
+        }
+        let requested = self.shared.requested.load(Ordering::Relaxed);
+        self.checkpoint(requested)?;
+        Ok(end)
+    }
+
+    fn append(&mut self, bytes: &[u8], end: u64) -> io::Result<()> {
+        let rotate = self
+            .current
+            .as_ref()
+            .is_none_or(|c| c.2 >= self.segment_size);
+        if rotate {
+            self.sync()?;
+            let first = self.next_lsn;
+            let path = self.dir.join(segment_name(first));
+            let file = OpenOptions::new().create(true).append(true).open(&path)?;
+            sync_dir(&self.dir)?;
+            let len = file.metadata()?.len();
+            self.current = Some((first, BufWriter::with_capacity(256 * 1024, file), len));
+        }
+        if let Some((_, w, n)) = self.current.as_mut() {
+            w.write_all(bytes)?;
+            *n += bytes.len() as u64;
+        }
+        self.next_lsn = end;
+        self.shared
+            .bytes
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        if let Some((_, w, _)) = self.current.as_mut() {
+            w.flush()?;
+            if self.fsync != Fsync::Off {
+                w.get_ref().sync_data()?;
+                self.shared.fsyncs.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    fn checkpoint(&mut self, lsn: u64) -> io::Result<()> {
+        if lsn <= self.checkpoint {
+            return Ok(());
+        }
+        write_checkpoint(&self.dir, lsn)?;
+        self.checkpoint = lsn;
+        self.shared.checkpoint.store(lsn, Ordering::Relaxed);
+        // A segment can go once the next one starts at or below the
+        // checkpoint: all its records are in MongoDB.
+        let segments = list_segments(&self.dir)?;
+        let open = self.current.as_ref().map(|c| c.0);
+        for pair in segments.windows(2) {
+            let ((first, path), (next_first, _)) = (&pair[0], &pair[1]);
+            if *next_first <= lsn && Some(*first) != open {
+                self.remove(path)?;
+            }
+        }
+        // The open segment too, once everything in it is confirmed: else a
+        // segment that grew past `spool.max_size` by itself would keep the
+        // spool full for ever (no new append would ever rotate it away).
+        if lsn >= self.next_lsn {
+            if let Some((first, mut w, _)) = self.current.take() {
+                w.flush()?;
+                drop(w);
+                self.remove(&self.dir.join(segment_name(first)))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn remove(&self, path: &std::path::Path) -> io::Result<()> {
+        let len = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        fs::remove_file(path)?;
+        let bytes = &self.shared.bytes;
+        bytes.fetch_sub(len.min(bytes.load(Ordering::Relaxed)), Ordering::Relaxed);
+        Ok(())
+    }
+}

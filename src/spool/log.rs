@@ -1,0 +1,450 @@
+//! The spool's files: the record format, segment files, the checkpoint file,
+//! recovery of a spool after a crash, and reading records back in LSN order.
+//!
+//! # Format
+//! The directory holds segment files `<first LSN, 20 digits>.seg`, a
+//! `checkpoint` file and a `spool.id`. A segment is a sequence of records:
+//!
+//! ```text
+//! len: u32 LE | crc32(body): u32 LE | body (len bytes)
+//! body = lsn: u64 LE | kind: u8 | received_ms: i64 LE | payload
+//!   kind 1 sample:     sensor_len: u16 LE | sensor | BSON sample document
+//!   kind 2 dead letter: BSON dead-letter document
+//!   kind 3 message id:  pkid: u16 LE | digest: u64 LE  (redelivery detection)
+//! ```
+//!
+//! All integers are little-endian whatever the machine, so a spool moves
+//! between an x86 and an ARM box unchanged.
+//!
+//! Every record has a log sequence number (LSN), strictly increasing. A new
+//! spool starts at the current time in microseconds, so LSNs also increase
+//! across a spool that was deleted and made anew (buckets remember the
+//! highest LSN applied to them; see the README).
+//!
+//! # Recovery
+//! On open every segment is scanned. A record whose length or checksum does
+//! not hold at the end of the last segment is a torn write (power lost in the
+//! middle of it): the file is cut there and the record is gone. It was never
+//! acknowledged, so the broker redelivers it. Anywhere else a bad record is
+//! damage: the rest of that segment is skipped with an ERROR.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use tracing::{error, warn};
+
+const HEADER: usize = 8;
+/// Records larger than this are damage, not data.
+const MAX_RECORD: u32 = 32 * 1024 * 1024;
+const KIND_SAMPLE: u8 = 1;
+const KIND_DEADLETTER: u8 = 2;
+const KIND_MESSAGE_ID: u8 = 3;
+
+/// What one record holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Entry {
+    Sample { sensor: String, doc: Vec<u8> },
+    DeadLetter { doc: Vec<u8> },
+    MessageId { pkid: u16, digest: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub lsn: u64,
+    pub received_ms: i64,
+    pub entry: Entry,
+}
+
+impl Record {
+    /// Appends the record as written (header and body) to `out`, without
+    /// an allocation of its own.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0u8; HEADER]);
+        out.extend_from_slice(&self.lsn.to_le_bytes());
+        match &self.entry {
+            Entry::Sample { sensor, doc } => {
+                out.push(KIND_SAMPLE);
+                out.extend_from_slice(&self.received_ms.to_le_bytes());
+                out.extend_from_slice(&(sensor.len() as u16).to_le_bytes());
+                out.extend_from_slice(sensor.as_bytes());
+                out.extend_from_slice(doc);
+            }
+            Entry::DeadLetter { doc } => {
+                out.push(KIND_DEADLETTER);
+                out.extend_from_slice(&self.received_ms.to_le_bytes());
+                out.extend_from_slice(doc);
+            }
+            Entry::MessageId { pkid, digest } => {
+                out.push(KIND_MESSAGE_ID);
+                out.extend_from_slice(&self.received_ms.to_le_bytes());
+                out.extend_from_slice(&pkid.to_le_bytes());
+                out.extend_from_slice(&digest.to_le_bytes());
+            }
+        }
+        let body = start + HEADER;
+        let len = (out.len() - body) as u32;
+        let crc = crc32fast::hash(&out[body..]);
+        out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+        out[start + 4..body].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// The record as written: header and body.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        self.encode_into(&mut out);
+        out
+    }
+
+    fn decode(body: &[u8]) -> Option<Record> {
+        let lsn = u64::from_le_bytes(body.get(0..8)?.try_into().ok()?);
+        let kind = *body.get(8)?;
+        let received_ms = i64::from_le_bytes(body.get(9..17)?.try_into().ok()?);
+        let rest = body.get(17..)?;
+        let entry = match kind {
+            KIND_SAMPLE => {
+                let n = u16::from_le_bytes(rest.get(0..2)?.try_into().ok()?) as usize;
+                let sensor = std::str::from_utf8(rest.get(2..2 + n)?).ok()?.to_string();
+                Entry::Sample {
+                    sensor,
+                    doc: rest.get(2 + n..)?.to_vec(),
+                }
+            }
+            KIND_DEADLETTER => Entry::DeadLetter { doc: rest.to_vec() },
+            KIND_MESSAGE_ID => Entry::MessageId {
+                pkid: u16::from_le_bytes(rest.get(0..2)?.try_into().ok()?),
+                digest: u64::from_le_bytes(rest.get(2..10)?.try_into().ok()?),
+            },
+            _ => return None,
+        };
+        Some(Record {
+            lsn,
+            received_ms,
+            entry,
+        })
+    }
+}
+
+/// Why reading a record stopped.
+enum ReadOutcome {
+    Record(Record, u64),
+    End,
+    /// Bytes that are not a valid record, at this offset.
+    Bad,
+}
+
+/// Reads the record at the reader's position; `Bad` leaves the position.
+fn read_record(r: &mut impl Read) -> io::Result<ReadOutcome> {
+    let mut header = [0u8; HEADER];
+    match read_full(r, &mut header)? {
+        0 => return Ok(ReadOutcome::End),
+        n if n < HEADER => return Ok(ReadOutcome::Bad),
+        _ => {}
+    }
+    let len = u32::from_le_bytes(header[0..4].try_into().unwrap_or_default());
+    let crc = u32::from_le_bytes(header[4..8].try_into().unwrap_or_default());
+    if !(17..=MAX_RECORD).contains(&len) {
+        return Ok(ReadOutcome::Bad);
+    }
+    let mut body = vec![0u8; len as usize];
+    if read_full(r, &mut body)? < body.len() || crc32fast::hash(&body) != crc {
+        return Ok(ReadOutcome::Bad);
+    }
+    Ok(match Record::decode(&body) {
+        Some(rec) => ReadOutcome::Record(rec, (HEADER + body.len()) as u64),
+        None => ReadOutcome::Bad,
+    })
+}
+
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+pub(super) fn segment_name(first_lsn: u64) -> String {
+    format!("{first_lsn:020}.seg")
+}
+
+/// Segment files in LSN order: (first LSN, path).
+pub(super) fn list_segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir)? {
+        let path = e?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if let Some(lsn) = name
+            .strip_suffix(".seg")
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            out.push((lsn, path));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+fn read_checkpoint(dir: &Path) -> u64 {
+    let Ok(bytes) = fs::read(dir.join("checkpoint")) else {
+        return 0;
+    };
+    if bytes.len() != 12 {
+        warn!("Spool checkpoint file is damaged; replaying the whole spool.");
+        return 0;
+    }
+    let lsn = u64::from_le_bytes(bytes[0..8].try_into().unwrap_or_default());
+    let crc = u32::from_le_bytes(bytes[8..12].try_into().unwrap_or_default());
+    if crc32fast::hash(&bytes[0..8]) != crc {
+        warn!("Spool checkpoint file is damaged; replaying the whole spool.");
+        return 0;
+    }
+    lsn
+}
+
+pub(super) fn write_checkpoint(dir: &Path, lsn: u64) -> io::Result<()> {
+    let mut bytes = lsn.to_le_bytes().to_vec();
+    bytes.extend_from_slice(&crc32fast::hash(&bytes).to_le_bytes());
+    let tmp = dir.join("checkpoint.tmp");
+    let mut f = File::create(&tmp)?;
+    f.write_all(&bytes)?;
+    f.sync_all()?;
+    fs::rename(&tmp, dir.join("checkpoint"))?;
+    sync_dir(dir)
+}
+
+/// What opening found.
+#[derive(Debug, Default)]
+pub struct Recovery {
+    /// First LSN to hand out.
+    pub next_lsn: u64,
+    /// Everything below this is in MongoDB.
+    pub checkpoint: u64,
+    /// Records at or above the checkpoint (to replay).
+    pub records: u64,
+    pub bytes: u64,
+    /// Bytes cut from a torn tail.
+    pub torn_bytes: u64,
+    /// Latest message id per packet id, for redelivery detection.
+    pub message_ids: HashMap<u16, u64>,
+    /// A 4-byte tag of this spool, for idempotent dead-letter ids.
+    pub tag: u32,
+}
+
+/// Opens (or creates) the spool directory and recovers its state.
+pub fn recover(dir: &Path) -> io::Result<Recovery> {
+    fs::create_dir_all(dir)?;
+    let tag = match fs::read_to_string(dir.join("spool.id")) {
+        Ok(t) => u32::from_str_radix(t.trim(), 16).unwrap_or(0),
+        Err(_) => {
+            let tag: u32 = rand::random();
+            fs::write(dir.join("spool.id"), format!("{tag:08x}\n"))?;
+            sync_dir(dir)?;
+            tag
+        }
+    };
+    let checkpoint = read_checkpoint(dir);
+    let segments = list_segments(dir)?;
+    let mut rec = Recovery {
+        checkpoint,
+        tag,
+        ..Recovery::default()
+    };
+    let mut last_lsn = None;
+    for (i, (_, path)) in segments.iter().enumerate() {
+        let last = i + 1 == segments.len();
+        let mut f = OpenOptions::new().read(true).write(true).open(path)?;
+        let len = f.metadata()?.len();
+        let mut r = io::BufReader::new(&mut f);
+        let mut offset = 0u64;
+        loop {
+            match read_record(&mut r)? {
+                ReadOutcome::Record(record, size) => {
+                    offset += size;
+                    last_lsn = Some(record.lsn);
+                    if record.lsn >= checkpoint {
+                        rec.records += 1;
+                    }
+                    if let Entry::MessageId { pkid, digest } = record.entry {
+                        rec.message_ids.insert(pkid, digest);
+                    }
+                }
+                ReadOutcome::End => break,
+                ReadOutcome::Bad if last => {
+                    drop(r);
+                    warn!(
+                        segment = %path.display(),
+                        offset,
+                        cut = len - offset,
+                        "Spool ends in a torn record (an interrupted write); cutting it off."
+                    );
+                    f.set_len(offset)?;
+                    f.sync_all()?;
+                    rec.torn_bytes = len - offset;
+                    break;
+                }
+                ReadOutcome::Bad => {
+                    error!(
+                        segment = %path.display(),
+                        offset,
+                        skipped = len - offset,
+                        "Spool segment is damaged; skipping the rest of it."
+                    );
+                    break;
+                }
+            }
+        }
+        rec.bytes += offset.min(len);
+    }
+    let now_us = crate::clock::now_us();
+    rec.next_lsn = last_lsn.map_or(0, |l| l + 1).max(checkpoint).max(now_us);
+    Ok(rec)
+}
+
+/// Reads records in LSN order from the segment files.
+pub struct Reader {
+    dir: PathBuf,
+    file: Option<(u64, io::BufReader<File>)>,
+    /// Next LSN wanted.
+    next: u64,
+}
+
+impl Reader {
+    pub fn new(dir: &Path, from_lsn: u64) -> Reader {
+        Reader {
+            dir: dir.to_path_buf(),
+            file: None,
+            next: from_lsn,
+        }
+    }
+
+    /// The LSN the next read starts at.
+    pub fn next(&self) -> u64 {
+        self.next
+    }
+
+    /// Up to `max` records with `next <= lsn < limit`, in order. Blocking.
+    pub fn read(&mut self, max: usize, limit: u64) -> io::Result<Vec<Record>> {
+        let mut out = Vec::new();
+        while out.len() < max && self.next < limit {
+            if self.file.is_none() && !self.open_segment()? {
+                break;
+            }
+            let Some((_, r)) = self.file.as_mut() else {
+                break;
+            };
+            match read_record(r)? {
+                ReadOutcome::Record(rec, _) => {
+                    if rec.lsn >= self.next {
+                        self.next = rec.lsn + 1;
+                        if rec.lsn < limit {
+                            out.push(rec);
+                        }
+                    }
+                }
+                // The end of this segment (records below `limit` are
+                // complete), or damage already reported at recovery: on to
+                // the next segment.
+                ReadOutcome::End | ReadOutcome::Bad => {
+                    let first = self.file.as_ref().map_or(0, |(f, _)| *f);
+                    if !self.advance_past(first)? {
+                        // The open segment: keep the position, it grows.
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Opens the segment holding `next`.
+    fn open_segment(&mut self) -> io::Result<bool> {
+        let segments = list_segments(&self.dir)?;
+        let Some((first, path)) = segments
+            .iter()
+            .rev()
+            .find(|(f, _)| *f <= self.next)
+            .or(segments.first())
+        else {
+            return Ok(false);
+        };
+        self.file = Some((*first, io::BufReader::new(File::open(path)?)));
+        Ok(true)
+    }
+
+    /// Moves to the segment after the one starting at `first`, if any.
+    fn advance_past(&mut self, first: u64) -> io::Result<bool> {
+        let segments = list_segments(&self.dir)?;
+        match segments.into_iter().find(|(f, _)| *f > first) {
+            Some((f, path)) => {
+                self.next = self.next.max(f);
+                self.file = Some((f, io::BufReader::new(File::open(path)?)));
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    /// A sample record with a small made-up document.
+    pub fn sample(lsn: u64) -> Record {
+        Record {
+            lsn,
+            received_ms: 7,
+            entry: Entry::Sample {
+                sensor: format!("s{lsn}"),
+                doc: vec![1, 2, 3, lsn as u8],
+            },
+        }
+    }
+
+    #[test]
+    fn records_round_trip() {
+        for r in [
+            sample(5),
+            Record {
+                lsn: 9,
+                received_ms: -1,
+                entry: Entry::DeadLetter { doc: vec![9; 40] },
+            },
+            Record {
+                lsn: 10,
+                received_ms: 3,
+                entry: Entry::MessageId {
+                    pkid: 77,
+                    digest: 123,
+                },
+            },
+        ] {
+            let mut bytes = vec![9u8; 3];
+            r.encode_into(&mut bytes);
+            let bytes = &bytes[3..];
+            assert_eq!(bytes, r.encode().as_slice());
+            match read_record(&mut &bytes[..]).unwrap() {
+                ReadOutcome::Record(back, n) => {
+                    assert_eq!(back, r);
+                    assert_eq!(n as usize, bytes.len());
+                }
+                _ => panic!("did not read back"),
+            }
+        }
+    }
+}

@@ -1,0 +1,500 @@
+//! The spool: a local, crash-safe, append-only log of everything palletd
+//! received, so a PUBLISH can be acknowledged once it is on local disk and
+//! the database may be slow or gone for hours.
+//!
+//! - [`log`]: the record format, segment files, recovery and reading back.
+//! - [`appender`]: the one thread that writes, group-commits and deletes
+//!   confirmed segments.
+//! - [`Spool`]: the cheaply cloned handle the tasks use; it hides the
+//!   appender's channel, the durable LSN and the shared counters.
+//!
+//! # Durability
+//! With `fsync = "batch"` the appender syncs once for everything that
+//! arrived during the previous sync (group commit); `"always"` syncs after
+//! every append, `"off"` never (tests only). [`Spool::durable`] is the LSN
+//! below which everything is on disk.
+//!
+//! # Checkpoint
+//! The pipeline reports the lowest LSN it still needs (everything below is
+//! in MongoDB) with [`Spool::checkpoint`]. The appender stores it
+//! crash-safely (write, fsync, rename, fsync the directory) and deletes the
+//! segments that lie wholly below it, the open one too once all of it is
+//! confirmed.
+//!
+//! Why not a crate: the embedded stores on crates.io are B-trees or LSM trees
+//! (redb, sled, fjall) where a cut file is a corrupt database rather than a
+//! torn tail, and the log crates (okaywal, commitlog) are unmaintained. A
+//! segmented file with CRC32 (crc32fast) is a few hundred lines, and its
+//! crash behaviour is tested here.
+
+mod appender;
+pub mod log;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+
+use appender::{Appender, Command};
+pub use log::{Entry, Reader, Record, Recovery};
+
+/// When the spool syncs to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fsync {
+    /// Group commit: one fsync for all appends since the last one.
+    Batch,
+    /// An fsync after every append.
+    Always,
+    /// Never (tests only): a crash of the machine loses acknowledged data.
+    Off,
+}
+
+/// Spool settings.
+#[derive(Debug, Clone)]
+pub struct SpoolSettings {
+    pub dir: PathBuf,
+    pub max_size: u64,
+    pub fsync: Fsync,
+}
+
+/// Numbers the appender keeps and the tasks read.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Bytes in all segment files.
+    bytes: AtomicU64,
+    /// LSN of the stored checkpoint (everything below is in MongoDB).
+    checkpoint: AtomicU64,
+    fsyncs: AtomicU64,
+    /// The highest checkpoint asked for; the appender stores it.
+    requested: AtomicU64,
+}
+
+/// The appender has stopped: nothing more can be spooled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the spool's appender thread has stopped")]
+pub struct Stopped;
+
+/// A handle on the spool; clones share the same log.
+#[derive(Clone)]
+pub struct Spool {
+    dir: PathBuf,
+    max_size: u64,
+    tx: mpsc::Sender<Command>,
+    durable: watch::Receiver<u64>,
+    shared: Arc<Shared>,
+}
+
+/// The appender thread; [`AppenderThread::finish`] syncs and stops it.
+pub struct AppenderThread {
+    tx: mpsc::Sender<Command>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Opens (or creates) the spool in `settings.dir`, recovers what is there,
+/// and starts the appender.
+pub fn open(settings: &SpoolSettings) -> io::Result<(Spool, Recovery, AppenderThread)> {
+    let recovery = log::recover(&settings.dir)?;
+    let (spool, thread) = start(settings, &recovery)?;
+    Ok((spool, recovery, thread))
+}
+
+fn start(settings: &SpoolSettings, recovery: &Recovery) -> io::Result<(Spool, AppenderThread)> {
+    // At least four segments fit, so a full spool can always free some.
+    let segment_size = (settings.max_size / 4).clamp(16 * 1024, 64 * 1024 * 1024);
+    let (tx, rx) = mpsc::channel(1024);
+    let (durable_tx, durable) = watch::channel(recovery.next_lsn);
+    let shared = Arc::new(Shared::default());
+    shared.bytes.store(recovery.bytes, Ordering::Relaxed);
+    shared
+        .checkpoint
+        .store(recovery.checkpoint, Ordering::Relaxed);
+    shared
+        .requested
+        .store(recovery.checkpoint, Ordering::Relaxed);
+    let mut appender = Appender {
+        dir: settings.dir.clone(),
+        fsync: settings.fsync,
+        segment_size,
+        current: None,
+        next_lsn: recovery.next_lsn,
+        checkpoint: recovery.checkpoint,
+        shared: shared.clone(),
+    };
+    let handle = std::thread::Builder::new()
+        .name("palletd-spool".into())
+        .spawn(move || appender.run(rx, durable_tx))?;
+    Ok((
+        Spool {
+            dir: settings.dir.clone(),
+            max_size: settings.max_size,
+            tx: tx.clone(),
+            durable,
+            shared,
+        },
+        AppenderThread {
+            tx,
+            handle: Some(handle),
+        },
+    ))
+}
+
+impl AppenderThread {
+    /// Syncs what was appended and stops the thread (appends after this
+    /// fail with [`Stopped`]). Blocking.
+    pub fn finish(mut self) {
+        let _ = self.tx.blocking_send(Command::Close);
+        if let Some(t) = self.handle.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Spool {
+    /// Appends encoded records (in LSN order, `end` the LSN after the last);
+    /// they become durable later, see [`Spool::durable`].
+    pub async fn append(&self, bytes: Vec<u8>, end: u64) -> Result<(), Stopped> {
+        self.tx
+            .send(Command::Append { bytes, end })
+            .await
+            .map_err(|_| Stopped)
+    }
+
+    /// Everything below this LSN is durable on local disk.
+    pub fn durable(&self) -> u64 {
+        *self.durable.borrow()
+    }
+
+    /// Waits until the durable LSN moves; `Err` once the appender stopped.
+    pub async fn durable_changed(&mut self) -> Result<u64, Stopped> {
+        self.durable.changed().await.map_err(|_| Stopped)?;
+        Ok(*self.durable.borrow_and_update())
+    }
+
+    /// Waits until everything below `lsn` is durable.
+    pub async fn wait_durable(&mut self, lsn: u64) -> Result<(), Stopped> {
+        while *self.durable.borrow_and_update() < lsn {
+            self.durable.changed().await.map_err(|_| Stopped)?;
+        }
+        Ok(())
+    }
+
+    /// Everything below `lsn` is in MongoDB: the appender stores the
+    /// checkpoint and deletes what it confirms. Never blocks; a later call
+    /// with a higher LSN supersedes this one.
+    pub fn checkpoint(&self, lsn: u64) {
+        if self.shared.requested.fetch_max(lsn, Ordering::Relaxed) < lsn {
+            // When the channel is full the appender is busy and takes the
+            // request up after its current batch anyway.
+            let _ = self.tx.try_send(Command::Checkpoint);
+        }
+    }
+
+    /// The stored checkpoint.
+    pub fn checkpointed(&self) -> u64 {
+        self.shared.checkpoint.load(Ordering::Relaxed)
+    }
+
+    /// Bytes in the segment files.
+    pub fn bytes(&self) -> u64 {
+        self.shared.bytes.load(Ordering::Relaxed)
+    }
+
+    pub fn max_size(&self) -> u64 {
+        self.max_size
+    }
+
+    /// At `spool.max_size`: new messages must not be taken.
+    pub fn is_full(&self) -> bool {
+        self.bytes() >= self.max_size
+    }
+
+    /// fsync calls so far.
+    pub fn fsyncs(&self) -> u64 {
+        self.shared.fsyncs.load(Ordering::Relaxed)
+    }
+
+    /// A reader of the records from `lsn` on.
+    pub fn reader(&self, lsn: u64) -> Reader {
+        Reader::new(&self.dir, lsn)
+    }
+}
+
+/// Reads up to `max` records below `limit` on a blocking thread; hands the
+/// reader back to keep its position.
+pub async fn read(mut reader: Reader, max: usize, limit: u64) -> (Reader, io::Result<Vec<Record>>) {
+    let task = tokio::task::spawn_blocking(move || {
+        let records = reader.read(max, limit);
+        (reader, records)
+    });
+    match task.await {
+        Ok(done) => done,
+        Err(e) => (
+            Reader::new(Path::new(""), 0),
+            Err(io::Error::other(format!("spool reader failed: {e}"))),
+        ),
+    }
+}
+
+/// Measures append throughput and fsync batching (for the benchmark).
+pub fn bench_append(
+    dir: &Path,
+    fsync: Fsync,
+    records: u64,
+    record_bytes: usize,
+) -> io::Result<(Duration, u64)> {
+    let settings = SpoolSettings {
+        dir: dir.to_path_buf(),
+        max_size: 1 << 40,
+        fsync,
+    };
+    let (spool, recovery, thread) = open(&settings)?;
+    let started = Instant::now();
+    let doc = vec![0u8; record_bytes];
+    let mut lsn = recovery.next_lsn;
+    for _ in 0..records {
+        let r = Record {
+            lsn,
+            received_ms: 0,
+            entry: Entry::DeadLetter { doc: doc.clone() },
+        };
+        lsn += 1;
+        if spool
+            .tx
+            .blocking_send(Command::Append {
+                bytes: r.encode(),
+                end: lsn,
+            })
+            .is_err()
+        {
+            break;
+        }
+    }
+    while spool.durable() < lsn {
+        if spool.durable.has_changed().is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let elapsed = started.elapsed();
+    let fsyncs = spool.fsyncs();
+    thread.finish();
+    Ok((elapsed, fsyncs))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::fs::{self, OpenOptions};
+
+    use super::log::tests::sample;
+    use super::log::{list_segments, recover};
+    use super::*;
+
+    /// A spool whose appends continue at `first` (the records' own LSNs).
+    fn start_at(dir: &Path, first: Option<u64>, max_size: u64) -> (Spool, AppenderThread) {
+        let mut rec = recover(dir).unwrap();
+        if let Some(first) = first {
+            rec.next_lsn = first;
+        }
+        let settings = SpoolSettings {
+            dir: dir.to_path_buf(),
+            max_size,
+            fsync: Fsync::Batch,
+        };
+        start(&settings, &rec).unwrap()
+    }
+
+    fn append(spool: &Spool, r: &Record) {
+        spool
+            .tx
+            .blocking_send(Command::Append {
+                bytes: r.encode(),
+                end: r.lsn + 1,
+            })
+            .unwrap();
+    }
+
+    fn write_all(dir: &Path, records: &[Record], max_size: u64) {
+        let (spool, thread) = start_at(dir, records.first().map(|r| r.lsn), max_size);
+        for r in records {
+            append(&spool, r);
+        }
+        thread.finish();
+    }
+
+    #[test]
+    fn written_records_are_read_back_across_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = recover(dir.path()).unwrap().next_lsn;
+        let records: Vec<Record> = (base..base + 5000).map(sample).collect();
+        write_all(dir.path(), &records, 256 * 1024);
+        assert!(list_segments(dir.path()).unwrap().len() > 1, "rotated");
+        let rec = recover(dir.path()).unwrap();
+        assert_eq!(rec.records, 5000);
+        assert!(rec.next_lsn >= base + 5000);
+        let mut reader = Reader::new(dir.path(), base + 10);
+        let mut got = Vec::new();
+        loop {
+            let batch = reader.read(700, base + 5000).unwrap();
+            if batch.is_empty() {
+                break;
+            }
+            got.extend(batch);
+        }
+        assert_eq!(got, records[10..].to_vec());
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_the_rest_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = recover(dir.path()).unwrap().next_lsn;
+        let records: Vec<Record> = (base..base + 10).map(sample).collect();
+        write_all(dir.path(), &records, 1 << 30);
+        let (_, path) = list_segments(dir.path()).unwrap().pop().unwrap();
+        let len = fs::metadata(&path).unwrap().len();
+        // Half of the last record is missing.
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len - 5)
+            .unwrap();
+        let rec = recover(dir.path()).unwrap();
+        assert_eq!(rec.records, 9);
+        assert!(rec.torn_bytes > 0);
+        assert!(rec.next_lsn >= base + 9);
+        let got = Reader::new(dir.path(), 0).read(100, u64::MAX).unwrap();
+        assert_eq!(got, records[..9].to_vec());
+        // Appending after the cut works and reads back in order.
+        write_all(dir.path(), &[sample(base + 9)], 1 << 30);
+        let got = Reader::new(dir.path(), 0).read(100, u64::MAX).unwrap();
+        assert_eq!(got.len(), 10);
+    }
+
+    #[test]
+    fn a_corrupted_last_record_is_cut_not_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = recover(dir.path()).unwrap().next_lsn;
+        let records: Vec<Record> = (base..base + 3).map(sample).collect();
+        write_all(dir.path(), &records, 1 << 30);
+        let (_, path) = list_segments(dir.path()).unwrap().pop().unwrap();
+        let mut bytes = fs::read(&path).unwrap();
+        let last = bytes.len() - 2;
+        bytes[last] ^= 0xff;
+        fs::write(&path, &bytes).unwrap();
+        let rec = recover(dir.path()).unwrap();
+        assert_eq!(rec.records, 2);
+        let got = Reader::new(dir.path(), 0).read(100, u64::MAX).unwrap();
+        assert_eq!(got, records[..2].to_vec());
+    }
+
+    #[test]
+    fn checkpoint_deletes_whole_segments_below_it_and_survives_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = recover(dir.path()).unwrap().next_lsn;
+        let records: Vec<Record> = (base..base + 5000).map(sample).collect();
+        let (spool, thread) = start_at(dir.path(), Some(base), 256 * 1024);
+        for r in &records {
+            append(&spool, r);
+        }
+        let before = list_segments(dir.path()).unwrap().len();
+        spool.checkpoint(base + 4000);
+        thread.finish();
+        let after = list_segments(dir.path()).unwrap();
+        assert!(after.len() < before, "{} -> {}", before, after.len());
+        assert!(
+            after[0].0 <= base + 4000,
+            "the segment holding the checkpoint stays"
+        );
+        let rec = recover(dir.path()).unwrap();
+        assert_eq!(rec.checkpoint, base + 4000);
+        assert_eq!(rec.records, 1000);
+        let got = Reader::new(dir.path(), rec.checkpoint)
+            .read(10_000, u64::MAX)
+            .unwrap();
+        assert_eq!(got, records[4000..].to_vec());
+    }
+
+    #[test]
+    fn message_ids_are_recovered() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = recover(dir.path()).unwrap().next_lsn;
+        let ids = [
+            Record {
+                lsn: base,
+                received_ms: 0,
+                entry: Entry::MessageId {
+                    pkid: 1,
+                    digest: 10,
+                },
+            },
+            Record {
+                lsn: base + 1,
+                received_ms: 0,
+                entry: Entry::MessageId {
+                    pkid: 1,
+                    digest: 11,
+                },
+            },
+            Record {
+                lsn: base + 2,
+                received_ms: 0,
+                entry: Entry::MessageId {
+                    pkid: 2,
+                    digest: 20,
+                },
+            },
+        ];
+        write_all(dir.path(), &ids, 1 << 30);
+        let rec = recover(dir.path()).unwrap();
+        assert_eq!(rec.message_ids, HashMap::from([(1, 11), (2, 20)]));
+    }
+
+    #[test]
+    fn a_checkpoint_past_everything_frees_even_the_open_segment() {
+        // One append larger than the whole spool: the open segment alone
+        // makes it full. Once the checkpoint confirms all of it, the spool
+        // must have room again, or it would stay full for ever (no append
+        // comes to rotate the segment away).
+        let dir = tempfile::tempdir().unwrap();
+        let base = recover(dir.path()).unwrap().next_lsn;
+        let (spool, thread) = start_at(dir.path(), Some(base), 64 * 1024);
+        let mut bytes = Vec::new();
+        let n = 2000;
+        for lsn in base..base + n {
+            sample(lsn).encode_into(&mut bytes);
+        }
+        assert!(bytes.len() as u64 > spool.max_size());
+        spool
+            .tx
+            .blocking_send(Command::Append {
+                bytes,
+                end: base + n,
+            })
+            .unwrap();
+        while spool.durable() < base + n {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(spool.is_full());
+        spool.checkpoint(base + n - 1);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(spool.is_full(), "the last record is not confirmed yet");
+        spool.checkpoint(base + n);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while spool.is_full() {
+            assert!(Instant::now() < deadline, "the spool stays full");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(spool.bytes(), 0);
+        // Appends go on in a new segment, and recovery sees them.
+        append(&spool, &sample(base + n));
+        thread.finish();
+        let rec = recover(dir.path()).unwrap();
+        assert_eq!(rec.checkpoint, base + n);
+        assert_eq!(rec.records, 1);
+        assert!(rec.next_lsn > base + n);
+    }
+}

@@ -1,0 +1,591 @@
+//! `storage.mode = "buckets"`: palletd's bucket documents, one per sensor
+//! and window with rollups (see [`crate::bucket`] for the document and its
+//! statements).
+//!
+//! - **Schema**: `{sensorId, startTs}` (range reads), `{closed, endTs}` (the
+//!   closer), `{sensorId, lsn: -1}` (exactly once), and the `endTs` TTL
+//!   index that follows `retention.expire_after`.
+//! - **Write**: one ordered `update` command per flush (split only at the
+//!   server's limits), one upsert per run of a sensor's consecutive samples
+//!   in one window. Before planning, the fill of open buckets palletd has no
+//!   memory of is learned with one indexed query, so a restart continues a
+//!   half-full bucket.
+//! - **What a replay already applied**: every statement sets `$max: {lsn}`
+//!   and a sensor's statements go out in LSN order in an ordered command,
+//!   so what MongoDB holds of a sensor is a prefix of its samples: the
+//!   highest `lsn` of its buckets is a watermark (everything at or below is
+//!   in, nothing above).
+//! - **Seal** (the closer): one multi-document update that the
+//!   `{closed, endTs}` index serves seals every bucket whose window ended
+//!   more than `closer.grace` ago: `closed: true`, `closedAt`, samples
+//!   sorted by `ts`, `avg = sum / n`. On MongoDB 5.2+ (and SecantusDB) a
+//!   pipeline update with `$sortArray`; older servers get two statements
+//!   (`$push {$each: [], $sort}` then a pipeline update adding `avg` to
+//!   exactly the buckets the first one sealed).
+//! - **Read**: buckets in `startTs` order on `{sensorId, startTs}`, each
+//!   window's buckets merged and sorted by `ts`; rollups without samples.
+
+use std::collections::HashMap;
+use std::io::Write;
+
+use bson::{doc, Bson, Document};
+use futures_util::TryStreamExt;
+use mongodb::{Collection, Database, IndexModel};
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use super::mongo::{self, count_statement_error, rejection, Mongo, StatementError};
+use super::read::{self, Fields, QueryError, Range, Summary, WindowStats};
+use super::SchemaError;
+use crate::bucket::{self, Fill, Shape};
+use crate::config::Settings;
+use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
+use crate::retry::{Aborted, Backoff};
+
+/// Name of the TTL index on the buckets' `endTs`.
+pub const TTL_INDEX: &str = "endTs_ttl";
+
+/// First wire version with `$sortArray` (MongoDB 5.2).
+const WIRE_VERSION_SORT_ARRAY: i32 = 15;
+
+/// The bucket collection.
+pub struct Buckets {
+    pub(super) collection: String,
+    shape: Shape,
+    expire_after: Option<std::time::Duration>,
+    grace_ms: i64,
+    /// Whether the server lacks `$sortArray`; learned on the first seal.
+    legacy_seal: Option<bool>,
+}
+
+/// The indexes the buckets need: range reads, the closer, applied LSNs.
+pub fn indexes() -> Vec<IndexModel> {
+    vec![
+        IndexModel::builder()
+            .keys(doc! { "sensorId": 1, "startTs": 1 })
+            .build(),
+        IndexModel::builder()
+            .keys(doc! { "closed": 1, "endTs": 1 })
+            .build(),
+        // Each sensor's highest applied spool LSN (exactly-once writes).
+        IndexModel::builder()
+            .keys(doc! { "sensorId": 1, "lsn": -1 })
+            .build(),
+    ]
+}
+
+impl Buckets {
+    pub fn new(settings: &Settings) -> Buckets {
+        Buckets {
+            collection: settings.mongodb.collection.clone(),
+            shape: settings.shape(),
+            expire_after: settings.retention.expire_after,
+            grace_ms: settings.closer.grace.as_millis() as i64,
+            legacy_seal: None,
+        }
+    }
+
+    /// Forces the seal's update form for servers before 5.2 (for tests).
+    pub fn with_legacy_seal(mut self, legacy: bool) -> Self {
+        self.legacy_seal = Some(legacy);
+        self
+    }
+
+    fn coll(&self, db: &Database) -> Collection<Document> {
+        db.collection(&self.collection)
+    }
+
+    pub(super) async fn schema(&self, db: &Database) -> Result<(), SchemaError> {
+        self.coll(db).create_indexes(indexes()).await?;
+        mongo::sync_ttl(db, &self.collection, "endTs", TTL_INDEX, self.expire_after).await?;
+        Ok(())
+    }
+
+    /// Each uncertain sample is in MongoDB iff its LSN is at or below its
+    /// sensor's highest applied `lsn` (the prefix rule).
+    pub(super) async fn resolve(
+        &self,
+        mongo: &mut Mongo,
+        req: &[Resolve],
+        abort: &CancellationToken,
+    ) -> Result<Resolution, Aborted> {
+        let sensors: Vec<&str> = req.iter().map(|r| r.sensor.as_str()).collect();
+        let coll = self.collection.clone();
+        let found = mongo
+            .read_retrying("read applied LSNs", abort, |db| {
+                applied_lsns(db.collection(&coll), &sensors)
+            })
+            .await?;
+        let mut out = Resolution::default();
+        for r in req {
+            let mark = found.get(&r.sensor).copied().unwrap_or(0);
+            out.applied
+                .extend(r.samples.iter().map(|s| s.0).filter(|lsn| *lsn <= mark));
+            out.watermarks.insert(r.sensor.clone(), mark);
+        }
+        Ok(out)
+    }
+
+    /// Plans and sends the batch's statements; sets every sample's outcome
+    /// and the runs' open-bucket fills.
+    pub(super) async fn write(
+        &self,
+        mongo: &mut Mongo,
+        batch: &mut Batch,
+        abort: &CancellationToken,
+    ) -> Result<Written, Aborted> {
+        let mut written = Written::default();
+        self.learn_fills(mongo, batch).await;
+        let shape = self.shape;
+        let plans: Vec<Vec<bucket::Statement>> = batch
+            .runs
+            .iter_mut()
+            .map(|r| {
+                r.outcomes = vec![Outcome::NotSent; r.samples.len()];
+                bucket::plan(&r.samples, &mut r.fills, &shape)
+            })
+            .collect();
+        // Every statement in order: sensors one after another, each in LSN
+        // order, so what an ordered command applies is a prefix per sensor.
+        let order: Vec<(usize, usize)> = plans
+            .iter()
+            .enumerate()
+            .flat_map(|(r, p)| (0..p.len()).map(move |s| (r, s)))
+            .collect();
+        let mut backoff = Backoff::default();
+        let mut next = 0;
+        while next < order.len() {
+            let runs = &batch.runs;
+            let (batch_len, reply) = mongo
+                .write_until_answered("write buckets", &mut backoff, abort, |m| {
+                    let statements = order[next..].iter().map(|&(r, s)| {
+                        plans[r][s].to_bson(&runs[r].sensor, &runs[r].samples, &shape)
+                    });
+                    m.batch_command("update", &self.collection, "updates", statements, true)
+                })
+                .await?;
+            let Some(reply) = reply else {
+                // Unknown what the command applied; the pipeline learns it
+                // before sending these samples again.
+                for &(r, s) in &order[next..next + batch_len] {
+                    let st = &plans[r][s];
+                    batch.runs[r].outcomes[st.range.clone()].fill(Outcome::Unknown);
+                }
+                break;
+            };
+            // Ordered: everything before the first error was applied.
+            let first_error = reply.write_errors.first().cloned();
+            let applied = first_error.as_ref().map_or(batch_len, |e| e.0);
+            for i in 0..applied {
+                let (r, s) = order[next + i];
+                let st = &plans[r][s];
+                let run = &mut batch.runs[r];
+                let inserted = reply.upserted.contains(&i);
+                run.outcomes[st.range.clone()].fill(Outcome::Applied);
+                settle(&mut run.fills, st, Some(inserted));
+                written.statements += 1;
+                written.buckets_created += inserted as u64;
+            }
+            next += applied;
+            match first_error {
+                None => backoff.reset(),
+                Some((_, code, msg)) => {
+                    let kind = StatementError::of_code(code);
+                    count_statement_error(kind);
+                    match kind {
+                        StatementError::Transient => {
+                            debug!(code, error = %msg, "Transient statement error; retrying from it.");
+                            backoff.wait(abort).await?;
+                        }
+                        StatementError::Permanent => {
+                            let (r, s) = order[next];
+                            let st = &plans[r][s];
+                            let run = &mut batch.runs[r];
+                            run.outcomes[st.range.clone()]
+                                .fill(Outcome::Rejected(rejection(code, &msg)));
+                            next += 1;
+                            backoff.reset();
+                        }
+                    }
+                }
+            }
+        }
+        // A statement not applied leaves its window's fill unknown: learned
+        // again before the next write to it.
+        for (run, plan) in batch.runs.iter_mut().zip(&plans) {
+            for st in plan {
+                if run.outcomes[st.range.start] != Outcome::Applied {
+                    settle(&mut run.fills, st, None);
+                }
+            }
+        }
+        Ok(written)
+    }
+
+    /// Learns the fill of open buckets the runs have no memory of (after a
+    /// restart, or a sensor seen for the first time): one query on the
+    /// `{sensorId, startTs}` index. One attempt: the fill only improves
+    /// packing, correctness never depends on it.
+    async fn learn_fills(&self, mongo: &mut Mongo, batch: &mut Batch) {
+        let mut unknown: Vec<(String, i64)> = Vec::new();
+        for run in &batch.runs {
+            let mut starts: Vec<i64> = run
+                .samples
+                .iter()
+                .map(|s| self.shape.window_start(s.ts_ms))
+                .filter(|w| !run.fills.contains_key(w))
+                .collect();
+            starts.sort_unstable();
+            starts.dedup();
+            unknown.extend(starts.into_iter().map(|w| (run.sensor.clone(), w)));
+        }
+        if unknown.is_empty() {
+            return;
+        }
+        match open_fills(&self.coll(&mongo.db), &unknown).await {
+            Ok(found) => {
+                for run in batch.runs.iter_mut() {
+                    for (sensor, start) in unknown.iter().filter(|u| u.0 == run.sensor) {
+                        let fill = found
+                            .get(&(sensor.clone(), *start))
+                            .copied()
+                            .unwrap_or_default();
+                        run.fills.insert(*start, fill);
+                    }
+                }
+            }
+            Err(e) => debug!(error = %e, "Could not learn open bucket fills; writing without."),
+        }
+    }
+
+    /// Seals every open bucket whose window ended at or before
+    /// `now_ms - closer.grace`. Returns how many were sealed.
+    pub async fn seal(&mut self, db: &Database, now_ms: i64) -> mongodb::error::Result<u64> {
+        let legacy = match self.legacy_seal {
+            Some(l) => l,
+            None => {
+                let hello = db.run_command(doc! { "hello": 1 }).await?;
+                let wire = hello.get_i32("maxWireVersion").unwrap_or(0);
+                *self.legacy_seal.insert(wire < WIRE_VERSION_SORT_ARRAY)
+            }
+        };
+        let cutoff = bson::DateTime::from_millis(self.cutoff(now_ms));
+        let now = bson::DateTime::from_millis(now_ms);
+        let updates = if legacy {
+            legacy_seal_statements(cutoff, now)
+        } else {
+            vec![seal_statement(cutoff)]
+        };
+        let reply = db
+            .run_command(doc! {
+                "update": &self.collection,
+                "updates": updates,
+                "ordered": true,
+                "writeConcern": { "w": "majority" },
+            })
+            .await?;
+        if let Ok(errors) = reply.get_array("writeErrors") {
+            if let Some(Bson::Document(e)) = errors.first() {
+                return Err(mongodb::error::Error::custom(format!(
+                    "seal rejected (code {}): {}",
+                    e.get_i32("code").unwrap_or(-1),
+                    e.get_str("errmsg").unwrap_or("")
+                )));
+            }
+        }
+        // In the legacy form the second statement touches the same buckets.
+        Ok(reply.get_i32("nModified").unwrap_or(0).max(0) as u64 / if legacy { 2 } else { 1 })
+    }
+
+    /// Buckets whose `endTs` is at or before this are sealed at `now_ms`.
+    pub fn cutoff(&self, now_ms: i64) -> i64 {
+        now_ms - self.grace_ms
+    }
+
+    /// One sensor's readings in time order, window by window: all buckets
+    /// of a window (full ones, late ones after sealing) merged.
+    pub(super) async fn readings(
+        &self,
+        db: &Database,
+        sensor: &str,
+        range: Range,
+        mut emit: impl FnMut(i64, Fields) -> std::io::Result<()>,
+    ) -> read::Result<u64> {
+        let mut cursor = self
+            .coll(db)
+            .find(self.bucket_filter(sensor, range))
+            .sort(doc! { "startTs": 1 })
+            .projection(doc! { "startTs": 1, "samples": 1 })
+            .await?;
+        let mut window: Option<i64> = None;
+        let mut rows: Vec<(i64, Fields)> = Vec::new();
+        let mut n = 0u64;
+        let mut flush = |rows: &mut Vec<(i64, Fields)>| -> std::io::Result<()> {
+            rows.sort_by_key(|r| r.0);
+            for (ts, fields) in rows.drain(..) {
+                emit(ts, fields)?;
+            }
+            Ok(())
+        };
+        while let Some(bucket) = cursor.try_next().await? {
+            let start = bucket.get_datetime("startTs")?.timestamp_millis();
+            if window != Some(start) {
+                flush(&mut rows)?;
+                window = Some(start);
+            }
+            for s in bucket.get_array("samples")? {
+                let Some(s) = s.as_document() else { continue };
+                let ts = s.get_datetime("ts")?.timestamp_millis();
+                if range.contains(ts) {
+                    rows.push((ts, read::fields(s, &[])));
+                    n += 1;
+                }
+            }
+        }
+        flush(&mut rows)?;
+        Ok(n)
+    }
+
+    /// Per-window rollups from the buckets' rollup fields (no samples read).
+    pub(super) async fn window_stats(
+        &self,
+        db: &Database,
+        sensor: &str,
+        range: Range,
+    ) -> read::Result<Vec<WindowStats>> {
+        let mut cursor = self
+            .coll(db)
+            .find(self.bucket_filter(sensor, range))
+            .sort(doc! { "startTs": 1 })
+            .projection(doc! { "samples": 0 })
+            .await?;
+        let mut out: Vec<WindowStats> = Vec::new();
+        while let Some(b) = cursor.try_next().await? {
+            let start = b.get_datetime("startTs")?.timestamp_millis();
+            if out.last().map(|w| w.start_ms) != Some(start) {
+                out.push(WindowStats::new(start));
+            }
+            let Some(w) = out.last_mut() else { continue };
+            w.buckets += 1;
+            w.count += read::number(b.get("count")).unwrap_or(0.0) as i64;
+            let empty = Document::new();
+            let part = |name: &str| b.get_document(name).unwrap_or(&empty);
+            let (sum, n, min, max) = (part("sum"), part("n"), part("min"), part("max"));
+            for (field, s) in sum {
+                w.merge(
+                    field,
+                    read::number(Some(s)).unwrap_or(0.0),
+                    read::number(n.get(field)).unwrap_or(0.0) as i64,
+                    read::number(min.get(field)).unwrap_or(f64::INFINITY),
+                    read::number(max.get(field)).unwrap_or(f64::NEG_INFINITY),
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn summary(&self, db: &Database) -> read::Result<Summary> {
+        let mut agg = self
+            .coll(db)
+            .aggregate(vec![doc! { "$group": {
+                "_id": null,
+                "buckets": { "$sum": 1 },
+                "sealed": { "$sum": { "$cond": ["$closed", 1, 0] } },
+                "samples": { "$sum": "$count" },
+                "sensors": { "$addToSet": "$sensorId" },
+            } }])
+            .await?;
+        let row = agg.try_next().await?.unwrap_or_default();
+        let n = |k: &str| read::number(row.get(k)).unwrap_or(0.0) as u64;
+        Ok(Summary {
+            buckets: Some((n("buckets"), n("sealed"))),
+            samples: n("samples"),
+            sensors: row.get_array("sensors").map_or(0, |a| a.len()) as u64,
+            dead_letters: 0,
+        })
+    }
+
+    /// Up to `limit` bucket documents as relaxed extended JSON, newest
+    /// first, with at most 3 samples each.
+    pub(super) async fn print_raw(
+        &self,
+        db: &Database,
+        sensor: Option<&str>,
+        limit: i64,
+        out: &mut dyn Write,
+    ) -> read::Result<()> {
+        let f = sensor.map_or_else(Document::new, |s| doc! { "sensorId": s });
+        let mut cursor = self
+            .coll(db)
+            .find(f)
+            .sort(doc! { "startTs": -1 })
+            .limit(limit)
+            .projection(doc! { "samples": { "$slice": 3 } })
+            .await?;
+        while let Some(b) = cursor.try_next().await? {
+            let json = Bson::Document(b).into_relaxed_extjson();
+            let text = serde_json::to_string_pretty(&json)
+                .map_err(|e| QueryError::Io(std::io::Error::other(e)))?;
+            writeln!(out, "{text}")?;
+        }
+        Ok(())
+    }
+
+    /// The buckets that may hold samples in `range`: a bucket starting less
+    /// than a window before `from` may hold samples after it.
+    fn bucket_filter(&self, sensor: &str, range: Range) -> Document {
+        let starts = Range {
+            from: range.from.map(|f| f - self.shape.window_ms + 1),
+            to: range.to,
+        };
+        read::filter(sensor, "startTs", starts)
+    }
+}
+
+/// Records what the database did with a statement: `Some(inserted)` when
+/// it was applied (the fill it now has), `None` when it was not (unknown).
+fn settle(fills: &mut crate::flush::Fills, st: &bucket::Statement, applied: Option<bool>) {
+    match applied.and_then(|inserted| st.fill_after(inserted)) {
+        Some(fill) => {
+            fills.insert(st.start_ms, fill);
+        }
+        None => {
+            fills.remove(&st.start_ms);
+        }
+    }
+}
+
+/// The fill of the open buckets of (sensor, window start) pairs. Where a
+/// window has several open buckets, the emptiest is reported; a pair with
+/// no open bucket is absent.
+async fn open_fills(
+    coll: &Collection<Document>,
+    pairs: &[(String, i64)],
+) -> mongodb::error::Result<HashMap<(String, i64), Fill>> {
+    let mut sensors: Vec<&str> = pairs.iter().map(|p| p.0.as_str()).collect();
+    sensors.sort_unstable();
+    sensors.dedup();
+    let mut starts: Vec<i64> = pairs.iter().map(|p| p.1).collect();
+    starts.sort_unstable();
+    starts.dedup();
+    let starts: Vec<bson::DateTime> = starts
+        .into_iter()
+        .map(bson::DateTime::from_millis)
+        .collect();
+    let filter = doc! {
+        "sensorId": { "$in": sensors },
+        "startTs": { "$in": starts },
+        "closed": false,
+    };
+    let mut cursor = coll
+        .find(filter)
+        .projection(doc! { "_id": 0, "sensorId": 1, "startTs": 1, "count": 1, "size": 1 })
+        .await?;
+    let mut best: HashMap<(String, i64), Fill> = HashMap::new();
+    while cursor.advance().await? {
+        let d = cursor.deserialize_current()?;
+        let (Ok(sensor), Ok(start)) = (d.get_str("sensorId"), d.get_datetime("startTs")) else {
+            continue;
+        };
+        let fill = Fill {
+            count: d.get_i32("count").unwrap_or(0).max(0) as u32,
+            bytes: d.get_i32("size").unwrap_or(0).max(0) as u32,
+        };
+        best.entry((sensor.to_string(), start.timestamp_millis()))
+            .and_modify(|f| {
+                if fill.count < f.count {
+                    *f = fill;
+                }
+            })
+            .or_insert(fill);
+    }
+    Ok(best)
+}
+
+/// The highest LSN applied to each sensor's buckets, from the
+/// `{sensorId: 1, lsn: -1}` index; sensors with none are absent.
+async fn applied_lsns(
+    coll: Collection<Document>,
+    sensors: &[&str],
+) -> mongodb::error::Result<HashMap<String, u64>> {
+    let mut unique: Vec<&str> = sensors.to_vec();
+    unique.sort_unstable();
+    unique.dedup();
+    let mut cursor = coll
+        .aggregate(vec![
+            doc! { "$match": { "sensorId": { "$in": unique } } },
+            doc! { "$sort": { "sensorId": 1, "lsn": -1 } },
+            doc! { "$group": { "_id": "$sensorId", "lsn": { "$first": "$lsn" } } },
+        ])
+        .await?;
+    let mut out = HashMap::new();
+    while cursor.advance().await? {
+        let d = cursor.deserialize_current()?;
+        if let (Ok(sensor), Some(lsn)) = (d.get_str("_id"), d.get("lsn").and_then(mongo::as_u64)) {
+            out.insert(sensor.to_string(), lsn);
+        }
+    }
+    Ok(out)
+}
+
+fn open_and_ended(cutoff: bson::DateTime) -> Document {
+    doc! { "closed": false, "endTs": { "$lte": cutoff } }
+}
+
+/// `avg.<f> = sum.<f> / n.<f>` for every rolled-up field, as an expression
+/// that MongoDB 5.0 accepts (`$getField` takes only constant names before 7.2).
+fn avg_expression() -> Document {
+    doc! {
+        "$arrayToObject": { "$map": {
+            "input": { "$objectToArray": { "$ifNull": ["$sum", {}] } },
+            "as": "s",
+            "in": {
+                "k": "$$s.k",
+                "v": { "$divide": ["$$s.v", { "$let": {
+                    "vars": { "n": { "$arrayElemAt": [
+                        { "$filter": {
+                            "input": { "$objectToArray": { "$ifNull": ["$n", {}] } },
+                            "cond": { "$eq": ["$$this.k", "$$s.k"] },
+                        } }, 0] } },
+                    "in": "$$n.v",
+                } }] },
+            },
+        } }
+    }
+}
+
+/// The one-statement seal (MongoDB 5.2+).
+fn seal_statement(cutoff: bson::DateTime) -> Document {
+    doc! {
+        "q": open_and_ended(cutoff),
+        "u": [ { "$set": {
+            "closed": true,
+            "closedAt": "$$NOW",
+            "samples": { "$sortArray": { "input": "$samples", "sortBy": { "ts": 1 } } },
+            "avg": avg_expression(),
+        } } ],
+        "multi": true,
+        "hint": { "closed": 1, "endTs": 1 },
+    }
+}
+
+/// The two-statement seal for servers without `$sortArray`.
+fn legacy_seal_statements(cutoff: bson::DateTime, now: bson::DateTime) -> Vec<Document> {
+    vec![
+        doc! {
+            "q": open_and_ended(cutoff),
+            "u": {
+                "$push": { "samples": { "$each": [], "$sort": { "ts": 1 } } },
+                "$set": { "closed": true, "closedAt": now },
+            },
+            "multi": true,
+            "hint": { "closed": 1, "endTs": 1 },
+        },
+        doc! {
+            "q": { "closed": true, "endTs": { "$lte": cutoff }, "closedAt": now, "avg": { "$exists": false } },
+            "u": [ { "$set": { "avg": avg_expression() } } ],
+            "multi": true,
+            "hint": { "closed": 1, "endTs": 1 },
+        },
+    ]
+}

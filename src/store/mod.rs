@@ -1,0 +1,263 @@
+//! Where readings go in MongoDB: one file per storage mode behind one
+//! enum, [`Store`], and the plumbing they share.
+//!
+//! - [`buckets`]: palletd's bucket documents (the default).
+//! - [`timeseries`]: a MongoDB native time series collection.
+//! - [`mongo`]: running commands, reading replies, the typed retry
+//!   decision, outage logging, dead letters, TTL indexes.
+//! - [`read`]: what the readers return to `palletd query`.
+//!
+//! Every mode answers the same five questions: its **schema** (what to set
+//! up at start), how to **resolve** samples that may already be in MongoDB
+//! (replayed from an earlier run, or sent in a write whose reply was lost),
+//! its **write**, its **seal** (the closer; nothing in time series mode) and
+//! its **read** (`palletd query`). Adding a mode is one new file with those
+//! functions, one arm here, and its name in [`crate::config::StorageMode`].
+//!
+//! Dead letters are the same in every mode: `<collection>_deadletter`, with
+//! a TTL index on `receivedAt`. A flush writes them before its samples.
+
+pub mod buckets;
+pub mod mongo;
+pub mod read;
+pub mod timeseries;
+
+use std::io::Write;
+
+use mongodb::Database;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::config::{Settings, StorageMode};
+use crate::flush::{Batch, Resolution, Resolve, Written};
+use crate::retry::{Aborted, Backoff};
+use buckets::Buckets;
+use mongo::Mongo;
+use read::{Fields, Range, Summary, WindowStats};
+use timeseries::Timeseries;
+
+/// Why the schema could not be put in place.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    #[error(transparent)]
+    Database(#[from] mongodb::error::Error),
+    /// The collection exists in a shape palletd must not write into.
+    #[error("{0}")]
+    Mismatch(String),
+}
+
+/// The storage mode.
+pub enum Mode {
+    Buckets(Buckets),
+    Timeseries(Timeseries),
+}
+
+/// The configured storage mode on one database.
+pub struct Store {
+    mode: Mode,
+    mongo: Mongo,
+    deadletters: String,
+    deadletter_expire_after: Option<std::time::Duration>,
+    schema_ready: bool,
+}
+
+impl Store {
+    pub fn new(settings: &Settings, db: Database) -> Store {
+        let mode = match settings.storage.mode {
+            StorageMode::Buckets => Mode::Buckets(Buckets::new(settings)),
+            StorageMode::Timeseries => Mode::Timeseries(Timeseries::new(settings)),
+        };
+        Store {
+            mode,
+            mongo: Mongo::new(db, &settings.mongodb),
+            deadletters: settings.mongodb.deadletter_collection(),
+            deadletter_expire_after: settings.retention.deadletter_expire_after,
+            schema_ready: false,
+        }
+    }
+
+    pub fn mode(&mut self) -> &mut Mode {
+        &mut self.mode
+    }
+
+    pub fn db(&self) -> &Database {
+        &self.mongo.db
+    }
+
+    /// Failed database calls so far.
+    pub fn failures(&self) -> u64 {
+        self.mongo.failures()
+    }
+
+    /// One attempt at setting up the schema (idempotent); true once it is
+    /// in place. A failure is logged like an outage.
+    pub async fn try_ensure_schema(&mut self) -> bool {
+        if self.schema_ready {
+            return true;
+        }
+        let db = self.mongo.db.clone();
+        let mode = match &self.mode {
+            Mode::Buckets(m) => m.schema(&db).await,
+            Mode::Timeseries(m) => m.schema(&db).await,
+        };
+        let result = match mode {
+            Ok(()) => mongo::sync_ttl(
+                &db,
+                &self.deadletters,
+                "receivedAt",
+                mongo::DEADLETTER_TTL_INDEX,
+                self.deadletter_expire_after,
+            )
+            .await
+            .map_err(SchemaError::from),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => {
+                self.mongo.recovered();
+                info!(collection = %self.collection(), "Indexes are in place.");
+                self.schema_ready = true;
+            }
+            Err(SchemaError::Database(e)) => self.mongo.failed("create indexes", &e),
+            Err(e) => self
+                .mongo
+                .failed_msg("set up the collection", &e.to_string()),
+        }
+        self.schema_ready
+    }
+
+    /// Sets up the schema, retrying until it is in place.
+    pub async fn ensure_schema(&mut self, abort: &CancellationToken) -> Result<(), Aborted> {
+        let mut backoff = Backoff::default();
+        while !self.try_ensure_schema().await {
+            backoff.wait(abort).await?;
+        }
+        Ok(())
+    }
+
+    fn collection(&self) -> &str {
+        match &self.mode {
+            Mode::Buckets(m) => &m.collection,
+            Mode::Timeseries(m) => &m.collection,
+        }
+    }
+
+    /// Learns which of these samples are in MongoDB, retrying until the
+    /// database answers.
+    pub async fn resolve(
+        &mut self,
+        req: &[Resolve],
+        abort: &CancellationToken,
+    ) -> Result<Resolution, Aborted> {
+        self.ensure_schema(abort).await?;
+        match &self.mode {
+            Mode::Buckets(m) => m.resolve(&mut self.mongo, req, abort).await,
+            Mode::Timeseries(m) => m.resolve(&mut self.mongo, req, abort).await,
+        }
+    }
+
+    /// Writes a flush: its dead letters, then its samples, setting each
+    /// sample's outcome. Retries what certainly was not applied until it is;
+    /// returns when every sample is applied, rejected, or of unknown fate.
+    pub async fn write(
+        &mut self,
+        batch: &mut Batch,
+        abort: &CancellationToken,
+    ) -> Result<Written, Aborted> {
+        self.ensure_schema(abort).await?;
+        let failures = self.mongo.failures();
+        self.mongo
+            .insert_deadletters(&self.deadletters, &batch.deadletters, abort)
+            .await?;
+        let mut written = match &self.mode {
+            Mode::Buckets(m) => m.write(&mut self.mongo, batch, abort).await?,
+            Mode::Timeseries(m) => m.write(&mut self.mongo, batch, abort).await?,
+        };
+        written.met_errors |= self.mongo.failures() != failures;
+        Ok(written)
+    }
+
+    /// What to say when a write whose reply was lost turns out to have
+    /// been applied (in part).
+    pub fn interrupted_and_applied(&self) -> &'static str {
+        match &self.mode {
+            Mode::Buckets(_) => "An interrupted write had been applied; not sending it again.",
+            Mode::Timeseries(_) => {
+                "An interrupted insert had been applied in part; not sending those again."
+            }
+        }
+    }
+
+    /// One closer run at `now_ms` (after one attempt at the schema, which
+    /// the seal's index hint needs). `Ok(sealed buckets)`.
+    pub async fn seal(&mut self, now_ms: i64) -> Result<u64, String> {
+        if !self.try_ensure_schema().await {
+            return Err("the schema is not in place".into());
+        }
+        let db = self.mongo.db.clone();
+        match &mut self.mode {
+            Mode::Buckets(m) => m.seal(&db, now_ms).await.map_err(|e| e.to_string()),
+            Mode::Timeseries(_) => Ok(0),
+        }
+    }
+
+    /// Windows ending at or before this are sealed by a seal at `now_ms`.
+    pub fn seal_cutoff(&self, now_ms: i64) -> Option<i64> {
+        match &self.mode {
+            Mode::Buckets(m) => Some(m.cutoff(now_ms)),
+            Mode::Timeseries(_) => None,
+        }
+    }
+
+    /// One sensor's readings in time order, streamed to `emit`.
+    pub async fn readings(
+        &self,
+        sensor: &str,
+        range: Range,
+        emit: impl FnMut(i64, Fields) -> std::io::Result<()>,
+    ) -> read::Result<u64> {
+        let db = &self.mongo.db;
+        match &self.mode {
+            Mode::Buckets(m) => m.readings(db, sensor, range, emit).await,
+            Mode::Timeseries(m) => m.readings(db, sensor, range, emit).await,
+        }
+    }
+
+    /// Per-window rollups of one sensor.
+    pub async fn window_stats(&self, sensor: &str, range: Range) -> read::Result<Vec<WindowStats>> {
+        let db = &self.mongo.db;
+        match &self.mode {
+            Mode::Buckets(m) => m.window_stats(db, sensor, range).await,
+            Mode::Timeseries(m) => m.window_stats(db, sensor, range).await,
+        }
+    }
+
+    /// How much is stored.
+    pub async fn summary(&self) -> read::Result<Summary> {
+        let db = &self.mongo.db;
+        let mut s = match &self.mode {
+            Mode::Buckets(m) => m.summary(db).await?,
+            Mode::Timeseries(m) => m.summary(db).await?,
+        };
+        s.dead_letters = db
+            .collection::<bson::Document>(&self.deadletters)
+            .estimated_document_count()
+            .await?;
+        Ok(s)
+    }
+
+    /// The raw documents palletd wrote (bucket mode only).
+    pub async fn print_raw(
+        &self,
+        sensor: Option<&str>,
+        limit: i64,
+        out: &mut dyn Write,
+    ) -> read::Result<()> {
+        match &self.mode {
+            Mode::Buckets(m) => m.print_raw(&self.mongo.db, sensor, limit, out).await,
+            Mode::Timeseries(_) => Err(read::QueryError::Unsupported(
+                "--buckets shows palletd's bucket documents; with storage.mode = \"timeseries\" the server keeps its own buckets".into(),
+            )),
+        }
+    }
+}

@@ -1,0 +1,488 @@
+//! MongoDB plumbing every storage mode shares: building and running a write
+//! command with the configured write concern, reading its reply, deciding
+//! what a failure means as a typed [`RetryAction`], retrying reads, logging
+//! an outage once, writing dead letters, and the retention (TTL) indexes.
+//!
+//! This is the one place that decides what is retriable:
+//! - A command that never reached a server (no server selected, DNS,
+//!   authentication) is sent again after a backoff ([`RetryAction::Retry`]).
+//! - A command that failed on the way (connection lost, timeout) or with a
+//!   write concern error may or may not have been applied
+//!   ([`RetryAction::Ambiguous`]): the pipeline learns what MongoDB has
+//!   before anything of it is sent again.
+//! - A statement rejected with a transient code (`writeErrors` with e.g.
+//!   NotWritablePrimary, WriteConflict) is sent again
+//!   ([`StatementError::Transient`]); any other code is permanent
+//!   ([`StatementError::Permanent`]): its samples go to the dead letter.
+//!
+//! Outages are logged once (ERROR: data waits) and once on recovery (INFO).
+
+use std::time::{Duration, Instant};
+
+use bson::{doc, rawdoc, Document, RawArrayBuf, RawDocumentBuf};
+use futures_util::TryStreamExt;
+use mongodb::error::ErrorKind;
+use mongodb::options::IndexOptions;
+use mongodb::{Database, IndexModel};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info};
+
+use crate::config::{MongoSettings, WriteConcern};
+use crate::deadletter::DeadLetter;
+use crate::retry::{Aborted, Backoff};
+use crate::telemetry;
+
+/// The server's limit on statements per write command.
+const MAX_BATCH_STATEMENTS: usize = 100_000;
+/// Stay under the 16 MiB command size with room for the envelope.
+const MAX_BATCH_BYTES: usize = 16 * 1024 * 1024 - 64 * 1024;
+
+/// Server error codes after which the same statement may simply be sent again.
+const TRANSIENT_CODES: &[i32] = &[
+    6, 7, 24, 46, 50, 89, 91, 112, 189, 262, 9001, 10107, 11000, 11600, 11602, 13435, 13436,
+];
+
+/// What a failed write command means for what to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryAction {
+    /// Nothing was applied: send the same command again after a backoff.
+    Retry,
+    /// Any part of it may have been applied: learn what MongoDB has before
+    /// sending any of it again.
+    Ambiguous,
+}
+
+/// Why the server refused one statement of a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatementError {
+    /// Sending it again may work.
+    Transient,
+    /// It will never be accepted.
+    Permanent,
+}
+
+impl StatementError {
+    pub fn of_code(code: i32) -> StatementError {
+        if TRANSIENT_CODES.contains(&code) {
+            StatementError::Transient
+        } else {
+            StatementError::Permanent
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            StatementError::Transient => "statement_transient",
+            StatementError::Permanent => "statement_rejected",
+        }
+    }
+}
+
+/// What a whole-command failure of the driver means.
+pub fn classify(e: &mongodb::error::Error) -> RetryAction {
+    match &*e.kind {
+        // The command never left palletd.
+        ErrorKind::ServerSelection { .. }
+        | ErrorKind::DnsResolve { .. }
+        | ErrorKind::Authentication { .. }
+        | ErrorKind::InvalidTlsConfig { .. }
+        | ErrorKind::InvalidArgument { .. } => RetryAction::Retry,
+        _ => RetryAction::Ambiguous,
+    }
+}
+
+/// A bounded label for a driver error, for logs and metrics.
+pub fn error_kind(e: &mongodb::error::Error) -> &'static str {
+    match &*e.kind {
+        ErrorKind::Io(_) => "network",
+        ErrorKind::ServerSelection { .. } => "server_selection",
+        ErrorKind::ConnectionPoolCleared { .. } => "pool_cleared",
+        ErrorKind::Authentication { .. } => "authentication",
+        ErrorKind::Command(_) => "command",
+        ErrorKind::Write(_) => "write",
+        ErrorKind::DnsResolve { .. } => "dns",
+        ErrorKind::InvalidTlsConfig { .. } => "tls_config",
+        _ => "other",
+    }
+}
+
+/// The parts of a write command's reply that matter here.
+#[derive(Debug, Default)]
+pub struct Reply {
+    /// Indexes of the statements whose upsert inserted a document.
+    pub upserted: Vec<usize>,
+    /// (index, code, message), by index.
+    pub write_errors: Vec<(usize, i32, String)>,
+    pub write_concern_error: Option<String>,
+}
+
+impl Reply {
+    pub fn parse(reply: &Document) -> Reply {
+        let mut out = Reply::default();
+        if let Ok(ups) = reply.get_array("upserted") {
+            out.upserted = ups
+                .iter()
+                .filter_map(|u| u.as_document()?.get("index").and_then(as_usize))
+                .collect();
+        }
+        if let Ok(errs) = reply.get_array("writeErrors") {
+            out.write_errors = errs
+                .iter()
+                .filter_map(|e| {
+                    let e = e.as_document()?;
+                    let index = e.get("index").and_then(as_usize)?;
+                    let code = e.get("code").and_then(|c| c.as_i32()).unwrap_or(-1);
+                    let msg = e.get_str("errmsg").unwrap_or("").to_string();
+                    Some((index, code, msg))
+                })
+                .collect();
+            out.write_errors.sort_by_key(|e| e.0);
+        }
+        if let Ok(wce) = reply.get_document("writeConcernError") {
+            out.write_concern_error = Some(format!(
+                "write concern error (code {}): {}",
+                wce.get("code").and_then(|c| c.as_i32()).unwrap_or(-1),
+                wce.get_str("errmsg").unwrap_or("")
+            ));
+        }
+        out
+    }
+}
+
+/// A message for a permanently rejected statement.
+pub fn rejection(code: i32, msg: &str) -> String {
+    format!("rejected by the database (code {code}): {msg}")
+}
+
+/// Counts a statement error by its kind.
+pub fn count_statement_error(kind: StatementError) {
+    metrics::counter!(telemetry::DATABASE_ERRORS, "kind" => kind.label()).increment(1);
+}
+
+pub fn as_u64(b: &bson::Bson) -> Option<u64> {
+    match b {
+        bson::Bson::Int32(i) => u64::try_from(*i).ok(),
+        bson::Bson::Int64(i) => u64::try_from(*i).ok(),
+        _ => None,
+    }
+}
+
+fn as_usize(b: &bson::Bson) -> Option<usize> {
+    as_u64(b).and_then(|n| usize::try_from(n).ok())
+}
+
+/// Takes a prefix of documents that fits one command; returns its length.
+/// Always takes at least one, so a single large document still goes out.
+pub fn build_batch(docs: impl Iterator<Item = RawDocumentBuf>) -> (usize, RawArrayBuf) {
+    let mut arr = RawArrayBuf::new();
+    let mut n = 0;
+    let mut bytes = 0;
+    for d in docs {
+        let len = d.as_bytes().len() + 8;
+        if n > 0 && (n >= MAX_BATCH_STATEMENTS || bytes + len > MAX_BATCH_BYTES) {
+            break;
+        }
+        bytes += len;
+        n += 1;
+        arr.push(d);
+    }
+    (n, arr)
+}
+
+/// The database with the configured write concern, and what palletd knows
+/// of its state (is it failing, since when).
+pub struct Mongo {
+    pub db: Database,
+    write_concern: RawDocumentBuf,
+    outage: Option<Instant>,
+    /// Failed database calls so far.
+    failures: u64,
+}
+
+impl Mongo {
+    pub fn new(db: Database, settings: &MongoSettings) -> Mongo {
+        let w = match settings.write_concern {
+            WriteConcern::Majority => bson::RawBson::String("majority".into()),
+            WriteConcern::Nodes(n) => bson::RawBson::Int32(n as i32),
+        };
+        Mongo {
+            db,
+            write_concern: rawdoc! { "w": w, "j": settings.journal },
+            outage: None,
+            failures: 0,
+        }
+    }
+
+    /// Failed database calls so far.
+    pub fn failures(&self) -> u64 {
+        self.failures
+    }
+
+    /// `{<name>: <collection>, <field>: batch, ordered, writeConcern}`.
+    pub fn command(
+        &self,
+        name: &str,
+        collection: &str,
+        field: &str,
+        batch: RawArrayBuf,
+        ordered: bool,
+    ) -> RawDocumentBuf {
+        let mut cmd = rawdoc! { name: collection };
+        cmd.append(field, batch);
+        cmd.append("ordered", ordered);
+        cmd.append("writeConcern", self.write_concern.clone());
+        cmd
+    }
+
+    /// Sends a write command. A failure (logged) says what it means for
+    /// the statements: a write concern error counts as ambiguous.
+    pub async fn write(&mut self, cmd: RawDocumentBuf, what: &str) -> Result<Reply, RetryAction> {
+        match self.db.run_raw_command(cmd).await {
+            Ok(r) => {
+                let reply = Reply::parse(&r);
+                if let Some(wce) = &reply.write_concern_error {
+                    metrics::counter!(telemetry::DATABASE_ERRORS, "kind" => "write_concern")
+                        .increment(1);
+                    self.failed_msg(what, wce);
+                    return Err(RetryAction::Ambiguous);
+                }
+                self.recovered();
+                Ok(reply)
+            }
+            Err(e) => {
+                self.failed(what, &e);
+                Err(classify(&e))
+            }
+        }
+    }
+
+    /// Sends the write command `build` makes (with how many statements it
+    /// holds) until it gets a reply: one that certainly was not applied is
+    /// built and sent again after a backoff. The reply is `None` when the
+    /// command may or may not have been applied.
+    pub async fn write_until_answered(
+        &mut self,
+        what: &str,
+        backoff: &mut Backoff,
+        abort: &CancellationToken,
+        build: impl Fn(&Mongo) -> (usize, RawDocumentBuf),
+    ) -> Result<(usize, Option<Reply>), Aborted> {
+        loop {
+            let (len, cmd) = build(self);
+            match self.write(cmd, what).await {
+                Ok(reply) => return Ok((len, Some(reply))),
+                Err(RetryAction::Retry) => backoff.wait(abort).await?,
+                Err(RetryAction::Ambiguous) => return Ok((len, None)),
+            }
+        }
+    }
+
+    /// `build_batch` of `docs` as a `name` command on `collection`: (the
+    /// documents it holds, the command).
+    pub fn batch_command(
+        &self,
+        name: &str,
+        collection: &str,
+        field: &str,
+        docs: impl Iterator<Item = RawDocumentBuf>,
+        ordered: bool,
+    ) -> (usize, RawDocumentBuf) {
+        let (len, batch) = build_batch(docs);
+        (len, self.command(name, collection, field, batch, ordered))
+    }
+
+    /// Runs a read until it answers, with backoff; logged like a write.
+    pub async fn read_retrying<T, F>(
+        &mut self,
+        what: &str,
+        abort: &CancellationToken,
+        mut read: impl FnMut(Database) -> F,
+    ) -> Result<T, Aborted>
+    where
+        F: std::future::Future<Output = mongodb::error::Result<T>>,
+    {
+        let mut backoff = Backoff::default();
+        loop {
+            match read(self.db.clone()).await {
+                Ok(m) => {
+                    self.recovered();
+                    return Ok(m);
+                }
+                Err(e) => {
+                    self.failed(what, &e);
+                    backoff.wait(abort).await?;
+                }
+            }
+        }
+    }
+
+    /// Inserts dead-letter documents, retrying until they are in. A
+    /// document the server refuses outright is logged at ERROR and dropped:
+    /// it is already garbage. One that is already there (its `_id` comes
+    /// from its LSN: an interrupted earlier attempt) is fine.
+    pub async fn insert_deadletters(
+        &mut self,
+        collection: &str,
+        docs: &[DeadLetter],
+        abort: &CancellationToken,
+    ) -> Result<(), Aborted> {
+        let mut backoff = Backoff::default();
+        let mut rest = docs;
+        while !rest.is_empty() {
+            let (batch_len, reply) = self
+                .write_until_answered("write dead letters", &mut backoff, abort, |m| {
+                    let docs = rest.iter().map(|d| {
+                        RawDocumentBuf::from_document(&d.1)
+                            .unwrap_or_else(|_| RawDocumentBuf::new())
+                    });
+                    m.batch_command("insert", collection, "documents", docs, false)
+                })
+                .await?;
+            match reply {
+                Some(reply) => {
+                    for (index, code, msg) in
+                        reply.write_errors.into_iter().filter(|e| e.1 != 11000)
+                    {
+                        error!(index, code, error = %msg, "Dead letter refused by the database; dropped.");
+                    }
+                    rest = &rest[batch_len..];
+                    backoff.reset();
+                }
+                // Idempotent: sent again whatever happened.
+                None => backoff.wait(abort).await?,
+            }
+        }
+        Ok(())
+    }
+
+    pub fn failed(&mut self, what: &str, e: &mongodb::error::Error) {
+        let kind = error_kind(e);
+        metrics::counter!(telemetry::DATABASE_ERRORS, "kind" => kind).increment(1);
+        self.failed_msg(what, &format!("{kind}: {e}"));
+    }
+
+    pub fn failed_msg(&mut self, what: &str, e: &str) {
+        self.failures += 1;
+        if self.outage.is_none() {
+            self.outage = Some(Instant::now());
+            error!(error = %e, "Cannot {what}; holding the data and retrying until the database accepts it.");
+        } else {
+            debug!(error = %e, "Still cannot {what}.");
+        }
+    }
+
+    pub fn recovered(&mut self) {
+        if let Some(since) = self.outage.take() {
+            info!(
+                after = %humantime::format_duration(Duration::from_secs(since.elapsed().as_secs())),
+                "Database writes recovered."
+            );
+        }
+    }
+}
+
+/// Name of the TTL index on the dead letters' `receivedAt`.
+pub const DEADLETTER_TTL_INDEX: &str = "receivedAt_ttl";
+
+/// The `expireAfterSeconds` of the index `name`, if it exists.
+pub async fn ttl_of(
+    db: &Database,
+    coll: &str,
+    name: &str,
+) -> mongodb::error::Result<Option<Duration>> {
+    let cursor = match db.collection::<Document>(coll).list_indexes().await {
+        Ok(c) => c,
+        // NamespaceNotFound: no collection yet, so no index.
+        Err(e) if matches!(&*e.kind, ErrorKind::Command(c) if c.code == 26) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let indexes: Vec<IndexModel> = cursor.try_collect().await?;
+    Ok(indexes
+        .into_iter()
+        .filter_map(|i| i.options)
+        .find(|o| o.name.as_deref() == Some(name))
+        .map(|o| o.expire_after.unwrap_or_default()))
+}
+
+/// Makes the TTL index `name` on `field` follow `want`: created when
+/// missing, changed in place with `collMod` (no rebuild) when it differs,
+/// dropped when retention is off.
+pub async fn sync_ttl(
+    db: &Database,
+    coll: &str,
+    field: &str,
+    name: &str,
+    want: Option<Duration>,
+) -> mongodb::error::Result<()> {
+    let have = ttl_of(db, coll, name).await?;
+    match (have, want) {
+        (None, Some(after)) => {
+            let index = IndexModel::builder()
+                .keys(doc! { field: 1 })
+                .options(
+                    IndexOptions::builder()
+                        .name(name.to_string())
+                        .expire_after(after)
+                        .build(),
+                )
+                .build();
+            db.collection::<Document>(coll).create_index(index).await?;
+            info!(collection = coll, expire_after = %humantime::format_duration(after), "Retention index created.");
+        }
+        (Some(old), Some(after)) if old != after => {
+            db.run_command(doc! {
+                "collMod": coll,
+                "index": { "name": name, "expireAfterSeconds": after.as_secs() as i64 },
+            })
+            .await?;
+            info!(
+                collection = coll,
+                from = %humantime::format_duration(old),
+                to = %humantime::format_duration(after),
+                "Retention changed."
+            );
+        }
+        (Some(_), None) => {
+            db.collection::<Document>(coll).drop_index(name).await?;
+            info!(collection = coll, "Retention removed: documents are kept.");
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_split_at_the_size_limit() {
+        let big = rawdoc! { "x": "y".repeat(6 * 1024 * 1024) };
+        let docs = vec![big.clone(), big.clone(), big.clone()];
+        let (n, _) = build_batch(docs.into_iter());
+        assert_eq!(n, 2);
+        let (n, _) = build_batch(std::iter::once(
+            rawdoc! { "x": "y".repeat(17 * 1024 * 1024) },
+        ));
+        assert_eq!(n, 1, "a single document always goes out");
+    }
+
+    #[test]
+    fn reply_parsing_finds_upserts_and_errors() {
+        let r = Reply::parse(&doc! {
+            "n": 3, "upserted": [{"index": 2, "_id": 1}, {"index": 0i64, "_id": 2}],
+            "writeErrors": [{"index": 3, "code": 2, "errmsg": "bad"}],
+        });
+        assert_eq!(r.upserted, vec![2, 0]);
+        assert_eq!(r.write_errors, vec![(3, 2, "bad".to_string())]);
+        assert!(r.write_concern_error.is_none());
+    }
+
+    #[test]
+    fn statement_codes_are_transient_or_permanent() {
+        assert_eq!(StatementError::of_code(10107), StatementError::Transient);
+        assert_eq!(StatementError::of_code(112), StatementError::Transient);
+        assert_eq!(StatementError::of_code(2), StatementError::Permanent);
+        assert_eq!(StatementError::of_code(-1), StatementError::Permanent);
+    }
+}

@@ -1,0 +1,126 @@
+//! What every storage mode's reader produces for `palletd query`: one
+//! sensor's readings in time order, per-window rollups, and a summary; the
+//! types and the small helpers they share.
+
+use std::collections::BTreeMap;
+
+use bson::{doc, Bson, Document};
+
+/// Why a read failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("database: {0}")]
+    Database(#[from] mongodb::error::Error),
+    #[error("unexpected document shape: {0}")]
+    Shape(#[from] bson::document::ValueAccessError),
+    #[error("output: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+pub type Result<T> = std::result::Result<T, QueryError>;
+
+/// A time range `[from, to)` in ms since the epoch.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Range {
+    pub from: Option<i64>,
+    pub to: Option<i64>,
+}
+
+impl Range {
+    pub fn contains(&self, ts: i64) -> bool {
+        self.from.is_none_or(|f| ts >= f) && self.to.is_none_or(|t| ts < t)
+    }
+}
+
+/// A reading's fields other than `ts`, in stored order.
+pub type Fields = Vec<(String, Bson)>;
+
+/// Per-window rollups of one sensor, merged across the window's buckets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WindowStats {
+    pub start_ms: i64,
+    pub buckets: u32,
+    pub count: i64,
+    /// field -> (sum, n, min, max)
+    pub fields: BTreeMap<String, (f64, i64, f64, f64)>,
+}
+
+impl WindowStats {
+    pub fn new(start_ms: i64) -> WindowStats {
+        WindowStats {
+            start_ms,
+            buckets: 0,
+            count: 0,
+            fields: BTreeMap::new(),
+        }
+    }
+
+    /// Adds one numeric value of `field`.
+    pub fn add(&mut self, field: &str, x: f64) {
+        self.merge(field, x, 1, x, x);
+    }
+
+    /// Adds a partial rollup of `field`.
+    pub fn merge(&mut self, field: &str, sum: f64, n: i64, min: f64, max: f64) {
+        let e = match self.fields.get_mut(field) {
+            Some(e) => e,
+            None => self.fields.entry(field.to_string()).or_insert((
+                0.0,
+                0,
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+            )),
+        };
+        e.0 += sum;
+        e.1 += n;
+        e.2 = e.2.min(min);
+        e.3 = e.3.max(max);
+    }
+}
+
+/// How much is stored, for `palletd query --summary`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Summary {
+    /// Bucket documents (none in time series mode).
+    pub buckets: Option<(u64, u64)>,
+    pub samples: u64,
+    pub sensors: u64,
+    pub dead_letters: u64,
+}
+
+/// `{sensorId, <field>: {$gte: from, $lt: to}}` (either bound may be open).
+pub fn filter(sensor: &str, field: &str, range: Range) -> Document {
+    let mut bounds = Document::new();
+    if let Some(from) = range.from {
+        bounds.insert("$gte", bson::DateTime::from_millis(from));
+    }
+    if let Some(to) = range.to {
+        bounds.insert("$lt", bson::DateTime::from_millis(to));
+    }
+    let mut f = doc! { "sensorId": sensor };
+    if !bounds.is_empty() {
+        f.insert(field, bounds);
+    }
+    f
+}
+
+/// A reading's fields other than `ts` (and those in `skip`).
+pub fn fields(reading: &Document, skip: &[&str]) -> Fields {
+    reading
+        .iter()
+        .filter(|(k, _)| k.as_str() != "ts" && !skip.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// A number stored as double, int32 or int64.
+pub fn number(b: Option<&Bson>) -> Option<f64> {
+    match b? {
+        Bson::Double(x) => Some(*x),
+        Bson::Int32(x) => Some(*x as f64),
+        Bson::Int64(x) => Some(*x as f64),
+        _ => None,
+    }
+}

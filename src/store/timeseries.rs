@@ -1,0 +1,367 @@
+//! `storage.mode = "timeseries"`: a MongoDB native time series collection,
+//! one document per reading, `{ts, sensorId, lsn, <fields>}`; the server
+//! builds, compresses and expires its own buckets.
+//!
+//! - **Schema**: the collection is created if missing (`timeField: "ts"`,
+//!   `metaField: "sensorId"`, the configured granularity, `expireAfterSeconds`
+//!   from `retention.expire_after`); one of another shape is refused (the
+//!   readings wait in the spool); a changed retention is applied with
+//!   `collMod`; a changed granularity is logged (MongoDB keeps the first).
+//! - **Write**: one unordered `insert` per flush (split only at the
+//!   server's limits); a document refused with a transient code is sent
+//!   again, one refused for good is dead-lettered.
+//! - **What a replay already applied**: an unordered insert may apply any
+//!   subset, so there is no prefix rule: the uncertain LSNs themselves are
+//!   looked up (bounded by sensor, LSN range and time).
+//! - **Seal**: nothing to do; the server manages its buckets.
+//! - **Read**: readings in `ts` order on `{sensorId, ts}`; per-window
+//!   rollups computed from them (windows of `bucket.window`).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use bson::{doc, Document, RawDocumentBuf};
+use futures_util::TryStreamExt;
+use mongodb::{Collection, Database, IndexModel};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use super::mongo::{self, count_statement_error, rejection, Mongo, StatementError};
+use super::read::{self, Fields, Range, Summary, WindowStats};
+use super::SchemaError;
+use crate::bucket::Sample;
+use crate::config::Settings;
+use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
+use crate::retry::{Aborted, Backoff};
+
+/// The time series collection.
+pub struct Timeseries {
+    pub(super) collection: String,
+    granularity: &'static str,
+    expire_after: Option<Duration>,
+    window_ms: i64,
+    /// How far a reading's `ts` may lie before its receipt (lateness plus
+    /// future, and an hour for clock steps): bounds the LSN lookups.
+    margin_ms: i64,
+}
+
+impl Timeseries {
+    pub fn new(settings: &Settings) -> Timeseries {
+        let b = &settings.bucket;
+        Timeseries {
+            collection: settings.mongodb.collection.clone(),
+            granularity: settings.storage.granularity,
+            expire_after: settings.retention.expire_after,
+            window_ms: b.window.as_millis() as i64,
+            margin_ms: (b.max_lateness + b.max_future).as_millis() as i64 + 3_600_000,
+        }
+    }
+
+    fn coll(&self, db: &Database) -> Collection<Document> {
+        db.collection(&self.collection)
+    }
+
+    /// Creates the time series collection if it is missing, refuses a
+    /// collection of another shape, and follows a changed retention.
+    pub(super) async fn schema(&self, db: &Database) -> Result<(), SchemaError> {
+        let name = &self.collection;
+        let want_ttl = self.expire_after;
+        let info = match collection_info(db, name).await? {
+            Some(info) => info,
+            None => {
+                let mut create = doc! {
+                    "create": name,
+                    "timeseries": {
+                        "timeField": "ts",
+                        "metaField": "sensorId",
+                        "granularity": self.granularity,
+                    },
+                };
+                if let Some(ttl) = want_ttl {
+                    create.insert("expireAfterSeconds", ttl.as_secs() as i64);
+                }
+                match db.run_command(create).await {
+                    Ok(_) => info!(
+                        collection = %name,
+                        granularity = self.granularity,
+                        "Time series collection created."
+                    ),
+                    // 48 NamespaceExists: created meanwhile; checked below.
+                    Err(e) if matches!(&*e.kind, mongodb::error::ErrorKind::Command(c) if c.code == 48) =>
+                        {}
+                    Err(e) => return Err(e.into()),
+                }
+                collection_info(db, name).await?.unwrap_or_default()
+            }
+        };
+        let options = info.get_document("options").cloned().unwrap_or_default();
+        let ts = options.get_document("timeseries").ok();
+        let fields = ts.map(|t| (t.get_str("timeField").ok(), t.get_str("metaField").ok()));
+        if info.get_str("type").ok() != Some("timeseries")
+            || fields != Some((Some("ts"), Some("sensorId")))
+        {
+            return Err(SchemaError::Mismatch(format!(
+                "collection {name:?} exists but is not a time series collection with timeField \"ts\" and \
+                 metaField \"sensorId\"; storage.mode = \"timeseries\" needs another mongodb.collection \
+                 (or drop this one)"
+            )));
+        }
+        if let Some(g) = ts.and_then(|t| t.get_str("granularity").ok()) {
+            if g != self.granularity {
+                tracing::warn!(
+                    collection = %name,
+                    have = g,
+                    configured = self.granularity,
+                    "The time series collection keeps the granularity it was created with."
+                );
+            }
+        }
+        let have_ttl = options
+            .get("expireAfterSeconds")
+            .and_then(mongo::as_u64)
+            .map(Duration::from_secs);
+        if have_ttl != want_ttl {
+            let value = want_ttl.map_or(bson::Bson::from("off"), |t| {
+                bson::Bson::Int64(t.as_secs() as i64)
+            });
+            db.run_command(doc! { "collMod": name, "expireAfterSeconds": value })
+                .await?;
+            info!(collection = %name, expire_after = ?want_ttl, "Retention changed.");
+        }
+        // MongoDB 6.3+ creates this index itself; 5.0 does not.
+        self.coll(db)
+            .create_index(
+                IndexModel::builder()
+                    .keys(doc! { "sensorId": 1, "ts": 1 })
+                    .build(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Looks the uncertain LSNs up: any subset of an insert may be applied.
+    pub(super) async fn resolve(
+        &self,
+        mongo: &mut Mongo,
+        req: &[Resolve],
+        abort: &CancellationToken,
+    ) -> Result<Resolution, Aborted> {
+        let coll = self.collection.clone();
+        let margin_ms = self.margin_ms;
+        let applied = mongo
+            .read_retrying("read stored LSNs", abort, |db| {
+                present_lsns(db.collection(&coll), req, margin_ms)
+            })
+            .await?;
+        Ok(Resolution {
+            applied,
+            watermarks: Default::default(),
+        })
+    }
+
+    /// Inserts the batch's readings, unordered, in as few commands as the
+    /// server's limits allow; sets every sample's outcome.
+    pub(super) async fn write(
+        &self,
+        mongo: &mut Mongo,
+        batch: &mut Batch,
+        abort: &CancellationToken,
+    ) -> Result<Written, Aborted> {
+        let mut written = Written::default();
+        for run in batch.runs.iter_mut() {
+            run.outcomes = vec![Outcome::NotSent; run.samples.len()];
+        }
+        // (run, sample) of every reading still to send.
+        let mut todo: Vec<(usize, usize)> = batch
+            .runs
+            .iter()
+            .enumerate()
+            .flat_map(|(r, run)| (0..run.samples.len()).map(move |s| (r, s)))
+            .collect();
+        let mut backoff = Backoff::default();
+        while !todo.is_empty() {
+            let runs = &batch.runs;
+            let (batch_len, reply) = mongo
+                .write_until_answered("write readings", &mut backoff, abort, |m| {
+                    let docs = todo
+                        .iter()
+                        .map(|&(r, s)| reading_doc(&runs[r].sensor, &runs[r].samples[s]));
+                    m.batch_command("insert", &self.collection, "documents", docs, false)
+                })
+                .await?;
+            let Some(reply) = reply else {
+                // Any subset of the insert may be in MongoDB.
+                for &(r, s) in &todo[..batch_len] {
+                    batch.runs[r].outcomes[s] = Outcome::Unknown;
+                }
+                return Ok(written);
+            };
+            let mut retry = Vec::new();
+            let mut errors = reply.write_errors.iter().peekable();
+            for (k, &(r, s)) in todo[..batch_len].iter().enumerate() {
+                let outcome = &mut batch.runs[r].outcomes[s];
+                let Some((_, code, msg)) = errors.next_if(|e| e.0 == k) else {
+                    *outcome = Outcome::Applied;
+                    written.statements += 1;
+                    continue;
+                };
+                let kind = StatementError::of_code(*code);
+                count_statement_error(kind);
+                match kind {
+                    StatementError::Transient => retry.push((r, s)),
+                    StatementError::Permanent => {
+                        *outcome = Outcome::Rejected(rejection(*code, msg))
+                    }
+                }
+            }
+            let transient = !retry.is_empty();
+            retry.extend_from_slice(&todo[batch_len..]);
+            todo = retry;
+            if transient {
+                debug!("Transient insert errors; sending those readings again.");
+                backoff.wait(abort).await?;
+            } else {
+                backoff.reset();
+            }
+        }
+        Ok(written)
+    }
+
+    /// One sensor's readings in `ts` order.
+    pub(super) async fn readings(
+        &self,
+        db: &Database,
+        sensor: &str,
+        range: Range,
+        mut emit: impl FnMut(i64, Fields) -> std::io::Result<()>,
+    ) -> read::Result<u64> {
+        let mut cursor = self
+            .coll(db)
+            .find(read::filter(sensor, "ts", range))
+            .sort(doc! { "ts": 1 })
+            .projection(doc! { "_id": 0 })
+            .await?;
+        let mut n = 0;
+        while let Some(d) = cursor.try_next().await? {
+            let ts = d.get_datetime("ts")?.timestamp_millis();
+            emit(ts, read::fields(&d, &["sensorId", "lsn"]))?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Per-window rollups computed from the readings.
+    pub(super) async fn window_stats(
+        &self,
+        db: &Database,
+        sensor: &str,
+        range: Range,
+    ) -> read::Result<Vec<WindowStats>> {
+        let mut out: Vec<WindowStats> = Vec::new();
+        let window_ms = self.window_ms;
+        self.readings(db, sensor, range, |ts, fields| {
+            let start = ts.div_euclid(window_ms) * window_ms;
+            if out.last().map(|w| w.start_ms) != Some(start) {
+                out.push(WindowStats::new(start));
+            }
+            if let Some(w) = out.last_mut() {
+                w.count += 1;
+                for (k, v) in &fields {
+                    if let bson::Bson::Double(x) = v {
+                        w.add(k, *x);
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(out)
+    }
+
+    pub(super) async fn summary(&self, db: &Database) -> read::Result<Summary> {
+        let mut agg = self
+            .coll(db)
+            .aggregate(vec![doc! { "$group": {
+                "_id": null,
+                "samples": { "$sum": 1 },
+                "sensors": { "$addToSet": "$sensorId" },
+            } }])
+            .await?;
+        let row = agg.try_next().await?.unwrap_or_default();
+        Ok(Summary {
+            buckets: None,
+            samples: read::number(row.get("samples")).unwrap_or(0.0) as u64,
+            sensors: row.get_array("sensors").map_or(0, |a| a.len()) as u64,
+            dead_letters: 0,
+        })
+    }
+}
+
+/// A reading as a time series document: `{ts, sensorId, lsn, <fields>}`.
+pub fn reading_doc(sensor: &str, sample: &Sample) -> RawDocumentBuf {
+    let mut d = RawDocumentBuf::new();
+    d.append("ts", bson::DateTime::from_millis(sample.ts_ms));
+    d.append("sensorId", sensor);
+    d.append("lsn", sample.lsn as i64);
+    for (name, value) in sample.doc.iter().flatten() {
+        if name != "ts" {
+            d.append(name, value.to_raw_bson());
+        }
+    }
+    d
+}
+
+/// The collection's `listCollections` entry, if it exists.
+async fn collection_info(db: &Database, name: &str) -> mongodb::error::Result<Option<Document>> {
+    let reply = db
+        .run_command(doc! { "listCollections": 1, "filter": { "name": name } })
+        .await?;
+    Ok(reply
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get_array("firstBatch").ok())
+        .and_then(|b| b.first())
+        .and_then(|d| d.as_document())
+        .cloned())
+}
+
+/// Which of the requested LSNs the collection holds. Bounded by sensor,
+/// LSN range and time: a reading's `ts` is at most `max_lateness` before
+/// and `max_future` after its receipt, so nothing received at or after the
+/// earliest of them has a `ts` before this bound.
+async fn present_lsns(
+    coll: Collection<Document>,
+    req: &[Resolve],
+    margin_ms: i64,
+) -> mongodb::error::Result<HashSet<u64>> {
+    let all = || req.iter().flat_map(|r| r.samples.iter());
+    let (Some(min_lsn), Some(max_lsn)) = (all().map(|s| s.0).min(), all().map(|s| s.0).max())
+    else {
+        return Ok(HashSet::new());
+    };
+    let min_ts = all().map(|s| s.1).min().unwrap_or(0);
+    let sensors: Vec<&str> = req.iter().map(|r| r.sensor.as_str()).collect();
+    let filter = doc! {
+        "sensorId": { "$in": sensors },
+        "ts": { "$gte": bson::DateTime::from_millis(min_ts.saturating_sub(margin_ms)) },
+        "lsn": { "$gte": min_lsn as i64, "$lte": max_lsn as i64 },
+    };
+    let mut cursor = coll
+        .find(filter)
+        .projection(doc! { "_id": 0, "lsn": 1 })
+        .await?;
+    let wanted: HashSet<u64> = all().map(|s| s.0).collect();
+    let mut out = HashSet::new();
+    while cursor.advance().await? {
+        if let Some(lsn) = cursor
+            .deserialize_current()?
+            .get("lsn")
+            .and_then(mongo::as_u64)
+        {
+            if wanted.contains(&lsn) {
+                out.insert(lsn);
+            }
+        }
+    }
+    Ok(out)
+}

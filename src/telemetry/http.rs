@@ -1,0 +1,73 @@
+//! The HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (the process
+//! runs) and `/readyz` (200 when ready, else 503 with the reason).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::Health;
+
+#[derive(Clone)]
+struct HttpState {
+    metrics: Option<PrometheusHandle>,
+    health: Arc<Health>,
+    flush_bound: Duration,
+}
+
+/// Binds the HTTP endpoint; the returned future serves until `stop`.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Option<PrometheusHandle>,
+    health: Arc<Health>,
+    flush_bound: Duration,
+    stop: CancellationToken,
+) -> std::io::Result<impl std::future::Future<Output = ()>> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    info!(address = %listener.local_addr()?, "Serving /metrics, /healthz and /readyz.");
+    let state = HttpState {
+        metrics,
+        health,
+        flush_bound,
+    };
+    let app = axum::Router::new()
+        .route("/metrics", get(metrics_page))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(state);
+    Ok(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        if let Err(e) = served {
+            warn!(error = %e, "HTTP endpoint stopped.");
+        }
+    })
+}
+
+async fn metrics_page(
+    State(s): State<HttpState>,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    let body = s.metrics.as_ref().map(|m| m.render()).unwrap_or_default();
+    (
+        StatusCode::OK,
+        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+        body,
+    )
+}
+
+async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
+    match s.health.ready(s.flush_bound) {
+        Ok(()) => (StatusCode::OK, "ready\n".into()),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        ),
+    }
+}

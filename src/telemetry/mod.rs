@@ -1,0 +1,154 @@
+//! Metrics, health and the service manager.
+//!
+//! - Parts record metrics through the `metrics` facade under the names
+//!   below; [`install`] puts the Prometheus recorder behind it. Labels are
+//!   bounded: causes and kinds, never a sensor id.
+//! - [`Health`] ([`health`]) holds the few facts readiness and the watchdog
+//!   need, written by the parts as plain atomics.
+//! - [`http::serve`] answers `/metrics`, `/healthz` (the process is alive)
+//!   and `/readyz` (broker connected and subscribed, database reachable, no
+//!   flush failing for longer than the readiness bound).
+//! - [`systemd::supervise`] probes the database once a second and talks to
+//!   systemd: `READY=1`, `STATUS=` and `WATCHDOG=1` (see that module).
+
+pub mod health;
+pub mod http;
+pub mod systemd;
+
+pub use health::Health;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tracing::warn;
+
+pub const MESSAGES_RECEIVED: &str = "palletd_messages_received_total";
+pub const SAMPLES_DECODED: &str = "palletd_samples_decoded_total";
+pub const SAMPLES_STORED: &str = "palletd_samples_stored_total";
+/// Readings or messages dead-lettered, by `cause` (includes
+/// `time_out_of_range`, the samples rejected for lateness or future time).
+pub const DEAD_LETTERS: &str = "palletd_dead_letters_total";
+pub const FLUSHES: &str = "palletd_flushes_total";
+pub const STATEMENTS: &str = "palletd_statements_total";
+pub const BUCKETS_CREATED: &str = "palletd_buckets_created_total";
+pub const BUCKETS_SEALED: &str = "palletd_buckets_sealed_total";
+/// Samples written into a window the closer had already sealed (they start a
+/// second bucket of that window).
+pub const SAMPLES_LATE_INTO_SEALED: &str = "palletd_samples_late_into_sealed_window_total";
+pub const FLUSH_SECONDS: &str = "palletd_flush_duration_seconds";
+/// Age of each sample (now minus its own timestamp) when it became durable
+/// in MongoDB.
+pub const SAMPLE_AGE_SECONDS: &str = "palletd_sample_age_at_write_seconds";
+pub const PENDING_SAMPLES: &str = "palletd_pending_samples";
+pub const OLDEST_UNACKED_SECONDS: &str = "palletd_oldest_unacked_age_seconds";
+pub const BROKER_RECONNECTS: &str = "palletd_broker_reconnects_total";
+pub const BROKER_CONNECTED: &str = "palletd_broker_connected";
+pub const DATABASE_ERRORS: &str = "palletd_database_errors_total";
+pub const SPOOL_BYTES: &str = "palletd_spool_bytes";
+/// Spool LSNs between the checkpoint and the durable end (records not yet
+/// confirmed in MongoDB, plus gaps).
+pub const SPOOL_UNCONFIRMED: &str = "palletd_spool_unconfirmed_records";
+pub const SPOOL_OLDEST_SECONDS: &str = "palletd_spool_oldest_record_age_seconds";
+pub const SPOOL_REPLAYED: &str = "palletd_spool_replayed_records_total";
+pub const SPOOL_FSYNCS: &str = "palletd_spool_fsyncs_total";
+pub const REDELIVERIES_SKIPPED: &str = "palletd_redeliveries_skipped_total";
+
+/// Registers the descriptions shown in `/metrics`.
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(MESSAGES_RECEIVED, "MQTT messages received.");
+    describe_counter!(SAMPLES_DECODED, "Samples decoded from messages.");
+    describe_counter!(
+        SAMPLES_STORED,
+        "Samples written to buckets with the configured write concern."
+    );
+    describe_counter!(
+        DEAD_LETTERS,
+        "Readings or messages sent to the dead-letter collection, by cause."
+    );
+    describe_counter!(FLUSHES, "Flushes that wrote something.");
+    describe_counter!(STATEMENTS, "Bucket upsert statements applied.");
+    describe_counter!(BUCKETS_CREATED, "Buckets created by an upsert.");
+    describe_counter!(BUCKETS_SEALED, "Buckets sealed by the closer.");
+    describe_counter!(
+        SAMPLES_LATE_INTO_SEALED,
+        "Samples that arrived for a window after it was sealed; they went into a new bucket of that window."
+    );
+    describe_histogram!(
+        SAMPLE_AGE_SECONDS,
+        Unit::Seconds,
+        "Age of each sample (now minus its timestamp) when it was written durably to MongoDB."
+    );
+    describe_histogram!(
+        FLUSH_SECONDS,
+        Unit::Seconds,
+        "Time a flush took, retries included."
+    );
+    describe_gauge!(
+        PENDING_SAMPLES,
+        "Samples buffered in memory, not yet written."
+    );
+    describe_gauge!(
+        OLDEST_UNACKED_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest message not yet acknowledged to the broker."
+    );
+    describe_counter!(
+        BROKER_RECONNECTS,
+        "Reconnections to the MQTT broker after a loss."
+    );
+    describe_gauge!(BROKER_CONNECTED, "1 while connected to the MQTT broker.");
+    describe_counter!(DATABASE_ERRORS, "Failed database commands, by kind.");
+    describe_gauge!(
+        SPOOL_BYTES,
+        Unit::Bytes,
+        "Bytes in the spool's segment files."
+    );
+    describe_gauge!(
+        SPOOL_UNCONFIRMED,
+        "Spool records not yet confirmed in MongoDB (approximate)."
+    );
+    describe_gauge!(
+        SPOOL_OLDEST_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest spool record not yet confirmed in MongoDB (to the second)."
+    );
+    describe_counter!(
+        SPOOL_REPLAYED,
+        "Records read back from the spool (replay and catch-up)."
+    );
+    describe_counter!(SPOOL_FSYNCS, "fsync calls of the spool (group commits).");
+    describe_counter!(
+        REDELIVERIES_SKIPPED,
+        "Messages the broker redelivered that were already spooled: acknowledged, not stored again."
+    );
+}
+
+/// Installs the Prometheus recorder behind the `metrics` facade.
+pub fn install() -> Option<PrometheusHandle> {
+    let builder = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(FLUSH_SECONDS.to_string()),
+            &[
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ],
+        )
+        .ok()?
+        .set_buckets_for_metric(
+            Matcher::Full(SAMPLE_AGE_SECONDS.to_string()),
+            &[
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1,
+                1.2, 1.3, 1.4, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0,
+                300.0, 3600.0,
+            ],
+        )
+        .ok()?;
+    match builder.install_recorder() {
+        Ok(handle) => {
+            describe();
+            Some(handle)
+        }
+        Err(e) => {
+            warn!(error = %e, "Metrics recorder not installed.");
+            None
+        }
+    }
+}
