@@ -79,11 +79,12 @@ fn statements(c: &mut Criterion) {
         b.iter_batched(
             || samples.clone(),
             |samples| {
-                let mut pending = Pending::new(shape, 0);
-                for (sensor, s) in samples {
-                    pending.push(&sensor, s);
+                let mut pending = Pending::new(shape, 0, 10_000);
+                for (sensor, s) in &samples {
+                    pending.push(sensor, s.as_ref(), 0);
                 }
-                let mut runs = pending.take(&pending.select(true));
+                let all = pending.all();
+                let mut runs = pending.take(&all);
                 let mut bytes = 0;
                 for run in runs.iter_mut() {
                     for st in bucket::plan(&run.samples, &mut run.fills, &shape) {

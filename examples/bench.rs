@@ -6,8 +6,23 @@
 //! Scenarios (each a separate process, so CPU and memory are its own):
 //! - `ceiling`: a subscriber that decodes and acknowledges, no database.
 //! - `buckets`, `timeseries`: palletd (release build) in each storage mode.
+//! - `batched`: what a careful Telegraf user runs (`mqtt_consumer` with
+//!   acknowledgement after delivery and `outputs.mongodb`): one document per
+//!   reading, one unordered `insert_many` of a batch as large as the
+//!   broker's in-flight window (Telegraf's `max_undelivered_messages` and
+//!   `metric_batch_size`) or whatever came within a second
+//!   (`flush_interval = "1s"`), one write at a time, the PUBACKs after the
+//!   write, into a time series collection (`timeField: "ts"`,
+//!   `metaField: "sensorId"`).
+//! - `batched-plain`: the same into a plain collection with an index on
+//!   `{sensorId: 1, ts: 1}`.
 //! - `naive`: one `insert_one` per message, awaited, then the PUBACK.
 //! - `naive16`: the same with 16 inserts in flight.
+//!
+//! The broker allows `--inflight` messages in flight per client (1,000 by
+//! default, and every sink's window matches it) and queues without limit,
+//! so a backlog shows as a backlog; `--inflight 20 --queued 1000` are
+//! Mosquitto's own defaults.
 //!
 //! Every sink exports the same two metrics as palletd (readings durable,
 //! and a histogram of reading age at durable write), so all are measured by
@@ -47,7 +62,8 @@ const DRAIN_SECS: u64 = 30;
 enum Cli {
     /// Run the scenarios and print the table.
     Run(RunArgs),
-    /// (Used by `run`.) A baseline sink: ceiling, naive or naive16.
+    /// (Used by `run`.) A baseline sink: ceiling, batched, batched-plain,
+    /// naive or naive16.
     Sink(SinkArgs),
 }
 
@@ -60,15 +76,32 @@ struct RunArgs {
     #[arg(long, default_value_t = 10)]
     warmup_secs: u64,
     /// Sensor counts, comma-separated.
-    #[arg(long, default_value = "1000,10000", value_delimiter = ',')]
+    #[arg(long, default_value = "1000,10000,100000", value_delimiter = ',')]
     sensors: Vec<usize>,
     /// Scenarios, comma-separated.
     #[arg(
         long,
-        default_value = "ceiling,buckets,timeseries,naive,naive16",
+        default_value = "ceiling,buckets,timeseries,batched,batched-plain,naive,naive16",
         value_delimiter = ','
     )]
     scenarios: Vec<String>,
+    /// Messages the broker lets be in flight per client (Mosquitto's
+    /// `max_inflight_messages`; its default is 20); every sink's window
+    /// matches it.
+    #[arg(long, default_value_t = 1000)]
+    inflight: u16,
+    /// Messages the broker queues per client (`max_queued_messages`; 0 is
+    /// no limit, Mosquitto's default is 1000).
+    #[arg(long, default_value_t = 0)]
+    queued: u32,
+    /// Skip sensor counts for scenarios that cannot keep up with them at
+    /// all (the naive bridges at 100,000 sensors), as "scenario/sensors".
+    #[arg(
+        long,
+        default_value = "naive/100000,naive16/100000",
+        value_delimiter = ','
+    )]
+    skip: Vec<String>,
     /// Offer exactly these total rates (readings/s) one step each, instead
     /// of probing and stepping (for profiling; no lag step).
     #[arg(long, value_delimiter = ',')]
@@ -96,6 +129,9 @@ struct SinkArgs {
     mongodb: String,
     #[arg(long)]
     metrics_port: u16,
+    /// The broker's in-flight window: the batched bridge's batch size.
+    #[arg(long, default_value_t = 1000)]
+    inflight: u16,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -129,52 +165,42 @@ async fn sink(args: SinkArgs) -> anyhow::Result<()> {
     opts.set_manual_acks(true);
     opts.set_keep_alive(Duration::from_secs(30));
     opts.set_max_packet_size(1 << 20, 1 << 20);
+    opts.set_inflight(args.inflight);
     let (client, mut eventloop) = AsyncClient::new(opts, 65_536);
     client.subscribe(FILTER, QoS::AtLeastOnce).await?;
-    let collection = mongodb::Client::with_uri_str(&args.mongodb)
+    let db = mongodb::Client::with_uri_str(&args.mongodb)
         .await?
-        .database("bench")
-        .collection::<bson::Document>("readings");
-    let in_flight = match args.kind.as_str() {
-        "ceiling" => 0,
-        "naive" => 1,
-        "naive16" => 16,
-        other => anyhow::bail!("unknown sink {other}"),
-    };
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<rumqttc::Publish>();
-    let worker = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            let permits = Arc::new(tokio::sync::Semaphore::new(in_flight.max(1)));
-            while let Some(p) = rx.recv().await {
-                let Some((sensor, ts_ms, mut doc)) = decode(&p) else {
-                    let _ = client.ack(&p).await;
-                    continue;
-                };
-                if in_flight == 0 {
-                    durable(ts_ms);
-                    let _ = client.try_ack(&p);
-                    continue;
-                }
-                doc.insert("sensorId", sensor);
-                let permit = permits.clone().acquire_owned().await.expect("open");
-                let (collection, client) = (collection.clone(), client.clone());
-                let insert = async move {
-                    // Retried until it succeeds, as a bridge must.
-                    while collection.insert_one(&doc).await.is_err() {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    durable(ts_ms);
-                    let _ = client.ack(&p).await;
-                    drop(permit);
-                };
-                if in_flight == 1 {
-                    insert.await;
-                } else {
-                    tokio::spawn(insert);
-                }
+        .database("bench");
+    let collection = db.collection::<bson::Document>("readings");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<rumqttc::Publish>();
+    let worker = match args.kind.as_str() {
+        "ceiling" => tokio::spawn(ceiling(client.clone(), rx)),
+        "naive" => tokio::spawn(naive(client.clone(), rx, collection, 1)),
+        "naive16" => tokio::spawn(naive(client.clone(), rx, collection, 16)),
+        "batched" | "batched-plain" => {
+            if args.kind == "batched" {
+                db.run_command(doc! {
+                    "create": "readings",
+                    "timeseries": { "timeField": "ts", "metaField": "sensorId", "granularity": "seconds" },
+                })
+                .await?;
+            } else {
+                collection
+                    .create_index(
+                        mongodb::IndexModel::builder()
+                            .keys(doc! { "sensorId": 1, "ts": 1 })
+                            .build(),
+                    )
+                    .await?;
             }
-        })
+            tokio::spawn(batched(
+                client.clone(),
+                rx,
+                collection,
+                args.inflight as usize,
+            ))
+        }
+        other => anyhow::bail!("unknown sink {other}"),
     };
     println!("sink ready");
     loop {
@@ -195,6 +221,103 @@ async fn sink(args: SinkArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+type Publishes = tokio::sync::mpsc::UnboundedReceiver<rumqttc::Publish>;
+
+/// Decodes and acknowledges: the most any gateway can do on this box.
+async fn ceiling(client: AsyncClient, mut rx: Publishes) {
+    while let Some(p) = rx.recv().await {
+        if let Some((_, ts_ms, _)) = decode(&p) {
+            durable(ts_ms, 1);
+        }
+        let _ = client.try_ack(&p);
+    }
+}
+
+/// One `insert_one` per message, `in_flight` at a time, each acknowledged
+/// after its insert.
+async fn naive(
+    client: AsyncClient,
+    mut rx: Publishes,
+    collection: mongodb::Collection<bson::Document>,
+    in_flight: usize,
+) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(in_flight));
+    while let Some(p) = rx.recv().await {
+        let Some((sensor, ts_ms, mut doc)) = decode(&p) else {
+            let _ = client.ack(&p).await;
+            continue;
+        };
+        doc.insert("sensorId", sensor);
+        let permit = permits.clone().acquire_owned().await.expect("open");
+        let (collection, client) = (collection.clone(), client.clone());
+        let insert = async move {
+            // Retried until it succeeds, as a bridge must.
+            while collection.insert_one(&doc).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            durable(ts_ms, 1);
+            let _ = client.ack(&p).await;
+            drop(permit);
+        };
+        if in_flight == 1 {
+            insert.await;
+        } else {
+            tokio::spawn(insert);
+        }
+    }
+}
+
+/// Telegraf's shape: a batch of up to `batch` messages or whatever came
+/// within a second of the first, written with one unordered `insert_many`,
+/// one write at a time, then every message of it acknowledged.
+async fn batched(
+    client: AsyncClient,
+    mut rx: Publishes,
+    collection: mongodb::Collection<bson::Document>,
+    batch: usize,
+) {
+    let opts = mongodb::options::InsertManyOptions::builder()
+        .ordered(false)
+        .build();
+    loop {
+        let Some(first) = rx.recv().await else { return };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        let mut msgs = vec![first];
+        while msgs.len() < batch {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(p)) => msgs.push(p),
+                Ok(None) => return,
+                Err(_) => break,
+            }
+        }
+        let mut docs = Vec::with_capacity(msgs.len());
+        let mut stamps = Vec::with_capacity(msgs.len());
+        for p in &msgs {
+            if let Some((sensor, ts_ms, mut doc)) = decode(p) {
+                doc.insert("sensorId", sensor);
+                docs.push(doc);
+                stamps.push(ts_ms);
+            }
+        }
+        // Retried until it succeeds, as Telegraf does.
+        while !docs.is_empty()
+            && collection
+                .insert_many(&docs)
+                .with_options(opts.clone())
+                .await
+                .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for ts in stamps {
+            durable(ts, 1);
+        }
+        for p in &msgs {
+            let _ = client.ack(p).await;
+        }
+    }
+}
+
 /// The sensor (from the topic), timestamp and document of a reading.
 fn decode(p: &rumqttc::Publish) -> Option<(String, i64, bson::Document)> {
     let sensor = p.topic.split('/').nth(1)?.to_string();
@@ -211,8 +334,8 @@ fn decode(p: &rumqttc::Publish) -> Option<(String, i64, bson::Document)> {
     Some((sensor, ts_ms, doc))
 }
 
-fn durable(ts_ms: i64) {
-    metrics::counter!(palletd::telemetry::SAMPLES_STORED).increment(1);
+fn durable(ts_ms: i64, n: u64) {
+    metrics::counter!(palletd::telemetry::SAMPLES_STORED).increment(n);
     let age = (palletd::clock::now_ms() - ts_ms).max(0) as f64 / 1000.0;
     metrics::histogram!(palletd::telemetry::SAMPLE_AGE_SECONDS).record(age);
 }
@@ -284,14 +407,14 @@ impl Services {
         let dir = tempfile::tempdir()?;
         let broker_port = free_port();
         let conf = dir.path().join("mosquitto.conf");
-        // Same broker settings for every scenario: a deep in-flight window
-        // (palletd's max_inflight matches it) and no queue limit, so a
-        // backlog shows as a backlog, not as dropped messages.
+        // Same broker settings for every scenario (every sink's in-flight
+        // window matches the broker's).
         std::fs::write(
             &conf,
             format!(
                 "listener {broker_port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
-                 max_inflight_messages 1000\nmax_queued_messages 0\nlog_dest stdout\n"
+                 max_inflight_messages {}\nmax_queued_messages {}\nlog_dest stdout\n",
+                args.inflight, args.queued
             ),
         )?;
         let broker = Proc(
@@ -368,7 +491,7 @@ fn start_sink(args: &RunArgs, kind: &str, svc: &Services) -> anyhow::Result<Sink
                 r#"[mqtt]
 url = "mqtt://127.0.0.1:{broker}"
 client_id = "bench-palletd"
-max_inflight = 1000
+max_inflight = {inflight}
 [mongodb]
 uri = "{uri}"
 database = "bench"
@@ -380,11 +503,12 @@ dir = "{spool}"
 [http]
 listen = "127.0.0.1:{metrics_port}"
 [limits]
-max_sensors = 100000
+max_sensors = 200000
 [[subscription]]
 topic = "bench/{{sensor}}/data"
 "#,
                 broker = svc.broker_port,
+                inflight = args.inflight,
                 uri = svc.mongodb_uri(),
                 spool = svc.dir.path().join("spool").display(),
             );
@@ -407,6 +531,8 @@ topic = "bench/{{sensor}}/data"
             .arg(svc.broker_port.to_string())
             .args(["--mongodb", &svc.mongodb_uri(), "--metrics-port"])
             .arg(metrics_port.to_string())
+            .arg("--inflight")
+            .arg(args.inflight.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()?,
@@ -441,6 +567,8 @@ topic = "bench/{{sensor}}/data"
 #[derive(Debug, Clone, Default)]
 struct Scrape {
     stored: f64,
+    /// Bucket bytes the database rewrote (palletd in bucket mode only).
+    rewritten: f64,
     /// Histogram of reading age: upper bound -> cumulative count.
     age: Vec<(f64, f64)>,
 }
@@ -455,6 +583,10 @@ impl Sink {
             if s.metric == palletd::telemetry::SAMPLES_STORED {
                 if let prometheus_parse::Value::Counter(v) = s.value {
                     out.stored = v;
+                }
+            } else if s.metric == palletd::telemetry::BYTES_REWRITTEN {
+                if let prometheus_parse::Value::Counter(v) = s.value {
+                    out.rewritten = v;
                 }
             } else if s.metric == palletd::telemetry::SAMPLE_AGE_SECONDS {
                 if let prometheus_parse::Value::Histogram(h) = s.value {
@@ -687,11 +819,12 @@ fn step(
             break None;
         }
     };
-    // Flat: the backlog's low point (right after a flush) in the second half
-    // of the step is not above its low point in the first half (after a
-    // 10% settling) by more than half a second of readings. Low points, not
-    // peaks: palletd's flush cycle can be long, and a peak depends on where
-    // the window cuts the cycle.
+    // Flat: the backlog's low point in the last third of the step is not
+    // above its low point in the middle third by more than half a second of
+    // readings. The first third is left to settle: a gateway that holds
+    // readings for a while (palletd's flush.max_delay) holds more of them
+    // at a higher rate. Low points, not peaks: a flush cycle can be long,
+    // and a peak depends on where the window cuts it.
     let low_in = |from: f64, to: f64| {
         backlog_at
             .iter()
@@ -699,7 +832,7 @@ fn step(
             .map(|(_, b)| *b)
             .fold(f64::INFINITY, f64::min)
     };
-    let (early, late) = (low_in(0.1, 0.5), low_in(0.5, 1.0));
+    let (early, late) = (low_in(0.33, 0.66), low_in(0.66, 1.0));
     let flat = late.is_finite() && late <= early + total * 0.5 + 1000.0;
     let mut report = String::new();
     if let Some(mut out) = sim.stdout.take() {
@@ -804,6 +937,9 @@ struct Figures {
     lag_p99_s: Option<f64>,
     db_write_commands_per_reading: Option<f64>,
     db_write_ops_per_reading: Option<f64>,
+    /// Bucket bytes the database rewrote per stored reading (palletd,
+    /// bucket mode).
+    bytes_rewritten_per_reading: Option<f64>,
     cpu_us_per_reading: f64,
     /// Peak RSS of the process so far (steps only go up to this one).
     peak_rss_mb: f64,
@@ -839,6 +975,8 @@ fn measure(
         lag_p99_s: quantile(&m.before.age, &m.after.age, 0.99),
         db_write_commands_per_reading: db.then(|| (after.0 - before.0) / n),
         db_write_ops_per_reading: db.then(|| (after.1 - before.1) / n),
+        bytes_rewritten_per_reading: (kind == "buckets")
+            .then(|| (m.after.rewritten - m.before.rewritten) / n),
         cpu_us_per_reading: m.cpu.as_secs_f64() * 1e6 / n,
         peak_rss_mb: sink.peak_rss() as f64 / 1e6,
     };
@@ -967,13 +1105,13 @@ fn fmt(x: Option<f64>, digits: usize) -> String {
 
 fn table(results: &[ScenarioResult]) -> String {
     let mut t = String::from(
-        "| scenario | sensors | max sustained readings/s | lag p50 / p99 at 80% | DB write cmds / reading | DB write ops / reading | data bytes / reading | CPU µs / reading at 80% | peak RSS MB at 80% (whole run) |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| scenario | sensors | max sustained readings/s | lag p50 / p99 at 80% | DB write cmds / reading | DB write ops / reading | bytes rewritten / reading | data bytes / reading | CPU µs / reading at 80% | peak RSS MB at 80% (whole run) |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in results {
         let f = r.at_80.as_ref();
         t += &format!(
-            "| {} | {} | {:.0} | {} / {} s | {} | {} | {} | {} | {} ({:.0}) |\n",
+            "| {} | {} | {:.0} | {} / {} s | {} | {} | {} | {} | {} | {} ({:.0}) |\n",
             r.scenario,
             r.sensors,
             r.max_sustained_per_s,
@@ -981,6 +1119,7 @@ fn table(results: &[ScenarioResult]) -> String {
             fmt(f.and_then(|f| f.lag_p99_s), 2),
             fmt(f.and_then(|f| f.db_write_commands_per_reading), 4),
             fmt(f.and_then(|f| f.db_write_ops_per_reading), 3),
+            fmt(f.and_then(|f| f.bytes_rewritten_per_reading), 0),
             fmt(r.data_bytes_per_reading, 0),
             fmt(f.map(|f| f.cpu_us_per_reading), 1),
             fmt(f.map(|f| f.peak_rss_mb), 0),
@@ -1004,6 +1143,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut results = Vec::new();
     for &sensors in &args.sensors {
         for kind in &args.scenarios {
+            if args.skip.contains(&format!("{kind}/{sensors}")) {
+                continue;
+            }
             results.push(scenario(&args, kind, sensors, &rt)?);
             eprintln!("{}", table(&results));
         }
@@ -1022,6 +1164,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             .and_then(|o| String::from_utf8(o.stdout).ok()).map(|s| s.trim().to_string()),
         "step_secs": args.step_secs,
         "warmup_secs": args.warmup_secs,
+        "broker": { "max_inflight_messages": args.inflight, "max_queued_messages": args.queued },
         "results": results,
         "max_sustained": summary,
     });

@@ -8,9 +8,7 @@
 //! the remembered fill only to cut a run exactly: fill the open bucket, then
 //! start full-sized new ones.
 
-use std::collections::HashMap;
-
-use bson::{rawdoc, RawArrayBuf, RawBson, RawDocumentBuf};
+use bson::{rawdoc, RawArrayBuf, RawBson, RawDocument, RawDocumentBuf};
 
 use crate::decode::{FieldValue, Reading};
 
@@ -39,7 +37,7 @@ pub struct TooBig {
 
 impl Shape {
     /// Refuses a sample that could never fit in a bucket.
-    pub fn check(&self, sample: &Sample) -> Result<(), TooBig> {
+    pub fn check(&self, sample: SampleRef<'_>) -> Result<(), TooBig> {
         let bytes = sample.bytes();
         if bytes > self.max_bytes {
             return Err(TooBig {
@@ -51,16 +49,56 @@ impl Shape {
     }
 }
 
-/// One sample ready to be written.
+/// One sample, borrowed: where it is in time, its spool LSN and its
+/// document `{ts: Date, <field>: value, ...}` as it is pushed into
+/// `samples`. The document's double fields are the numeric fields the
+/// rollups cover (read back from it when a statement is built).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleRef<'a> {
+    pub ts_ms: i64,
+    /// Log sequence number of the sample's spool record. A sensor's samples
+    /// are in LSN order, and a bucket remembers the highest LSN applied to it.
+    pub lsn: u64,
+    pub doc: &'a RawDocument,
+}
+
+impl<'a> SampleRef<'a> {
+    /// A sample read from its document: `None` without a `ts` date.
+    pub fn from_doc(doc: &'a RawDocument, lsn: u64) -> Option<SampleRef<'a>> {
+        Some(SampleRef {
+            ts_ms: ts_of(doc)?,
+            lsn,
+            doc,
+        })
+    }
+
+    /// Bytes this sample counts against `bucket.max_bytes`.
+    pub fn bytes(&self) -> u32 {
+        self.doc.as_bytes().len() as u32
+    }
+
+    /// The numeric fields, for the rollups.
+    pub fn nums(&self) -> impl Iterator<Item = (&'a str, f64)> {
+        self.doc.iter().filter_map(|f| match f.ok()? {
+            (name, bson::RawBsonRef::Double(x)) => Some((name, x)),
+            _ => None,
+        })
+    }
+}
+
+/// The `ts` of a sample document (its first field, as palletd writes it).
+fn ts_of(doc: &RawDocument) -> Option<i64> {
+    doc.iter().flatten().find_map(|(name, value)| match value {
+        bson::RawBsonRef::DateTime(t) if name == "ts" => Some(t.timestamp_millis()),
+        _ => None,
+    })
+}
+
+/// One sample, owned.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     pub ts_ms: i64,
-    /// `{ts: Date, <field>: value, ...}` as it is pushed into `samples`.
-    /// Its double fields are the numeric fields the rollups cover (read
-    /// back from it when a statement is built: no copy per sample).
     pub doc: RawDocumentBuf,
-    /// Log sequence number of the sample's spool record. A sensor's samples
-    /// are in LSN order, and a bucket remembers the highest LSN applied to it.
     pub lsn: u64,
 }
 
@@ -82,34 +120,135 @@ impl Sample {
         }
     }
 
-    /// The numeric fields, for the rollups.
-    pub fn nums(&self) -> impl Iterator<Item = (&str, f64)> {
-        self.doc.iter().filter_map(|f| match f.ok()? {
-            (name, bson::RawBsonRef::Double(x)) => Some((name, x)),
-            _ => None,
-        })
-    }
-
-    /// A sample read back from the spool: the document as it was encoded.
-    pub fn from_doc(doc: RawDocumentBuf, lsn: u64) -> Option<Sample> {
-        let mut ts_ms = None;
-        for field in doc.iter() {
-            if let (name, bson::RawBsonRef::DateTime(t)) = field.ok()? {
-                if name == "ts" {
-                    ts_ms = Some(t.timestamp_millis());
-                }
-            }
+    pub fn as_ref(&self) -> SampleRef<'_> {
+        SampleRef {
+            ts_ms: self.ts_ms,
+            lsn: self.lsn,
+            doc: &self.doc,
         }
-        Some(Sample {
-            ts_ms: ts_ms?,
-            doc,
-            lsn,
-        })
     }
 
     /// Bytes this sample counts against `bucket.max_bytes`.
     pub fn bytes(&self) -> u32 {
-        self.doc.as_bytes().len() as u32
+        self.as_ref().bytes()
+    }
+}
+
+/// Where one sample of [`Samples`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    ts_ms: i64,
+    lsn: u64,
+    /// End of its document in the buffer (it starts where the previous ends).
+    end: u32,
+}
+
+/// One sensor's samples held compactly: their documents back to back in
+/// one buffer, and per sample its time, LSN and where its document ends
+/// (24 bytes besides the document, no allocation per sample).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Samples {
+    docs: Vec<u8>,
+    index: Vec<Slot>,
+}
+
+impl Samples {
+    pub fn new() -> Samples {
+        Samples::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// Bytes of all documents.
+    pub fn bytes(&self) -> usize {
+        self.docs.len()
+    }
+
+    /// Heap bytes held (capacity), for memory accounting.
+    pub fn heap_bytes(&self) -> usize {
+        self.docs.capacity() + self.index.capacity() * std::mem::size_of::<Slot>()
+    }
+
+    /// Makes room for `samples` more samples of `bytes` in all.
+    pub fn reserve(&mut self, samples: usize, bytes: usize) {
+        self.index.reserve(samples);
+        self.docs.reserve(bytes);
+    }
+
+    pub fn push(&mut self, sample: SampleRef<'_>) {
+        self.docs.extend_from_slice(sample.doc.as_bytes());
+        self.index.push(Slot {
+            ts_ms: sample.ts_ms,
+            lsn: sample.lsn,
+            end: self.docs.len() as u32,
+        });
+    }
+
+    pub fn get(&self, i: usize) -> SampleRef<'_> {
+        let slot = self.index[i];
+        let start = if i == 0 {
+            0
+        } else {
+            self.index[i - 1].end as usize
+        };
+        let bytes = &self.docs[start..slot.end as usize];
+        SampleRef {
+            ts_ms: slot.ts_ms,
+            lsn: slot.lsn,
+            // Pushed from a valid document: the bytes are one.
+            doc: RawDocument::from_bytes(bytes).expect("a document pushed whole"),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = SampleRef<'_>> {
+        (0..self.len()).map(|i| self.get(i))
+    }
+
+    pub fn first(&self) -> Option<SampleRef<'_>> {
+        (!self.is_empty()).then(|| self.get(0))
+    }
+
+    pub fn last(&self) -> Option<SampleRef<'_>> {
+        self.len().checked_sub(1).map(|i| self.get(i))
+    }
+
+    /// LSN and time of every sample.
+    pub fn keys(&self) -> impl Iterator<Item = (u64, i64)> + '_ {
+        self.index.iter().map(|s| (s.lsn, s.ts_ms))
+    }
+
+    /// Keeps the samples `keep` says yes to, in order.
+    pub fn retain(&mut self, mut keep: impl FnMut(SampleRef<'_>) -> bool) {
+        let mut out = Samples::new();
+        for s in self.iter() {
+            if keep(s) {
+                out.push(s);
+            }
+        }
+        *self = out;
+    }
+
+    /// Appends all of `other` after these.
+    pub fn append(&mut self, other: &Samples) {
+        for s in other.iter() {
+            self.push(s);
+        }
+    }
+}
+
+impl<'a> FromIterator<SampleRef<'a>> for Samples {
+    fn from_iter<I: IntoIterator<Item = SampleRef<'a>>>(iter: I) -> Samples {
+        let mut out = Samples::new();
+        for s in iter {
+            out.push(s);
+        }
+        out
     }
 }
 
@@ -118,6 +257,59 @@ impl Sample {
 pub struct Fill {
     pub count: u32,
     pub bytes: u32,
+}
+
+/// What palletd knows of one sensor's open buckets: the fill per window
+/// start (a window that is absent is unknown). Usually one or two windows,
+/// so a small list rather than a map.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fills(Vec<(i64, Fill)>);
+
+impl Fills {
+    pub fn new() -> Fills {
+        Fills::default()
+    }
+
+    pub fn get(&self, start: &i64) -> Option<&Fill> {
+        self.0.iter().find(|e| e.0 == *start).map(|e| &e.1)
+    }
+
+    pub fn contains_key(&self, start: &i64) -> bool {
+        self.get(start).is_some()
+    }
+
+    pub fn insert(&mut self, start: i64, fill: Fill) {
+        match self.0.iter_mut().find(|e| e.0 == start) {
+            Some(e) => e.1 = fill,
+            None => self.0.push((start, fill)),
+        }
+    }
+
+    pub fn remove(&mut self, start: &i64) {
+        self.0.retain(|e| e.0 != *start);
+    }
+
+    /// Keeps the windows `keep` says yes to.
+    pub fn retain(&mut self, mut keep: impl FnMut(&i64, &Fill) -> bool) {
+        self.0.retain(|e| keep(&e.0, &e.1));
+        if self.0.is_empty() {
+            self.0 = Vec::new();
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<const N: usize> From<[(i64, Fill); N]> for Fills {
+    fn from(entries: [(i64, Fill); N]) -> Fills {
+        let mut f = Fills::new();
+        for (start, fill) in entries {
+            f.insert(start, fill);
+        }
+        f
+    }
 }
 
 /// One upsert statement: k consecutive samples of one sensor and window,
@@ -157,8 +349,7 @@ impl Statement {
 
     /// `{q, u, upsert: true}` for the `update` command; `samples` is the run
     /// the statement was planned from.
-    pub fn to_bson(&self, sensor: &str, samples: &[Sample], shape: &Shape) -> RawDocumentBuf {
-        let samples = &samples[self.range.clone()];
+    pub fn to_bson(&self, sensor: &str, samples: &Samples, shape: &Shape) -> RawDocumentBuf {
         let k = self.count();
         let start = bson::DateTime::from_millis(self.start_ms);
         let end = bson::DateTime::from_millis(self.start_ms + shape.window_ms);
@@ -175,8 +366,8 @@ impl Statement {
         let mut last_lsn = 0;
         // Rollups per numeric field, in order of first appearance.
         let mut rollups: Vec<(&str, f64, i32, f64, f64)> = Vec::new();
-        for s in samples {
-            each.push(RawBson::Document(s.doc.clone()));
+        for s in self.range.clone().map(|i| samples.get(i)) {
+            each.push(RawBson::Document(s.doc.to_raw_document_buf()));
             min_ts = min_ts.min(s.ts_ms);
             max_ts = max_ts.max(s.ts_ms);
             last_lsn = last_lsn.max(s.lsn);
@@ -228,7 +419,7 @@ impl Statement {
 ///
 /// Every sample must fit in an empty bucket ([`Shape::check`]); bigger ones
 /// are dead-lettered before they get here.
-pub fn plan(samples: &[Sample], memory: &mut HashMap<i64, Fill>, shape: &Shape) -> Vec<Statement> {
+pub fn plan(samples: &Samples, memory: &mut Fills, shape: &Shape) -> Vec<Statement> {
     let mut out = Vec::new();
     let mut current: Option<Statement> = None;
     for (i, sample) in samples.iter().enumerate() {
@@ -266,7 +457,7 @@ pub fn plan(samples: &[Sample], memory: &mut HashMap<i64, Fill>, shape: &Shape) 
     out
 }
 
-fn close_statement(st: Statement, memory: &mut HashMap<i64, Fill>, out: &mut Vec<Statement>) {
+fn close_statement(st: Statement, memory: &mut Fills, out: &mut Vec<Statement>) {
     let base = st.base.unwrap_or_default();
     memory.insert(
         st.start_ms,
@@ -304,6 +495,11 @@ mod tests {
         )
     }
 
+    fn owned(samples: impl IntoIterator<Item = Sample>) -> Samples {
+        let v: Vec<Sample> = samples.into_iter().collect();
+        v.iter().map(|s| s.as_ref()).collect()
+    }
+
     /// A model of the database: buckets and the filter semantics of the upsert.
     #[derive(Default)]
     struct Db {
@@ -312,7 +508,7 @@ mod tests {
 
     impl Db {
         /// Applies a statement; returns whether it inserted.
-        fn apply(&mut self, st: &Statement, samples: &[Sample], shape: &Shape) -> bool {
+        fn apply(&mut self, st: &Statement, samples: &Samples, shape: &Shape) -> bool {
             let k = st.count();
             let found = self.buckets.iter_mut().find(|b| {
                 b.0 == st.start_ms
@@ -320,7 +516,7 @@ mod tests {
                     && b.2 <= shape.max_samples - k
                     && b.3 <= shape.max_bytes - st.bytes
             });
-            let msgs = samples[st.range.clone()].iter().map(|s| s.lsn);
+            let msgs = st.range.clone().map(|i| samples.get(i).lsn);
             match found {
                 Some(b) => {
                     b.2 += k;
@@ -339,14 +535,14 @@ mod tests {
 
     #[test]
     fn a_run_fills_the_open_bucket_then_starts_new_ones() {
-        let mut memory = HashMap::from([(
+        let mut memory = Fills::from([(
             0,
             Fill {
                 count: 3,
                 bytes: 60,
             },
         )]);
-        let samples: Vec<Sample> = (0..9).map(|i| sample(i, i as u64, 0)).collect();
+        let samples = owned((0..9).map(|i| sample(i, i as u64, 0)));
         let out = plan(&samples, &mut memory, &SHAPE);
         let counts: Vec<u32> = out.iter().map(|s| s.count()).collect();
         assert_eq!(counts, vec![2, 5, 2]);
@@ -358,18 +554,14 @@ mod tests {
             })
         );
         assert_eq!(out[1].base, None);
-        assert_eq!(memory[&0].count, 2);
+        assert_eq!(memory.get(&0).unwrap().count, 2);
     }
 
     #[test]
     fn runs_follow_arrival_order_across_windows() {
-        let mut memory = HashMap::new();
+        let mut memory = Fills::new();
         let ts = [0, 10, 1500, 20, 1600];
-        let samples: Vec<Sample> = ts
-            .iter()
-            .enumerate()
-            .map(|(i, t)| sample(*t, i as u64, 0))
-            .collect();
+        let samples = owned(ts.iter().enumerate().map(|(i, t)| sample(*t, i as u64, 0)));
         let out = plan(&samples, &mut memory, &SHAPE);
         let starts: Vec<i64> = out.iter().map(|s| s.start_ms).collect();
         assert_eq!(starts, vec![0, 1000, 0, 1000]);
@@ -385,10 +577,10 @@ mod tests {
 
     #[test]
     fn size_cap_cuts_statements() {
-        let mut memory = HashMap::new();
+        let mut memory = Fills::new();
         let one = sample(0, 0, 60).bytes();
         assert!(one * 2 <= 200 && one * 3 > 200, "{one}");
-        let samples: Vec<Sample> = (0..5).map(|i| sample(i, i as u64, 60)).collect();
+        let samples = owned((0..5).map(|i| sample(i, i as u64, 60)));
         let out = plan(&samples, &mut memory, &SHAPE);
         let counts: Vec<u32> = out.iter().map(|s| s.count()).collect();
         assert_eq!(counts, vec![2, 2, 1]);
@@ -397,13 +589,20 @@ mod tests {
     #[test]
     fn a_sample_reads_back_from_its_document() {
         let s = sample(1234, 9, 3);
-        let back = Sample::from_doc(s.doc.clone(), 9).unwrap();
-        assert_eq!(back, s);
+        let back = SampleRef::from_doc(&s.doc, 9).unwrap();
+        assert_eq!(back, s.as_ref());
+        let held = owned([sample(5, 1, 0), s.clone(), sample(7, 3, 9)]);
+        assert_eq!(held.get(1), s.as_ref(), "compact samples read back whole");
+        assert_eq!(held.len(), 3);
+        assert_eq!(
+            held.bytes(),
+            held.iter().map(|x| x.bytes() as usize).sum::<usize>()
+        );
     }
 
     #[test]
     fn statement_bson_has_caps_and_rollups() {
-        let samples = vec![sample(1, 4, 0), sample(2, 2, 0)];
+        let samples = owned([sample(1, 4, 0), sample(2, 2, 0)]);
         let st = Statement {
             start_ms: 0,
             range: 0..2,
@@ -462,17 +661,17 @@ mod tests {
             forget in proptest::collection::vec(any::<bool>(), 8),
         ) {
             let mut db = Db::default();
-            let mut memory: HashMap<i64, Fill> = HashMap::new();
+            let mut memory = Fills::new();
             let mut msg = 0u64;
             let mut sent = Vec::new();
             for (i, batch) in flushes.iter().enumerate() {
-                if forget[i] { memory.clear(); }
-                let samples: Vec<Sample> = batch.iter().map(|(ts, pad)| { msg += 1; sent.push(msg); sample(*ts, msg, *pad) }).collect();
+                if forget[i] { memory = Fills::new(); }
+                let samples = owned(batch.iter().map(|(ts, pad)| { msg += 1; sent.push(msg); sample(*ts, msg, *pad) }));
                 let out = plan(&samples, &mut memory, &SHAPE);
                 prop_assert_eq!(out.iter().flat_map(|st| st.range.clone()).collect::<Vec<_>>(), (0..samples.len()).collect::<Vec<_>>());
                 for st in &out {
                     prop_assert!(st.count() >= 1);
-                    prop_assert!(samples[st.range.clone()].iter().all(|s| SHAPE.window_start(s.ts_ms) == st.start_ms));
+                    prop_assert!(st.range.clone().all(|i| SHAPE.window_start(samples.get(i).ts_ms) == st.start_ms));
                     let inserted = db.apply(st, &samples, &SHAPE);
                     match st.fill_after(inserted) {
                         Some(f) => { memory.insert(st.start_ms, f); }
@@ -499,11 +698,11 @@ mod tests {
                 (proptest::collection::vec((0i64..6000, 0usize..60), 0..20), proptest::option::of(0i64..7000)), 1..10),
         ) {
             let mut db = Db::default();
-            let mut memory: HashMap<i64, Fill> = HashMap::new();
+            let mut memory = Fills::new();
             let mut msg = 0u64;
             let mut sent = Vec::new();
             for (batch, closer_cutoff) in &flushes {
-                let samples: Vec<Sample> = batch.iter().map(|(ts, pad)| { msg += 1; sent.push(msg); sample(*ts, msg, *pad) }).collect();
+                let samples = owned(batch.iter().map(|(ts, pad)| { msg += 1; sent.push(msg); sample(*ts, msg, *pad) }));
                 let out = plan(&samples, &mut memory, &SHAPE);
                 for st in &out {
                     let sealed_before: Vec<(u32, usize)> = db.buckets.iter().filter(|b| b.1).map(|b| (b.2, b.4.len())).collect();

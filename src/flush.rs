@@ -11,18 +11,16 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::bucket::{Fill, Sample};
+pub use crate::bucket::Fills;
+use crate::bucket::Samples;
 use crate::deadletter::DeadLetter;
-
-/// Open-bucket fill per window start; a window that is absent is unknown.
-pub type Fills = HashMap<i64, Fill>;
 
 /// One sensor's samples in a flush.
 #[derive(Debug, Default)]
 pub struct Run {
     pub sensor: String,
     /// In LSN order (which is arrival order).
-    pub samples: Vec<Sample>,
+    pub samples: Samples,
     /// What palletd knows of the sensor's open buckets; the buckets store
     /// learns what is unknown, plans with it and updates it.
     pub fills: Fills,
@@ -67,6 +65,9 @@ pub struct Written {
     /// The database failed at least once during this write (the time went
     /// into retries: the write says nothing about the database's speed).
     pub met_errors: bool,
+    /// Bytes of documents the database rewrote for the applied statements
+    /// (a `$push` rewrites its whole bucket): the write amplification.
+    pub bytes_rewritten: u64,
 }
 
 /// Samples of one sensor that may already be in MongoDB.

@@ -61,8 +61,8 @@ fn invalid_configs_exit_78_naming_the_offending_path() {
         (
             example
                 .replace("write_concern = \"majority\"", "write_concern = \"most\"")
-                .replace("interval = \"1s\"", "interval = \"0s\""),
-            &["mongodb.write_concern:", "flush.interval:"],
+                .replace("max_delay = \"10s\"", "max_delay = \"0s\""),
+            &["mongodb.write_concern:", "flush.max_delay:"],
         ),
         (
             example.replace("url = \"mqtt://127.0.0.1:1883\"", "url = \"http://broker\""),

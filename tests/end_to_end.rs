@@ -357,7 +357,7 @@ async fn sigterm_stores_pending_samples_and_exits_zero() {
     // A long interval and a large in-flight allowance: nothing is flushed
     // until shutdown.
     let mut stack = Stack::start("sigterm", |c| {
-        c.flush_interval("1h").set("mqtt.max_inflight", 1000)
+        c.max_delay("1h").set("mqtt.max_inflight", 1000)
     })
     .await;
     let mut publisher = stack.publisher().await;
@@ -366,11 +366,11 @@ async fn sigterm_stores_pending_samples_and_exits_zero() {
         publisher.json("t1", payload).await;
     }
     publisher.flush().await;
+    // All 60 are in palletd's memory (not only decoded and spooled).
     stack
         .palletd
-        .wait_metric("palletd_samples_decoded_total", 60.0)
+        .wait_metric("palletd_pending_samples", 60.0)
         .await;
-    // The first tick flushed nothing yet: nothing pending then.
     assert_eq!(stack.stored().await, 0, "nothing flushed before SIGTERM");
 
     stack.stop();
@@ -403,9 +403,7 @@ async fn shutdown_timeout_exits_nonzero_and_says_what_was_left() {
             .await;
     }
     publisher.flush().await;
-    palletd
-        .wait_metric("palletd_samples_decoded_total", 5.0)
-        .await;
+    palletd.wait_metric("palletd_pending_samples", 5.0).await;
     // A flush is retrying against the absent database.
     palletd
         .wait_metric("palletd_database_errors_total", 1.0)

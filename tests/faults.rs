@@ -10,7 +10,7 @@ use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_five_times_under_load_stores_every_reading_exactly_once() {
-    let mut stack = Stack::start("crash", |c| c.flush_interval("300ms")).await;
+    let mut stack = Stack::start("crash", |c| c.max_delay("300ms")).await;
     let stream = tokio::spawn(publish_steadily(stack.publisher().await, 20, 250.0, 3000));
     stack.kill_repeatedly(5, 5).await;
     let sent = stream.await.unwrap();

@@ -27,7 +27,7 @@ async fn publish_seqs(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closer_seals_ended_windows_and_late_samples_start_a_second_bucket() {
     let mut stack = Stack::start("closer", |c| {
-        c.window("1s").closer("1s", "1s").flush_interval("200ms")
+        c.window("1s").closer("1s", "1s").max_delay("200ms")
     })
     .await;
     let mut publisher = stack.publisher().await;
@@ -78,6 +78,40 @@ async fn closer_seals_ended_windows_and_late_samples_start_a_second_bucket() {
     assert_eq!(late.get_datetime("startTs").unwrap().timestamp_millis(), w0);
     assert_eq!(seqs(late), vec![99]);
     check_sealed(late);
+    stack.stop();
+}
+
+/// palletd holds readings up to `flush.max_delay` (an hour here); before
+/// the closer seals a window it writes what it holds of it, so its own
+/// holding never makes a reading late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_readings_are_written_before_their_window_is_sealed() {
+    let mut stack = Stack::start("holdseal", |c| {
+        c.window("1s").closer("1s", "1s").max_delay("1h")
+    })
+    .await;
+    let mut publisher = stack.publisher().await;
+    let w0 = now_ms().div_euclid(1000) * 1000 + 1000;
+    for seq in 0..3 {
+        let v = serde_json::json!({ "ts": w0 + 100 * seq, "seq": seq, "temp": 20.0 });
+        publisher.json("h1", v).await;
+    }
+    publisher.flush().await;
+    eventually(Duration::from_secs(20), "the window is sealed", || async {
+        let b = stack.docs("readings").await;
+        !b.is_empty() && b.iter().all(|b| b.get_bool("closed") == Ok(true))
+    })
+    .await;
+    let buckets = stack.docs("readings").await;
+    assert_eq!(buckets.len(), 1, "one bucket: nothing came late");
+    assert_eq!(seqs(&buckets[0]), vec![0, 1, 2]);
+    check_sealed(&buckets[0]);
+    assert_eq!(
+        stack
+            .palletd
+            .metric("palletd_samples_late_into_sealed_window_total", None),
+        0.0
+    );
     stack.stop();
 }
 

@@ -168,7 +168,7 @@ async fn query_prints_exactly_the_published_readings_in_order_across_buckets() {
         c.window("1s")
             .max_samples(4)
             .closer("1s", "1s")
-            .flush_interval("200ms")
+            .max_delay("200ms")
     })
     .await;
     let mut publisher = stack.publisher().await;

@@ -205,7 +205,7 @@ async fn a_bucket_collection_is_not_written_as_time_series() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_under_load_in_timeseries_mode_stores_every_reading_exactly_once() {
-    let mut stack = Stack::start("tscrash", |c| c.timeseries().flush_interval("300ms")).await;
+    let mut stack = Stack::start("tscrash", |c| c.timeseries().max_delay("300ms")).await;
     let stream = tokio::spawn(publish_steadily(stack.publisher().await, 20, 250.0, 2000));
     stack.kill_repeatedly(3, 7).await;
     let sent = stream.await.unwrap();

@@ -29,6 +29,10 @@ pub use crate::decode::DEFAULT_SENSOR_ID_PATTERN;
 /// `StateDirectory=palletd`.
 pub const DEFAULT_SPOOL_DIR: &str = "/var/lib/palletd/spool";
 
+/// `flush.max_delay` unless set: how long a reading may wait in memory
+/// before it is written (see the README for the trade-off).
+pub const DEFAULT_MAX_DELAY: &str = "10s";
+
 /// Largest `bucket.max_bytes`: half of MongoDB's 16 MiB document limit leaves
 /// room for rollups and a sample that is counted but not yet pushed.
 pub const MAX_BUCKET_BYTES: u64 = 8 * 1024 * 1024;
@@ -264,7 +268,9 @@ pub struct BucketSettings {
 
 #[derive(Debug, Clone)]
 pub struct FlushSettings {
-    pub interval: Duration,
+    /// A sensor's samples are written once the oldest has waited this long
+    /// (or earlier, when they fill the sensor's open bucket).
+    pub max_delay: Duration,
     /// Memory cap: at this many buffered samples palletd flushes and stops
     /// reading from the broker until the flush succeeds.
     pub max_pending_samples: usize,
@@ -811,7 +817,23 @@ impl Validator {
     }
 
     fn flush(&mut self, f: RawFlush) -> FlushSettings {
-        let interval = self.positive_duration("flush.interval", f.interval.as_deref(), "1s");
+        let (path, raw) = match (f.max_delay, f.interval) {
+            (Some(_), Some(_)) => {
+                self.err(
+                    "flush.interval",
+                    "set flush.max_delay only (flush.interval is its old name)",
+                );
+                ("flush.max_delay", None)
+            }
+            (None, Some(old)) => {
+                self.warnings.push(
+                    "flush.interval is now called flush.max_delay (each sensor is written once its oldest reading waited that long); the value is used as max_delay".into(),
+                );
+                ("flush.interval", Some(old))
+            }
+            (d, None) => ("flush.max_delay", d),
+        };
+        let max_delay = self.positive_duration(path, raw.as_deref(), DEFAULT_MAX_DELAY);
         let max_pending_samples = self.int_in(
             "flush.max_pending_samples",
             f.max_pending_samples,
@@ -820,7 +842,7 @@ impl Validator {
             100_000_000,
         ) as usize;
         FlushSettings {
-            interval,
+            max_delay,
             max_pending_samples,
         }
     }
@@ -1121,7 +1143,7 @@ mod tests {
         assert_eq!(s.mongodb.collection, "readings");
         assert_eq!(s.bucket.max_samples, 200);
         assert_eq!(s.bucket.max_bytes, 256 * 1024);
-        assert_eq!(s.flush.interval, Duration::from_secs(1));
+        assert_eq!(s.flush.max_delay, Duration::from_secs(10));
     }
 
     #[test]
@@ -1213,6 +1235,25 @@ mod tests {
                 .join("\n");
         assert!(joined.contains("storage.mode: must be"), "{joined}");
         assert!(joined.contains("storage.granularity: must be"), "{joined}");
+    }
+
+    #[test]
+    fn flush_interval_is_read_as_max_delay_with_a_warning() {
+        let s = parse(
+            &(MINIMAL.to_string() + "[flush]\ninterval = \"3s\"\n"),
+            None,
+        )
+        .unwrap();
+        assert_eq!(s.flush.max_delay, Duration::from_secs(3));
+        assert!(
+            s.warnings.iter().any(|w| w.contains("flush.max_delay")),
+            "{:?}",
+            s.warnings
+        );
+        let joined =
+            errors(&(MINIMAL.to_string() + "[flush]\ninterval = \"3s\"\nmax_delay = \"2s\"\n"))
+                .join("\n");
+        assert!(joined.contains("flush.interval:"), "{joined}");
     }
 
     #[test]

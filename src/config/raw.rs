@@ -82,6 +82,8 @@ pub struct RawBucket {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawFlush {
+    pub max_delay: Option<String>,
+    /// Before `max_delay`: read as it, with a warning.
     pub interval: Option<String>,
     pub max_pending_samples: Option<i64>,
 }

@@ -13,6 +13,17 @@
 //! back from the spool in LSN order (catch-up) as fast as flushes make room,
 //! so per-sensor order is the log's order.
 //!
+//! # What a flush takes
+//! Each sensor is flushed by its own fill and age ([`super::pending`]): when
+//! its samples fill its open bucket, when its oldest sample waited
+//! `flush.max_delay`, or, when memory is full, oldest first. Under
+//! sustained load a reading is therefore durable within `max_delay` plus
+//! one flush (plus the wait for the flush before it when the database is
+//! the bottleneck). Before a seal, every sensor holding samples of a window
+//! the seal closes is flushed, so palletd's own holding never makes late
+//! data. Dead letters go with the next flush, or on their own once the
+//! oldest waited `max_delay`.
+//!
 //! # Exactly once
 //! Only durable records are written (a flush waits until the spool is
 //! durable up to the cursor). A sample that may already be in MongoDB
@@ -29,19 +40,26 @@
 
 use std::time::{Duration, Instant};
 
-use bson::RawDocumentBuf;
-
-use super::pending::{Pending, Pushed};
-use super::policy::{FlushPolicy, Memory, Selection};
-use crate::bucket::{Sample, Shape};
+use super::pending::{Pending, Pushed, SensorId};
+use super::policy::FlushPolicy;
+use crate::bucket::{SampleRef, Samples, Shape};
 use crate::deadletter::{self, DeadLetter, Reporter};
 use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
-use crate::spool::{Entry, Record};
+use crate::spool::{parse, EntryRef};
 use crate::spooler::Feed;
 use crate::telemetry;
 
 /// Records read from the spool per catch-up step.
 pub const CATCH_UP_BATCH: usize = 50_000;
+
+/// Flushes of the sensors holding windows a seal closes, before the seal
+/// goes ahead anyway (samples for those windows keep arriving late).
+const SEAL_FLUSH_ROUNDS: u32 = 3;
+
+/// Sensors one flush takes at most (its command stays small enough to be
+/// quick, and the sensors it wrote start their next delay early; the rest
+/// go in the next flush, at once).
+pub const MAX_SENSORS_PER_FLUSH: usize = 1000;
 
 /// How the core is set up.
 #[derive(Debug, Clone)]
@@ -51,8 +69,12 @@ pub struct Config {
     pub tag: u32,
     pub max_pending: usize,
     pub max_lateness_ms: i64,
-    pub flush_every: Duration,
+    /// How long a sensor's oldest pending sample may wait (`flush.max_delay`).
+    pub max_delay: Duration,
     pub seal_every: Duration,
+    /// A seal at `now` closes the windows ending at or before `now - grace`;
+    /// `None` when the storage mode has no seal.
+    pub seal_grace_ms: Option<i64>,
     /// The checkpoint: the first LSN memory is missing at start.
     pub from: u64,
     /// The first LSN of this run: records below it were spooled by an
@@ -86,6 +108,7 @@ pub struct Flushed {
     pub samples_stored: u64,
     pub statements: u64,
     pub buckets_created: u64,
+    pub bytes_rewritten: u64,
     pub late_into_sealed: u64,
     pub rejected: u64,
     pub deadletters: u64,
@@ -109,8 +132,6 @@ enum Busy {
     Read,
     Resolve,
     Write {
-        selection: Selection,
-        started: Instant,
         low: Option<u64>,
         samples: usize,
         deadletters: usize,
@@ -123,6 +144,8 @@ pub struct Core {
     policy: FlushPolicy,
     pending: Pending,
     deadletters: Vec<DeadLetter>,
+    /// When the oldest dead letter in memory arrived (monotonic ms).
+    deadletters_since: Option<i64>,
     reporter: Reporter,
     /// First LSN not in memory: records below it are in memory or in MongoDB.
     cursor: u64,
@@ -131,35 +154,64 @@ pub struct Core {
     checkpoint_sent: u64,
     checkpoint_due: Option<u64>,
     busy: Option<Busy>,
-    /// The sensors the current resolve is for.
-    resolving: Option<Vec<String>>,
+    /// The sensors of the flush being prepared (resolved, then written).
+    flushing: Option<Vec<SensorId>>,
+    /// The time (ms) of the seal being prepared, and how many flushes of
+    /// the sensors holding windows it closes were made for it.
+    seal_at: Option<(i64, u32)>,
     /// Windows ending at or before this were sealed by the last seal.
     sealed_until: Option<i64>,
     stopping: bool,
+    /// The last poll wanted to write but the spool was not durable yet.
+    blocked: bool,
+    /// The core's monotonic clock starts here (deadlines never follow a
+    /// step of the wall clock).
+    epoch: Instant,
+    /// The time of the last poll.
+    now: Instant,
 }
 
 impl Core {
     pub fn new(config: Config, now: Instant) -> Core {
         Core {
-            policy: FlushPolicy::new(config.flush_every, config.seal_every, now),
-            pending: Pending::new(config.shape, config.fresh_from),
+            policy: FlushPolicy::new(config.max_delay, config.seal_every, now),
+            pending: Pending::new(
+                config.shape,
+                config.fresh_from,
+                config.max_delay.as_millis() as i64,
+            ),
             deadletters: Vec::new(),
+            deadletters_since: None,
             reporter: Reporter::default(),
             cursor: config.from,
             durable: config.from,
             checkpoint_sent: config.from,
             checkpoint_due: None,
             busy: None,
-            resolving: None,
+            flushing: None,
+            seal_at: None,
             sealed_until: None,
             stopping: false,
+            blocked: false,
+            epoch: now,
+            now,
             config,
         }
+    }
+
+    /// Monotonic ms of `now` since the core started.
+    fn mono(&self, now: Instant) -> i64 {
+        now.saturating_duration_since(self.epoch).as_millis() as i64
     }
 
     /// Samples held in memory.
     pub fn pending(&self) -> usize {
         self.pending.count()
+    }
+
+    /// Samples in memory not yet in MongoDB, the flush in flight included.
+    pub fn unwritten(&self) -> usize {
+        self.leftover().samples
     }
 
     /// First LSN not in memory.
@@ -172,10 +224,12 @@ impl Core {
         self.durable.saturating_sub(self.cursor)
     }
 
+    fn held(&self) -> usize {
+        self.pending.count() + self.deadletters.len()
+    }
+
     fn room(&self) -> usize {
-        self.config
-            .max_pending
-            .saturating_sub(self.pending.count() + self.deadletters.len())
+        self.config.max_pending.saturating_sub(self.held())
     }
 
     /// The spool is durable below `lsn`.
@@ -183,15 +237,24 @@ impl Core {
         self.durable = self.durable.max(lsn);
     }
 
-    /// A flush is due but waits until the spool is durable up to this LSN.
-    pub fn needs_durable(&self, now: Instant) -> Option<u64> {
-        (self.busy.is_none() && self.flush_due(now).is_some() && self.durable < self.cursor)
-            .then_some(self.cursor)
+    /// A flush waits until the spool is durable up to this LSN.
+    pub fn needs_durable(&self) -> Option<u64> {
+        self.blocked.then_some(self.cursor)
     }
 
     /// When to call [`Core::poll`] again if nothing else happens.
     pub fn deadline(&self) -> Instant {
-        self.policy.deadline()
+        let mono_now = self.mono(self.now);
+        let due = [
+            self.pending.next_due_ms(),
+            self.deadletters_since
+                .map(|t| t + self.config.max_delay.as_millis() as i64),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|ms| self.now + Duration::from_millis((ms - mono_now).max(0) as u64));
+        self.policy.deadline(due)
     }
 
     /// Whether shutdown began.
@@ -202,35 +265,58 @@ impl Core {
     /// Shutdown: flush what memory holds, read nothing more, seal nothing.
     pub fn stop(&mut self) {
         self.stopping = true;
-        self.policy.flush_all_now();
     }
 
     /// Records the spooler appended: taken if they continue memory's window
     /// and fit; else they stay on disk for catch-up.
-    pub fn feed(&mut self, f: Feed, now_ms: i64) {
-        if f.first != self.cursor || f.samples.len() + f.deadletters.len() > self.room() {
+    pub fn feed(&mut self, f: Feed, now: Instant, now_ms: i64) {
+        if f.first != self.cursor || f.records > self.room() {
             return;
         }
-        for (sensor, sample) in f.samples {
-            self.hold(&sensor, sample, now_ms);
-        }
-        self.deadletters.extend(f.deadletters);
+        self.hold_records(&f.bytes, now, now_ms);
         self.cursor = f.end;
+        self.update_checkpoint();
     }
 
-    /// Records read back from the spool for a [`Action::Read`]
-    /// (`max`, `limit` as asked).
-    pub fn records(&mut self, records: Vec<Record>, max: usize, limit: u64, now_ms: i64) {
+    /// Records read back from the spool for an [`Action::Read`] (as
+    /// written, `n` of them; `max`, `limit` as asked).
+    pub fn records(
+        &mut self,
+        bytes: &[u8],
+        n: usize,
+        max: usize,
+        limit: u64,
+        now: Instant,
+        now_ms: i64,
+    ) {
         self.busy = None;
-        let n = records.len();
-        for rec in records {
+        if let Some(last) = self.hold_records(bytes, now, now_ms) {
+            self.cursor = last + 1;
+        }
+        if n < max {
+            // The whole range up to `limit` has been read.
+            self.cursor = self.cursor.max(limit);
+        }
+        self.update_checkpoint();
+    }
+
+    /// A read failed: nothing changes, it is asked again.
+    pub fn read_failed(&mut self) {
+        self.busy = None;
+    }
+
+    /// Puts encoded records into memory; returns the last LSN.
+    fn hold_records(&mut self, bytes: &[u8], now: Instant, now_ms: i64) -> Option<u64> {
+        let mut last = None;
+        for rec in parse(bytes) {
+            last = Some(rec.lsn);
             match rec.entry {
-                Entry::Sample { sensor, doc } => {
-                    let sample = RawDocumentBuf::from_bytes(doc)
+                EntryRef::Sample { sensor, doc } => {
+                    let sample = bson::RawDocument::from_bytes(doc)
                         .ok()
-                        .and_then(|d| Sample::from_doc(d, rec.lsn));
+                        .and_then(|d| SampleRef::from_doc(d, rec.lsn));
                     match sample {
-                        Some(s) => self.hold(&sensor, s, now_ms),
+                        Some(s) => self.hold(sensor, s, now, now_ms),
                         None => {
                             tracing::error!(
                                 lsn = rec.lsn,
@@ -239,34 +325,31 @@ impl Core {
                         }
                     }
                 }
-                Entry::DeadLetter { doc } => match bson::from_slice(&doc) {
-                    Ok(d) => self.deadletters.push((rec.lsn, d)),
+                EntryRef::DeadLetter { doc } => match bson::from_slice(doc) {
+                    Ok(d) => self.hold_deadletter((rec.lsn, d), now),
                     Err(_) => tracing::error!(
                         lsn = rec.lsn,
                         "Unreadable dead letter in the spool; skipped."
                     ),
                 },
-                Entry::MessageId { .. } => {}
+                EntryRef::MessageId { .. } => {}
             }
-            self.cursor = rec.lsn + 1;
         }
-        if n < max {
-            // The whole range up to `limit` has been read.
-            self.cursor = self.cursor.max(limit);
-        }
-        self.policy.flush_all_now();
+        last
     }
 
-    /// A read failed: nothing changes, it is asked again.
-    pub fn read_failed(&mut self) {
-        self.busy = None;
+    fn hold_deadletter(&mut self, d: DeadLetter, now: Instant) {
+        if self.deadletters.is_empty() {
+            self.deadletters_since = Some(self.mono(now));
+        }
+        self.deadletters.push(d);
     }
 
     /// Puts a sample into memory. One that no longer fits in a bucket
     /// (`bucket.max_bytes` was lowered since it was spooled) goes to the dead
     /// letter; it is never dropped silently.
-    fn hold(&mut self, sensor: &str, sample: Sample, now_ms: i64) {
-        if let Err(too_big) = self.config.shape.check(&sample) {
+    fn hold(&mut self, sensor: &str, sample: SampleRef<'_>, now: Instant, now_ms: i64) {
+        if let Err(too_big) = self.config.shape.check(sample) {
             let error = too_big.to_string();
             self.reporter.report("sample_too_large", sensor, &error, 1);
             let doc = deadletter::for_sample(
@@ -274,14 +357,15 @@ impl Core {
                 sample.lsn,
                 now_ms,
                 sensor,
-                &sample.doc,
+                sample.doc,
                 "sample_too_large",
                 &error,
             );
-            self.deadletters.push((sample.lsn, doc));
+            self.hold_deadletter((sample.lsn, doc), now);
             return;
         }
-        if self.pending.push(sensor, sample) == Pushed::AlreadyApplied {
+        let mono = self.mono(now);
+        if self.pending.push(sensor, sample, mono) == Pushed::AlreadyApplied {
             tracing::debug!(
                 sensor,
                 "Skipped a replayed sample that MongoDB already has."
@@ -289,24 +373,11 @@ impl Core {
         }
     }
 
-    fn memory(&self) -> Memory {
-        Memory {
-            pending: self.pending.count() + self.deadletters.len(),
-            max_pending: self.config.max_pending,
-            has_ready: self.pending.has_ready(),
-        }
-    }
-
-    fn flush_due(&self, now: Instant) -> Option<Selection> {
-        if self.stopping {
-            return Some(Selection::All);
-        }
-        self.policy.due(now, self.memory())
-    }
-
     /// What to do now, if anything; `None`: wait for an event or the
     /// [`Core::deadline`].
     pub fn poll(&mut self, now: Instant, now_ms: i64) -> Option<Action> {
+        self.now = now;
+        self.blocked = false;
         if self.busy.is_some() {
             return None;
         }
@@ -314,29 +385,51 @@ impl Core {
             self.checkpoint_sent = lsn;
             return Some(Action::Checkpoint(lsn));
         }
-        if let Some(selection) = self.flush_due(now) {
-            if self.pending.count() == 0 && self.deadletters.is_empty() {
-                // Nothing to write: the flush is done at once.
-                self.policy.flushed(selection, now, now, false);
-                self.update_checkpoint();
-                if let Some(lsn) = self.checkpoint_due.take() {
-                    self.checkpoint_sent = lsn;
-                    return Some(Action::Checkpoint(lsn));
-                }
-            } else if self.durable < self.cursor {
-                // Nothing reaches MongoDB before it is durable in the spool.
-                return None;
-            } else {
-                return Some(self.flush(selection, now));
-            }
+        // Nothing reaches MongoDB before it is durable in the spool.
+        let can_write = self.durable >= self.cursor;
+        // A flush being prepared goes on (its samples were resolved).
+        if let Some(ids) = self.flushing.take() {
+            return self.flush_or_wait(ids, can_write, now);
         }
         if self.stopping {
-            return (self.pending.count() == 0 && self.deadletters.is_empty())
-                .then_some(Action::Done);
+            if self.held() == 0 {
+                return Some(Action::Done);
+            }
+            let ids = self.pending.all();
+            return self.flush_or_wait(ids, can_write, now);
         }
         if self.policy.seal_due(now) {
+            // First every sensor holding a window the seal closes (again if
+            // more of them arrived meanwhile, a few times at most).
+            let (at, rounds) = *self.seal_at.get_or_insert((now_ms, 0));
+            let closing = match self.config.seal_grace_ms {
+                Some(grace) if rounds < SEAL_FLUSH_ROUNDS => {
+                    self.pending.holding_windows_ending_by(at - grace)
+                }
+                _ => Vec::new(),
+            };
+            if !closing.is_empty() {
+                self.seal_at = Some((at, rounds + 1));
+                return self.flush_or_wait(closing, can_write, now);
+            }
+            self.seal_at = None;
             self.busy = Some(Busy::Seal);
-            return Some(Action::Seal { now_ms });
+            return Some(Action::Seal { now_ms: at });
+        }
+        let mono = self.mono(now);
+        let pressure = self.room() == 0;
+        let deadletters_due = self
+            .deadletters_since
+            .is_some_and(|t| mono - t >= self.config.max_delay.as_millis() as i64);
+        if self.policy.may_flush(now, pressure) {
+            if !can_write {
+                self.blocked = pressure || deadletters_due || self.pending.may_be_due(mono);
+                return None;
+            }
+            let ids = self.pending.due(mono, pressure, MAX_SENSORS_PER_FLUSH);
+            if !ids.is_empty() || deadletters_due {
+                return Some(self.flush(ids, now));
+            }
         }
         if self.cursor < self.durable && self.room() > 0 {
             self.busy = Some(Busy::Read);
@@ -349,27 +442,43 @@ impl Core {
         None
     }
 
-    /// The next step of a flush of `selection`: resolve its uncertain
-    /// samples first, then write.
-    fn flush(&mut self, selection: Selection, now: Instant) -> Action {
-        let sensors = self.pending.select(selection == Selection::All);
-        let resolve: Vec<Resolve> = sensors
+    fn flush_or_wait(
+        &mut self,
+        ids: Vec<SensorId>,
+        can_write: bool,
+        now: Instant,
+    ) -> Option<Action> {
+        if can_write {
+            Some(self.flush(ids, now))
+        } else {
+            self.flushing = Some(ids);
+            self.blocked = true;
+            None
+        }
+    }
+
+    /// The next step of a flush of sensors `ids`: resolve their uncertain
+    /// samples first, then write them with the dead letters in memory.
+    fn flush(&mut self, ids: Vec<SensorId>, now: Instant) -> Action {
+        let resolve: Vec<Resolve> = ids
             .iter()
-            .filter_map(|s| {
-                let samples = self.pending.uncertain(s);
+            .filter_map(|id| {
+                let samples = self.pending.uncertain(*id);
                 (!samples.is_empty()).then(|| Resolve {
-                    sensor: s.clone(),
+                    sensor: self.pending.name(*id).to_string(),
                     samples,
                 })
             })
             .collect();
         if !resolve.is_empty() {
             self.busy = Some(Busy::Resolve);
-            self.resolving = Some(sensors);
+            self.flushing = Some(ids);
             return Action::Resolve(resolve);
         }
-        let runs = self.pending.take(&sensors);
+        self.policy.flushed(now, ids.len() >= MAX_SENSORS_PER_FLUSH);
+        let runs = self.pending.take(&ids);
         let deadletters = std::mem::take(&mut self.deadletters);
+        self.deadletters_since = None;
         let low = runs
             .iter()
             .filter_map(|r| r.samples.first().map(|s| s.lsn))
@@ -377,8 +486,6 @@ impl Core {
             .min();
         let batch = Batch { runs, deadletters };
         self.busy = Some(Busy::Write {
-            selection,
-            started: now,
             low,
             samples: batch.samples(),
             deadletters: batch.deadletters.len(),
@@ -391,12 +498,13 @@ impl Core {
     pub fn resolved(&mut self, resolution: Resolution) -> usize {
         self.busy = None;
         let mut dropped = 0;
-        if let Some(sensors) = self.resolving.take() {
-            for sensor in &sensors {
-                let mark = resolution.watermarks.get(sensor).copied();
-                dropped += self.pending.resolve(sensor, &resolution.applied, mark);
+        if let Some(ids) = &self.flushing {
+            for id in ids {
+                let mark = resolution.watermarks.get(self.pending.name(*id)).copied();
+                dropped += self.pending.resolve(*id, &resolution.applied, mark);
             }
         }
+        self.update_checkpoint();
         dropped
     }
 
@@ -409,27 +517,27 @@ impl Core {
         now: Instant,
         now_ms: i64,
     ) -> Flushed {
-        let Some(Busy::Write {
-            selection, started, ..
-        }) = self.busy.take()
-        else {
+        self.now = now;
+        if !matches!(self.busy.take(), Some(Busy::Write { .. })) {
             return Flushed::default();
-        };
+        }
         let mut report = Flushed {
             statements: written.statements as u64,
             buckets_created: written.buckets_created,
+            bytes_rewritten: written.bytes_rewritten,
             deadletters: batch.deadletters.len() as u64,
             ..Flushed::default()
         };
         let window = self.config.shape.window_ms;
         let age = metrics::histogram!(telemetry::SAMPLE_AGE_SECONDS);
+        let mono = self.mono(now);
         for mut run in batch.runs {
             let outcomes = std::mem::take(&mut run.outcomes);
             let samples = std::mem::take(&mut run.samples);
-            let mut back = Vec::new();
+            let mut back = Samples::new();
             let mut uncertain = 0;
             let mut applied_to = None;
-            for (i, sample) in samples.into_iter().enumerate() {
+            for (i, sample) in samples.iter().enumerate() {
                 match outcomes.get(i).unwrap_or(&Outcome::NotSent) {
                     Outcome::Applied => {
                         report.samples_stored += 1;
@@ -449,11 +557,11 @@ impl Core {
                             sample.lsn,
                             now_ms,
                             &run.sensor,
-                            &sample.doc,
+                            sample.doc,
                             "rejected_by_database",
                             error,
                         );
-                        self.deadletters.push((sample.lsn, doc));
+                        self.hold_deadletter((sample.lsn, doc), now);
                     }
                     Outcome::Unknown => {
                         report.unknown += 1;
@@ -463,14 +571,8 @@ impl Core {
                     Outcome::NotSent => back.push(sample),
                 }
             }
-            self.pending.put_back(run, back, uncertain, applied_to);
-        }
-        self.policy
-            .flushed(selection, started, now, written.met_errors);
-        if selection == Selection::All {
-            let shape = self.config.shape;
-            let keep_from = shape.window_start(now_ms - self.config.max_lateness_ms) - window;
-            self.pending.forget_before(keep_from);
+            self.pending
+                .put_back(run, back, uncertain, applied_to, mono);
         }
         self.update_checkpoint();
         report
@@ -478,15 +580,20 @@ impl Core {
 
     /// The report of an [`Action::Seal`] at `now_ms`: windows ending at or
     /// before `cutoff` are sealed (`None`: the seal failed, or the mode has
-    /// none). Their open-bucket memory is forgotten.
-    pub fn sealed(&mut self, now: Instant, cutoff: Option<i64>) {
+    /// none). Open-bucket memory that no write can need again is forgotten,
+    /// and with it the sensors that hold nothing.
+    pub fn sealed(&mut self, now: Instant, now_ms: i64, cutoff: Option<i64>) {
         self.busy = None;
+        self.now = now;
         self.policy.sealed(now);
+        let shape = self.config.shape;
+        // Samples older than max_lateness are refused before they get here.
+        let mut keep_from = shape.window_start(now_ms - self.config.max_lateness_ms);
         if let Some(cutoff) = cutoff {
             self.sealed_until = Some(cutoff);
-            let window = self.config.shape.window_ms;
-            self.pending.forget_before(cutoff - window + 1);
+            keep_from = keep_from.max(cutoff - shape.window_ms + 1);
         }
+        self.pending.forget_before(keep_from);
     }
 
     /// Moves the checkpoint to the lowest LSN still needed.
@@ -508,6 +615,13 @@ impl Core {
         if low > self.checkpoint_sent {
             self.checkpoint_due = Some(low);
         }
+    }
+
+    /// Checks the bookkeeping of memory (tests).
+    #[cfg(test)]
+    pub fn check(&self) {
+        self.pending
+            .check(self.flushing.as_deref().unwrap_or_default());
     }
 
     /// What is left if shutdown gives up now.

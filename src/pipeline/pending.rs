@@ -1,7 +1,18 @@
-//! What memory holds per sensor: its pending samples in LSN order, what
-//! palletd knows of its open buckets, and what is known about whether its
-//! samples may already be in MongoDB. Sans-IO.
+//! What memory holds per sensor: its pending samples (compact, in LSN
+//! order), what palletd knows of its open buckets, when its oldest pending
+//! sample arrived, and whether its samples may already be in MongoDB.
+//! Sans-IO.
 //!
+//! # When a sensor is due
+//! Like a partitioned batcher with a batch and a timer per key: a sensor is
+//! *ready* once its samples fill its open bucket (by count or bytes), and
+//! *due* once its oldest pending sample has waited `flush.max_delay`. Each
+//! time a sensor's queue goes from empty to holding something, its deadline
+//! joins a FIFO (deadlines are arrival time plus the same delay, so the
+//! FIFO is in deadline order); an entry whose sensor was flushed meanwhile
+//! is stale and skipped. Under memory pressure the oldest sensors go first.
+//!
+//! # Uncertain samples
 //! A sample is *uncertain* when it may already be in MongoDB: it was
 //! spooled by an earlier run (its LSN is below the first LSN of this run),
 //! or it was sent in a write whose result is unknown. Uncertain samples are
@@ -10,15 +21,27 @@
 //! says which. A store whose writes apply a prefix of each sensor's samples
 //! reports a *watermark* when it resolves them; with it, later replayed
 //! samples of that sensor are settled on arrival.
+//!
+//! # Bounded bookkeeping
+//! Sensors live in a slab indexed by a small id. A sensor with nothing
+//! pending and nothing remembered of open buckets is forgotten
+//! ([`Pending::forget_before`]), so 100,000 sensors that were active once
+//! do not each keep memory for ever.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
-use crate::bucket::{Sample, Shape};
-use crate::flush::{Fills, Run};
+use crate::bucket::{Fills, SampleRef, Samples, Shape};
+use crate::flush::Run;
+
+/// A sensor's index in the slab.
+pub type SensorId = u32;
 
 #[derive(Debug)]
 struct SensorState {
-    samples: Vec<Sample>,
+    name: Box<str>,
+    samples: Samples,
+    /// The episode of the current pending samples (unique across sensors).
+    episode: u64,
     /// The first `uncertain` samples may already be in MongoDB.
     uncertain: usize,
     /// Samples of this sensor with a lower LSN may be in MongoDB (unless
@@ -29,6 +52,11 @@ struct SensorState {
     watermark: Option<u64>,
     fills: Fills,
     ready: bool,
+    /// Its samples are out in a write.
+    in_flight: bool,
+    /// How many samples and bytes it held when last taken: the room to
+    /// reserve when it starts holding again (no growing copy by copy).
+    last_taken: (u32, u32),
 }
 
 /// What became of a sample offered to memory.
@@ -45,19 +73,35 @@ pub struct Pending {
     shape: Shape,
     /// LSNs below this were spooled by an earlier run.
     fresh_from: u64,
-    sensors: HashMap<String, SensorState>,
-    ready: Vec<String>,
+    max_delay_ms: i64,
+    names: HashMap<Box<str>, SensorId>,
+    slots: Vec<Option<SensorState>>,
+    free: Vec<SensorId>,
+    /// (due ms, sensor, episode) in the order the episodes began.
+    deadlines: VecDeque<(i64, SensorId, u64)>,
+    /// (first pending LSN, sensor): the lowest LSN memory needs.
+    firsts: BTreeSet<(u64, SensorId)>,
+    ready: Vec<SensorId>,
+    episodes: u64,
     count: usize,
+    bytes: usize,
 }
 
 impl Pending {
-    pub fn new(shape: Shape, fresh_from: u64) -> Pending {
+    pub fn new(shape: Shape, fresh_from: u64, max_delay_ms: i64) -> Pending {
         Pending {
             shape,
             fresh_from,
-            sensors: HashMap::new(),
+            max_delay_ms,
+            names: HashMap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            deadlines: VecDeque::new(),
+            firsts: BTreeSet::new(),
             ready: Vec::new(),
+            episodes: 0,
             count: 0,
+            bytes: 0,
         }
     }
 
@@ -70,55 +114,116 @@ impl Pending {
         self.count
     }
 
+    /// Document bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// Number of sensors held in memory.
     pub fn sensors(&self) -> usize {
-        self.sensors.len()
+        self.names.len()
     }
 
-    pub fn has_ready(&self) -> bool {
-        !self.ready.is_empty()
+    fn state(&self, id: SensorId) -> Option<&SensorState> {
+        self.slots.get(id as usize).and_then(|s| s.as_ref())
     }
 
-    fn state(&mut self, sensor: &str) -> &mut SensorState {
-        if !self.sensors.contains_key(sensor) {
-            self.sensors.insert(
-                sensor.to_string(),
-                SensorState {
-                    samples: Vec::new(),
-                    uncertain: 0,
-                    uncertain_below: self.fresh_from,
-                    watermark: None,
-                    fills: Fills::new(),
-                    ready: false,
-                },
-            );
+    fn state_mut(&mut self, id: SensorId) -> Option<&mut SensorState> {
+        self.slots.get_mut(id as usize).and_then(|s| s.as_mut())
+    }
+
+    /// The id of `sensor`, made if it is new.
+    fn id(&mut self, sensor: &str) -> SensorId {
+        if let Some(id) = self.names.get(sensor) {
+            return *id;
         }
-        self.sensors.get_mut(sensor).expect("inserted above")
+        let name: Box<str> = sensor.into();
+        let state = SensorState {
+            name: name.clone(),
+            samples: Samples::new(),
+            episode: 0,
+            uncertain: 0,
+            uncertain_below: self.fresh_from,
+            watermark: None,
+            fills: Fills::new(),
+            ready: false,
+            in_flight: false,
+            last_taken: (0, 0),
+        };
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.slots[id as usize] = Some(state);
+                id
+            }
+            None => {
+                self.slots.push(Some(state));
+                (self.slots.len() - 1) as SensorId
+            }
+        };
+        self.names.insert(name, id);
+        id
     }
 
-    /// Adds a sample to its sensor's queue (LSN order).
-    pub fn push(&mut self, sensor: &str, sample: Sample) -> Pushed {
-        let s = self.state(sensor);
+    /// The name of a sensor.
+    pub fn name(&self, id: SensorId) -> &str {
+        self.state(id).map_or("", |s| &s.name)
+    }
+
+    /// Adds a sample that arrived at `now_ms` to its sensor's queue.
+    pub fn push(&mut self, sensor: &str, sample: SampleRef<'_>, now_ms: i64) -> Pushed {
+        let id = self.id(sensor);
+        let Some(s) = self.state_mut(id) else {
+            return Pushed::Held;
+        };
         let uncertain = sample.lsn < s.uncertain_below
             && match s.watermark {
                 Some(w) if sample.lsn <= w => return Pushed::AlreadyApplied,
                 Some(_) => false,
                 None => true,
             };
+        let starts = s.samples.is_empty();
+        if starts {
+            s.samples
+                .reserve(s.last_taken.0 as usize, s.last_taken.1 as usize);
+        }
         s.samples.push(sample);
         if uncertain {
             // Uncertain samples stay a prefix of the queue.
             s.uncertain = s.samples.len();
         }
         self.count += 1;
-        self.update_ready(sensor);
+        self.bytes += sample.bytes() as usize;
+        if starts {
+            self.begin_episode(id, now_ms + self.max_delay_ms, false);
+        }
+        self.update_ready(id);
         Pushed::Held
     }
 
+    /// The sensor's queue began to hold something: its deadline joins the
+    /// FIFO (at the front when it is due at once), its first LSN the set.
+    fn begin_episode(&mut self, id: SensorId, due_ms: i64, at_once: bool) {
+        self.episodes += 1;
+        let episode = self.episodes;
+        let Some(s) = self.state_mut(id) else {
+            return;
+        };
+        s.episode = episode;
+        let first = s.samples.first().map(|x| x.lsn);
+        if at_once {
+            self.deadlines.push_front((due_ms, id, episode));
+        } else {
+            self.deadlines.push_back((due_ms, id, episode));
+        }
+        if let Some(first) = first {
+            self.firsts.insert((first, id));
+        }
+    }
+
     /// A sensor is ready once its samples can fill its open bucket.
-    fn update_ready(&mut self, sensor: &str) {
-        let max = self.shape.max_samples as usize;
-        let Some(s) = self.sensors.get_mut(sensor) else {
+    fn update_ready(&mut self, id: SensorId) {
+        let shape = self.shape;
+        let Some(s) = self.state_mut(id) else {
             return;
         };
         let Some(last) = s.samples.last() else {
@@ -127,154 +232,296 @@ impl Pending {
         if s.ready {
             return;
         }
-        let start = self.shape.window_start(last.ts_ms);
-        let filled = s.fills.get(&start).map_or(0, |f| f.count) as usize;
-        if filled + s.samples.len() >= max {
+        let start = shape.window_start(last.ts_ms);
+        let fill = s.fills.get(&start).copied().unwrap_or_default();
+        let full = fill.count as usize + s.samples.len() >= shape.max_samples as usize
+            || fill.bytes as usize + s.samples.bytes() >= shape.max_bytes as usize;
+        if full {
             s.ready = true;
-            self.ready.push(sensor.to_string());
+            self.ready.push(id);
         }
     }
 
-    /// The sensors a flush of `all` (else: of the ready ones) takes.
-    pub fn select(&self, all: bool) -> Vec<String> {
-        if all {
-            self.sensors
-                .iter()
-                .filter(|(_, s)| !s.samples.is_empty())
-                .map(|(n, _)| n.clone())
-                .collect()
-        } else {
-            self.ready
-                .iter()
-                .filter(|n| self.sensors.get(*n).is_some_and(|s| !s.samples.is_empty()))
-                .cloned()
-                .collect()
+    /// The sensors a flush at `now_ms` takes, at most `max` of them: the
+    /// ready ones, those whose oldest sample waited long enough, and, under
+    /// `pressure`, the oldest others until half of memory is taken. Stale
+    /// deadlines are dropped; due sensors beyond `max` wait for the next.
+    pub fn due(&mut self, now_ms: i64, pressure: bool, max: usize) -> Vec<SensorId> {
+        let mut ready: Vec<SensorId> = std::mem::take(&mut self.ready)
+            .into_iter()
+            .filter(|id| {
+                self.state(*id)
+                    .is_some_and(|s| s.ready && !s.samples.is_empty())
+            })
+            .collect();
+        if ready.len() > max {
+            self.ready = ready.split_off(max);
         }
+        let mut out = ready;
+        let mut chosen: HashSet<SensorId> = out.iter().copied().collect();
+        let mut taken: usize = out
+            .iter()
+            .filter_map(|id| self.state(*id))
+            .map(|s| s.samples.len())
+            .sum();
+        while out.len() < max {
+            let Some(&(due, id, episode)) = self.deadlines.front() else {
+                break;
+            };
+            let live = self
+                .state(id)
+                .is_some_and(|s| s.episode == episode && !s.samples.is_empty());
+            if !live {
+                self.deadlines.pop_front();
+                continue;
+            }
+            if due > now_ms && !(pressure && taken * 2 < self.count) {
+                break;
+            }
+            self.deadlines.pop_front();
+            if chosen.insert(id) {
+                taken += self.state(id).map_or(0, |s| s.samples.len());
+                out.push(id);
+            }
+        }
+        out
     }
 
-    /// (lsn, ts) of the uncertain samples of `sensor`.
-    pub fn uncertain(&self, sensor: &str) -> Vec<(u64, i64)> {
-        self.sensors.get(sensor).map_or_else(Vec::new, |s| {
-            s.samples[..s.uncertain]
-                .iter()
-                .map(|x| (x.lsn, x.ts_ms))
-                .collect()
-        })
+    /// Whether a flush at `now_ms` may find a sensor due (a cheap look that
+    /// may say yes for a deadline that turns out stale).
+    pub fn may_be_due(&self, now_ms: i64) -> bool {
+        !self.ready.is_empty() || self.deadlines.front().is_some_and(|d| d.0 <= now_ms)
     }
 
-    /// Settles the uncertain samples of `sensor`: those in `applied` are in
+    /// When the oldest pending sensor falls due (it may be stale).
+    pub fn next_due_ms(&self) -> Option<i64> {
+        self.deadlines.front().map(|d| d.0)
+    }
+
+    /// Every sensor with pending samples.
+    pub fn all(&self) -> Vec<SensorId> {
+        self.names
+            .values()
+            .copied()
+            .filter(|id| self.state(*id).is_some_and(|s| !s.samples.is_empty()))
+            .collect()
+    }
+
+    /// The sensors holding a sample of a window that ends at or before
+    /// `cutoff_ms` (the closer is about to seal it).
+    pub fn holding_windows_ending_by(&self, cutoff_ms: i64) -> Vec<SensorId> {
+        let window = self.shape.window_ms;
+        self.names
+            .values()
+            .copied()
+            .filter(|id| {
+                self.state(*id).is_some_and(|s| {
+                    s.samples
+                        .keys()
+                        .any(|(_, ts)| self.shape.window_start(ts) + window <= cutoff_ms)
+                })
+            })
+            .collect()
+    }
+
+    /// (lsn, ts) of the uncertain samples of a sensor.
+    pub fn uncertain(&self, id: SensorId) -> Vec<(u64, i64)> {
+        self.state(id)
+            .map_or_else(Vec::new, |s| s.samples.keys().take(s.uncertain).collect())
+    }
+
+    /// Settles the uncertain samples of a sensor: those in `applied` are in
     /// MongoDB and leave memory; the others are certainly not. Returns how
     /// many left.
     pub fn resolve(
         &mut self,
-        sensor: &str,
-        applied: &std::collections::HashSet<u64>,
+        id: SensorId,
+        applied: &HashSet<u64>,
         watermark: Option<u64>,
     ) -> usize {
-        let Some(s) = self.sensors.get_mut(sensor) else {
+        let Some(s) = self.state_mut(id) else {
             return 0;
         };
         let n = s.uncertain;
-        let mut kept = Vec::with_capacity(s.samples.len());
-        let mut dropped = 0;
-        for (i, x) in s.samples.drain(..).enumerate() {
-            if i < n && applied.contains(&x.lsn) {
-                dropped += 1;
-            } else {
-                kept.push(x);
-            }
-        }
-        s.samples = kept;
+        let first_before = s.samples.first().map(|x| x.lsn);
+        let (count, bytes) = (s.samples.len(), s.samples.bytes());
+        let mut i = 0;
+        s.samples.retain(|x| {
+            i += 1;
+            !(i <= n && applied.contains(&x.lsn))
+        });
         s.uncertain = 0;
         if watermark.is_some() {
             s.watermark = watermark;
         }
+        let dropped = count - s.samples.len();
+        let bytes = bytes - s.samples.bytes();
+        let first_after = s.samples.first().map(|x| x.lsn);
         self.count -= dropped;
+        self.bytes -= bytes;
+        if first_before != first_after {
+            if let Some(f) = first_before {
+                self.firsts.remove(&(f, id));
+            }
+            if let Some(f) = first_after {
+                self.firsts.insert((f, id));
+            }
+        }
         dropped
     }
 
-    /// Takes the samples and open-bucket memory of `sensors` for a flush.
-    /// They must hold no uncertain samples.
-    pub fn take(&mut self, sensors: &[String]) -> Vec<Run> {
-        let mut runs = Vec::with_capacity(sensors.len());
-        for name in sensors {
-            let Some(s) = self.sensors.get_mut(name) else {
+    /// Takes the samples and open-bucket memory of `ids` for a flush. They
+    /// must hold no uncertain samples.
+    pub fn take(&mut self, ids: &[SensorId]) -> Vec<Run> {
+        let mut runs = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let Some(s) = self.slots.get_mut(id as usize).and_then(|s| s.as_mut()) else {
                 continue;
             };
+            if s.samples.is_empty() {
+                continue;
+            }
             debug_assert_eq!(s.uncertain, 0, "resolved before the write");
+            if let Some(first) = s.samples.first() {
+                self.firsts.remove(&(first.lsn, id));
+            }
             self.count -= s.samples.len();
+            self.bytes -= s.samples.bytes();
+            s.last_taken = (s.samples.len() as u32, s.samples.bytes() as u32);
             s.ready = false;
+            s.in_flight = true;
             runs.push(Run {
-                sensor: name.clone(),
+                sensor: s.name.to_string(),
                 samples: std::mem::take(&mut s.samples),
                 fills: std::mem::take(&mut s.fills),
                 outcomes: Vec::new(),
             });
         }
-        self.ready
-            .retain(|n| self.sensors.get(n).is_some_and(|s| s.ready));
         runs
     }
 
     /// Returns a run after its write: `back` are its samples that are not
     /// in MongoDB for sure (unknown or not sent), in LSN order, the first
     /// `uncertain` of them of unknown fate; `applied_to` is the highest LSN
-    /// applied. They go before what arrived meanwhile.
+    /// applied. They go before what arrived meanwhile, and are due at once.
     pub fn put_back(
         &mut self,
         run: Run,
-        back: Vec<Sample>,
+        back: Samples,
         uncertain: usize,
         applied_to: Option<u64>,
+        now_ms: i64,
     ) {
-        let s = self.state(&run.sensor);
+        let id = self.id(&run.sensor);
+        let Some(s) = self.slots.get_mut(id as usize).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        s.in_flight = false;
         s.fills = run.fills;
         if let (Some(w), Some(a)) = (s.watermark, applied_to) {
             s.watermark = Some(w.max(a));
         }
+        if back.is_empty() {
+            self.update_ready(id);
+            return;
+        }
         if uncertain > 0 {
             // The prefix rule's mark is no longer known.
             s.watermark = None;
-            let last = back[..uncertain].iter().map(|x| x.lsn).max().unwrap_or(0);
+            let last = back.keys().take(uncertain).map(|k| k.0).max().unwrap_or(0);
             s.uncertain_below = s.uncertain_below.max(last + 1);
         }
-        let arrived = std::mem::take(&mut s.samples);
+        if let Some(first) = s.samples.first() {
+            self.firsts.remove(&(first.lsn, id));
+        }
+        let arrived = std::mem::replace(&mut s.samples, back);
         let newer_uncertain = s.uncertain;
+        let returned = s.samples.len();
         s.uncertain = if newer_uncertain > 0 {
-            back.len() + newer_uncertain
+            returned + newer_uncertain
         } else {
             uncertain
         };
-        let returned = back.len();
-        s.samples = back;
-        s.samples.extend(arrived);
         self.count += returned;
-        self.update_ready(&run.sensor);
+        self.bytes += s.samples.bytes();
+        s.samples.append(&arrived);
+        self.begin_episode(id, now_ms, true);
+        self.update_ready(id);
     }
 
     /// The lowest LSN held, if any.
     pub fn min_lsn(&self) -> Option<u64> {
-        self.sensors
-            .values()
-            .filter_map(|s| s.samples.first().map(|x| x.lsn))
-            .min()
+        self.firsts.first().map(|f| f.0)
     }
 
     /// Forgets open-bucket memory of windows that started before `start_ms`
-    /// and drops sensors with nothing pending and nothing remembered, so
-    /// memory follows the sensors that are active.
+    /// and drops sensors with nothing pending, nothing remembered and
+    /// nothing in flight, so memory follows the sensors that are active.
     pub fn forget_before(&mut self, start_ms: i64) {
-        self.sensors.retain(|_, s| {
+        let mut gone = Vec::new();
+        for (id, slot) in self.slots.iter_mut().enumerate() {
+            let Some(s) = slot else { continue };
             s.fills.retain(|w, _| *w >= start_ms);
             // A dropped sensor's watermark is learned again if it returns.
-            !s.samples.is_empty() || !s.fills.is_empty()
-        });
+            if s.samples.is_empty() && s.fills.is_empty() && !s.in_flight {
+                gone.push((id as SensorId, s.name.clone()));
+                *slot = None;
+            }
+        }
+        for (id, name) in gone {
+            self.names.remove(&name);
+            self.free.push(id);
+        }
+        if self.names.is_empty() {
+            // Nothing left: give the slab back too.
+            self.slots = Vec::new();
+            self.free = Vec::new();
+        }
+        self.deadlines.shrink_to_fit();
+    }
+}
+
+impl Pending {
+    /// Checks the bookkeeping against what is held (tests).
+    #[cfg(test)]
+    pub fn check(&self, flushing: &[SensorId]) {
+        let states: Vec<&SensorState> = self.slots.iter().flatten().collect();
+        assert_eq!(states.len(), self.names.len(), "one name per sensor");
+        assert_eq!(
+            self.count,
+            states.iter().map(|s| s.samples.len()).sum::<usize>(),
+            "count"
+        );
+        assert_eq!(
+            self.bytes,
+            states.iter().map(|s| s.samples.bytes()).sum::<usize>(),
+            "bytes"
+        );
+        let firsts: BTreeSet<(u64, SensorId)> = self
+            .names
+            .values()
+            .filter_map(|id| Some((self.state(*id)?.samples.first()?.lsn, *id)))
+            .collect();
+        assert_eq!(firsts, self.firsts, "first LSNs");
+        for s in &states {
+            assert!(s.uncertain <= s.samples.len());
+            let id = self.names[&s.name];
+            if !s.samples.is_empty() && !flushing.contains(&id) {
+                let live = self.deadlines.iter().any(|d| d.2 == s.episode);
+                let ready = self
+                    .ready
+                    .iter()
+                    .any(|id| self.state(*id).is_some_and(|x| x.episode == s.episode));
+                assert!(live || ready || s.ready, "{} has a deadline", s.name);
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bucket::Sample;
     use crate::decode::{FieldValue, Reading};
 
     const SHAPE: Shape = Shape {
@@ -294,51 +541,131 @@ mod tests {
         )
     }
 
+    fn names(p: &Pending, ids: &[SensorId]) -> Vec<String> {
+        let mut v: Vec<String> = ids.iter().map(|id| p.name(*id).to_string()).collect();
+        v.sort();
+        v
+    }
+
     #[test]
-    fn sensor_becomes_ready_when_it_can_fill_its_bucket() {
-        let mut p = Pending::new(SHAPE, 0);
-        p.push("a", sample(0, 1));
-        p.push("b", sample(0, 2));
-        p.push("a", sample(1, 3));
-        assert!(!p.has_ready());
-        p.push("a", sample(2, 4));
-        assert!(p.has_ready());
-        assert_eq!(p.select(false), vec!["a".to_string()]);
-        let runs = p.take(&p.select(false));
+    fn a_sensor_is_due_when_it_fills_its_bucket_or_its_oldest_sample_waited() {
+        let mut p = Pending::new(SHAPE, 0, 1000);
+        p.push("a", sample(0, 1).as_ref(), 0);
+        p.push("b", sample(0, 2).as_ref(), 100);
+        p.push("a", sample(1, 3).as_ref(), 200);
+        assert!(
+            p.due(900, false, usize::MAX).is_empty(),
+            "nothing full, nothing old"
+        );
+        p.push("a", sample(2, 4).as_ref(), 300);
+        let due = p.due(900, false, usize::MAX);
+        assert_eq!(names(&p, &due), vec!["a"], "a fills its bucket");
+        let runs = p.take(&due);
         assert_eq!(runs[0].samples.len(), 3);
         assert_eq!(p.count(), 1);
-        assert!(!p.has_ready());
+        assert!(
+            p.due(1099, false, usize::MAX).is_empty(),
+            "a's deadline went with it"
+        );
+        let due = p.due(1100, false, usize::MAX);
+        assert_eq!(names(&p, &due), vec!["b"], "b's oldest waited 1 s");
+    }
+
+    #[test]
+    fn a_flush_takes_at_most_so_many_sensors_and_the_rest_wait_their_turn() {
+        let mut p = Pending::new(SHAPE, 0, 1000);
+        for i in 0..5u64 {
+            p.push(&format!("s{i}"), sample(0, i + 1).as_ref(), i as i64);
+        }
+        let first = p.due(2000, false, 2);
+        assert_eq!(names(&p, &first), vec!["s0", "s1"], "the oldest first");
+        p.take(&first);
+        let second = p.due(2000, false, 2);
+        assert_eq!(names(&p, &second), vec!["s2", "s3"]);
+    }
+
+    #[test]
+    fn under_pressure_the_oldest_go_first_until_half_is_taken() {
+        let mut p = Pending::new(SHAPE, 0, 10_000);
+        for (i, sensor) in ["a", "b", "c", "d"].iter().enumerate() {
+            p.push(sensor, sample(0, i as u64 + 1).as_ref(), i as i64);
+        }
+        assert!(p.due(10, false, usize::MAX).is_empty());
+        let due = p.due(10, true, usize::MAX);
+        assert_eq!(names(&p, &due), vec!["a", "b"]);
+        assert_eq!(p.min_lsn(), Some(1));
     }
 
     #[test]
     fn replayed_samples_are_uncertain_until_resolved_and_the_watermark_settles_later_ones() {
-        let mut p = Pending::new(SHAPE, 100);
-        p.push("a", sample(0, 10));
-        p.push("a", sample(0, 11));
-        assert_eq!(p.uncertain("a"), vec![(10, 0), (11, 0)]);
-        let dropped = p.resolve("a", &[10].into_iter().collect(), Some(10));
+        let mut p = Pending::new(SHAPE, 100, 1000);
+        p.push("a", sample(0, 10).as_ref(), 0);
+        p.push("a", sample(0, 11).as_ref(), 0);
+        let a = p.names["a"];
+        assert_eq!(p.uncertain(a), vec![(10, 0), (11, 0)]);
+        let dropped = p.resolve(a, &[10].into_iter().collect(), Some(10));
         assert_eq!(dropped, 1);
-        assert!(p.uncertain("a").is_empty());
-        assert_eq!(p.push("a", sample(0, 9)), Pushed::AlreadyApplied);
-        assert_eq!(p.push("a", sample(0, 12)), Pushed::Held);
-        assert!(p.uncertain("a").is_empty(), "above the watermark: certain");
-        assert_eq!(p.push("a", sample(0, 150)), Pushed::Held, "this run's");
+        assert!(p.uncertain(a).is_empty());
+        assert_eq!(p.min_lsn(), Some(11));
+        assert_eq!(
+            p.push("a", sample(0, 9).as_ref(), 0),
+            Pushed::AlreadyApplied
+        );
+        assert_eq!(p.push("a", sample(0, 12).as_ref(), 0), Pushed::Held);
+        assert!(p.uncertain(a).is_empty(), "above the watermark: certain");
+        assert_eq!(
+            p.push("a", sample(0, 150).as_ref(), 0),
+            Pushed::Held,
+            "this run's"
+        );
         assert_eq!(p.count(), 3);
     }
 
     #[test]
-    fn unknown_samples_go_back_to_the_front_as_uncertain() {
-        let mut p = Pending::new(SHAPE, 0);
-        p.push("a", sample(0, 1));
-        p.push("a", sample(0, 2));
-        let mut run = p.take(&["a".to_string()]).remove(0);
-        p.push("a", sample(0, 3));
+    fn unknown_samples_go_back_to_the_front_as_uncertain_and_due() {
+        let mut p = Pending::new(SHAPE, 0, 1000);
+        p.push("a", sample(0, 1).as_ref(), 0);
+        p.push("a", sample(0, 2).as_ref(), 0);
+        let a = p.names["a"];
+        let mut run = p.take(&[a]).remove(0);
+        p.push("a", sample(0, 3).as_ref(), 50);
         let back = std::mem::take(&mut run.samples);
-        p.put_back(run, back, 2, None);
-        assert_eq!(p.uncertain("a"), vec![(1, 0), (2, 0)]);
+        p.put_back(run, back, 2, None, 100);
+        assert_eq!(p.uncertain(a), vec![(1, 0), (2, 0)]);
         assert_eq!(p.min_lsn(), Some(1));
         assert_eq!(p.count(), 3);
+        let due = p.due(100, false, usize::MAX);
+        assert_eq!(names(&p, &due), vec!["a"], "due at once");
         p.forget_before(i64::MAX);
         assert_eq!(p.sensors(), 1, "a sensor with samples stays");
+    }
+
+    #[test]
+    fn idle_sensors_are_forgotten_and_their_ids_reused() {
+        let mut p = Pending::new(SHAPE, 0, 1000);
+        for i in 0..100u64 {
+            p.push(&format!("s{i}"), sample(0, i + 1).as_ref(), 0);
+        }
+        let all = p.all();
+        for mut run in p.take(&all) {
+            let samples = std::mem::take(&mut run.samples);
+            assert_eq!(samples.len(), 1);
+            p.put_back(run, Samples::new(), 0, None, 0);
+        }
+        assert_eq!(p.sensors(), 100);
+        p.forget_before(i64::MAX);
+        assert_eq!(p.sensors(), 0, "nothing pending, nothing remembered");
+        p.push("new", sample(0, 500).as_ref(), 0);
+        assert_eq!(p.sensors(), 1);
+        assert_eq!(p.count(), 1);
+    }
+
+    #[test]
+    fn the_closer_learns_which_sensors_hold_a_window_it_is_about_to_seal() {
+        let mut p = Pending::new(SHAPE, 0, 1000);
+        p.push("old", sample(0, 1).as_ref(), 0);
+        p.push("new", sample(60_000, 2).as_ref(), 0);
+        assert_eq!(names(&p, &p.holding_windows_ending_by(60_000)), vec!["old"]);
+        assert!(p.holding_windows_ending_by(59_999).is_empty());
     }
 }

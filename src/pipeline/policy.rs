@@ -1,127 +1,64 @@
-//! The flush policy: which sensors to flush, and when to seal. Sans-IO: it
-//! is told the time and what memory holds, and answers "should I now?".
+//! The flush policy: when a flush may start, and when to seal. Sans-IO: it
+//! is told the time and answers "should I now?"; which sensors a flush
+//! takes is [`super::pending::Pending::due`]'s answer (ready, overdue, or
+//! the oldest under memory pressure).
 //!
-//! - Every `flush.interval` everything is flushed; a sensor earlier, once
-//!   it holds enough samples to fill its open bucket (it is *ready*).
-//! - Everything at once when memory is full (`flush.max_pending_samples`),
-//!   right after samples were read back from the spool, and at shutdown.
-//! - Every `closer.interval`: one flush of everything, then a seal, so
-//!   what arrived before the seal is in its bucket when it is sealed. The
-//!   first seal is due at start (it also sets the collection up early).
-//! - Pacing by the database: when an interval flush took more than half
-//!   the interval (and met no database error: after an outage the time went
-//!   into retries), the next one waits as long as it took, so the database
-//!   is busy about half the time at most and, under load, each statement
-//!   carries more samples instead of the database receiving the same number
-//!   of ever smaller statements.
+//! - A flush starts at most once per *tick* (a tenth of `flush.max_delay`,
+//!   between 10 ms and 1 s), so sensors falling due close together share
+//!   one command; at once after a full flush (one that took as many sensors
+//!   as a flush may), under memory pressure and at shutdown.
+//! - Pacing by the database comes from there being one flush at a time:
+//!   when the database is the bottleneck, a flush takes longer, more
+//!   sensors fall due meanwhile and wait longer, so the next command
+//!   carries more sensors and each statement more samples.
+//! - Every `closer.interval` a seal, after the sensors holding samples of
+//!   the windows it closes were flushed (the pipeline core sees to that).
+//!   The first seal is due at start (it also sets the collection up early).
 
 use std::time::{Duration, Instant};
 
-/// Which sensors a flush takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Selection {
-    /// Every sensor with pending samples.
-    All,
-    /// Only the sensors that can fill their open bucket.
-    Ready,
-}
-
-/// What the policy needs to know of memory.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Memory {
-    /// Samples and dead letters waiting to be written.
-    pub pending: usize,
-    pub max_pending: usize,
-    /// Some sensor can fill its open bucket.
-    pub has_ready: bool,
-}
-
 #[derive(Debug)]
 pub struct FlushPolicy {
-    flush_every: Duration,
+    tick: Duration,
     seal_every: Duration,
     next_flush: Instant,
     next_seal: Instant,
-    /// A flush of everything is due regardless of the clock.
-    all_now: bool,
-    /// The flush before a due seal is done: seal next.
-    seal_ready: bool,
 }
 
 impl FlushPolicy {
-    pub fn new(flush_every: Duration, seal_every: Duration, now: Instant) -> FlushPolicy {
+    pub fn new(max_delay: Duration, seal_every: Duration, now: Instant) -> FlushPolicy {
         FlushPolicy {
-            flush_every,
+            tick: Self::tick_of(max_delay),
             seal_every,
-            next_flush: now + flush_every,
+            next_flush: now,
             next_seal: now,
-            all_now: false,
-            seal_ready: false,
         }
     }
 
-    /// What to flush at `now`, if anything.
-    pub fn due(&self, now: Instant, memory: Memory) -> Option<Selection> {
-        let all = self.all_now
-            || memory.pending >= memory.max_pending
-            || now >= self.next_flush
-            || (now >= self.next_seal && !self.seal_ready);
-        if all {
-            Some(Selection::All)
-        } else if memory.has_ready {
-            Some(Selection::Ready)
-        } else {
-            None
-        }
+    /// A tenth of the delay, between 10 ms and 1 s.
+    pub fn tick_of(max_delay: Duration) -> Duration {
+        (max_delay / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
     }
 
-    /// Flush everything as soon as possible (after a read from the spool,
-    /// at shutdown).
-    pub fn flush_all_now(&mut self) {
-        self.all_now = true;
+    /// Whether a flush may start at `now` (`urgent`: memory is full, or
+    /// shutdown).
+    pub fn may_flush(&self, now: Instant, urgent: bool) -> bool {
+        urgent || now >= self.next_flush
     }
 
-    /// A flush of `selection` that started at `started` ended at `now`;
-    /// `met_errors`: the database failed meanwhile.
-    pub fn flushed(
-        &mut self,
-        selection: Selection,
-        started: Instant,
-        now: Instant,
-        met_errors: bool,
-    ) {
-        if selection != Selection::All {
-            return;
-        }
-        self.all_now = false;
-        if started >= self.next_seal {
-            self.seal_ready = true;
-        }
-        if started >= self.next_flush {
-            let took = now.saturating_duration_since(started);
-            self.next_flush = if took * 2 > self.flush_every && !met_errors {
-                now + took
-            } else {
-                // The interval's own rhythm; when ticks were missed, one
-                // interval after this flush started.
-                let scheduled = self.next_flush + self.flush_every;
-                if scheduled < started {
-                    started + self.flush_every
-                } else {
-                    scheduled
-                }
-            };
-        }
+    /// A flush started at `started`; `full`: it took as many sensors as a
+    /// flush may, so more may be due right away.
+    pub fn flushed(&mut self, started: Instant, full: bool) {
+        self.next_flush = if full { started } else { started + self.tick };
     }
 
-    /// Whether a seal is due now (its flush done).
+    /// Whether a seal is due now.
     pub fn seal_due(&self, now: Instant) -> bool {
-        self.seal_ready && now >= self.next_seal
+        now >= self.next_seal
     }
 
     /// A seal ran at `now` (successfully or not: the next one retries).
     pub fn sealed(&mut self, now: Instant) {
-        self.seal_ready = false;
         let scheduled = self.next_seal + self.seal_every;
         self.next_seal = if scheduled < now {
             now + self.seal_every
@@ -130,9 +67,11 @@ impl FlushPolicy {
         };
     }
 
-    /// When the policy wants to be asked again at the latest.
-    pub fn deadline(&self) -> Instant {
-        self.next_flush.min(self.next_seal)
+    /// When to be asked again at the latest, given when the oldest pending
+    /// sensor falls due.
+    pub fn deadline(&self, next_due: Option<Instant>) -> Instant {
+        let flush = next_due.map(|d| d.max(self.next_flush));
+        flush.map_or(self.next_seal, |f| f.min(self.next_seal))
     }
 }
 
@@ -142,84 +81,47 @@ mod tests {
 
     const SEC: Duration = Duration::from_secs(1);
 
-    fn memory(pending: usize, has_ready: bool) -> Memory {
-        Memory {
-            pending,
-            max_pending: 100,
-            has_ready,
-        }
+    #[test]
+    fn flushes_start_at_most_once_a_tick_unless_urgent() {
+        let t0 = Instant::now();
+        let mut p = FlushPolicy::new(10 * SEC, 60 * SEC, t0);
+        assert_eq!(FlushPolicy::tick_of(10 * SEC), SEC);
+        assert_eq!(
+            FlushPolicy::tick_of(Duration::from_millis(50)),
+            Duration::from_millis(10)
+        );
+        assert!(p.may_flush(t0, false));
+        p.flushed(t0, false);
+        assert!(!p.may_flush(t0 + SEC / 2, false));
+        assert!(p.may_flush(t0 + SEC / 2, true), "memory full");
+        assert!(p.may_flush(t0 + SEC, false));
+        p.flushed(t0 + SEC, true);
+        assert!(p.may_flush(t0 + SEC, false), "after a full flush at once");
     }
 
     #[test]
-    fn a_seal_is_due_at_start_after_one_flush_of_everything() {
+    fn a_seal_is_due_at_start_and_then_every_interval() {
         let t0 = Instant::now();
-        let mut p = FlushPolicy::new(SEC, 60 * SEC, t0);
-        assert_eq!(p.due(t0, memory(0, false)), Some(Selection::All));
-        assert!(!p.seal_due(t0), "the flush comes first");
-        p.flushed(Selection::All, t0, t0, false);
+        let mut p = FlushPolicy::new(10 * SEC, 60 * SEC, t0);
         assert!(p.seal_due(t0));
         p.sealed(t0);
         assert!(!p.seal_due(t0 + 59 * SEC));
-        assert_eq!(p.due(t0, memory(5, false)), None);
-        assert_eq!(p.deadline(), t0 + SEC);
+        assert!(p.seal_due(t0 + 60 * SEC));
+        // Late: the next one an interval after this one.
+        p.sealed(t0 + 200 * SEC);
+        assert!(!p.seal_due(t0 + 259 * SEC));
+        assert!(p.seal_due(t0 + 260 * SEC));
     }
 
     #[test]
-    fn ready_sensors_go_early_and_everything_at_the_interval() {
+    fn the_deadline_is_the_next_due_sensor_or_seal() {
         let t0 = Instant::now();
-        let mut p = FlushPolicy::new(SEC, 60 * SEC, t0);
-        p.flushed(Selection::All, t0, t0, false);
+        let mut p = FlushPolicy::new(10 * SEC, 60 * SEC, t0);
         p.sealed(t0);
-        assert_eq!(p.due(t0, memory(5, true)), Some(Selection::Ready));
-        p.flushed(Selection::Ready, t0, t0, false);
-        assert_eq!(
-            p.due(t0 + SEC, memory(5, false)),
-            Some(Selection::All),
-            "a ready flush does not move the interval"
-        );
-        assert_eq!(
-            p.due(t0, memory(100, false)),
-            Some(Selection::All),
-            "memory full"
-        );
-        p.flush_all_now();
-        assert_eq!(p.due(t0, memory(1, false)), Some(Selection::All));
-    }
-
-    #[test]
-    fn a_slow_flush_delays_the_next_by_its_duration_unless_it_met_errors() {
-        let t0 = Instant::now();
-        let mut p = FlushPolicy::new(SEC, 600 * SEC, t0);
-        p.flushed(Selection::All, t0, t0, false);
-        p.sealed(t0);
-        let t1 = t0 + SEC;
-        p.flushed(Selection::All, t1, t1 + 3 * SEC, false);
-        assert_eq!(
-            p.deadline(),
-            t1 + 6 * SEC,
-            "waits as long as the flush took"
-        );
-        let t2 = t1 + 6 * SEC;
-        p.flushed(Selection::All, t2, t2 + 30 * SEC, true);
-        assert!(
-            p.deadline() <= t2 + 30 * SEC,
-            "after an outage the next flush is not held back"
-        );
-        let t3 = t2 + 30 * SEC;
-        p.flushed(Selection::All, t3, t3 + SEC / 10, false);
-        assert_eq!(p.deadline(), t3 + SEC, "a quick flush keeps the rhythm");
-    }
-
-    #[test]
-    fn a_busy_pipeline_still_seals() {
-        let t0 = Instant::now();
-        let mut p = FlushPolicy::new(SEC, 10 * SEC, t0);
-        p.flushed(Selection::All, t0, t0, false);
-        p.sealed(t0);
-        let t = t0 + 10 * SEC;
-        assert_eq!(p.due(t, memory(50, false)), Some(Selection::All));
-        p.flushed(Selection::All, t, t, false);
-        assert!(p.seal_due(t), "one flush, then the seal, however busy");
-        assert_eq!(p.due(t, memory(50, false)), None);
+        p.flushed(t0, false);
+        assert_eq!(p.deadline(None), t0 + 60 * SEC);
+        assert_eq!(p.deadline(Some(t0 + 5 * SEC)), t0 + 5 * SEC);
+        assert_eq!(p.deadline(Some(t0)), t0 + SEC, "not before the tick");
+        assert_eq!(p.deadline(Some(t0 + 90 * SEC)), t0 + 60 * SEC);
     }
 }

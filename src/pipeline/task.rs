@@ -17,6 +17,9 @@ use crate::spooler::Feed;
 use crate::store::Store;
 use crate::telemetry::{self, Health};
 
+/// How often the spooler's feed is taken in at most.
+const FEED_EVERY: Duration = Duration::from_millis(5);
+
 /// Progress of the start-up replay, logged every 5 s.
 struct Replay {
     records: u64,
@@ -36,6 +39,7 @@ pub async fn run(
     abort: CancellationToken,
 ) -> Result<(), Leftover> {
     let mut reader: Option<Reader> = None;
+    let pending = metrics::gauge!(telemetry::PENDING_SAMPLES);
     let mut closer_failing = false;
     // The last write's reply was lost: the next resolve says what it did.
     let mut interrupted = false;
@@ -51,16 +55,27 @@ pub async fn run(
             logged: Instant::now(),
         }
     });
+    // The feed is taken in at most every FEED_EVERY (one wake-up for many
+    // of the spooler's batches; memory holds readings for much longer).
+    let mut feed_at = Instant::now();
     loop {
         // What the spooler offered meanwhile comes first.
-        while let Ok(f) = feed.try_recv() {
-            reader = None;
-            core.feed(f, now_ms());
+        if feed_at <= Instant::now() {
+            let mut took = false;
+            while let Ok(f) = feed.try_recv() {
+                reader = None;
+                core.feed(f, Instant::now(), now_ms());
+                took = true;
+            }
+            if took {
+                feed_at = Instant::now() + FEED_EVERY;
+            }
         }
         core.set_durable(spool.durable());
+        pending.set(core.unwritten() as f64);
         let now = Instant::now();
         let Some(action) = core.poll(now, now_ms()) else {
-            let durable = core.needs_durable(now);
+            let durable = core.needs_durable();
             tokio::select! {
                 biased;
                 _ = stop.cancelled(), if !core.stopping() => {
@@ -68,7 +83,7 @@ pub async fn run(
                     // only stay there for the next start.
                     feed.close();
                     while let Some(f) = feed.recv().await {
-                        core.feed(f, now_ms());
+                        core.feed(f, Instant::now(), now_ms());
                     }
                     let pending = core.pending();
                     if pending > 0 {
@@ -76,13 +91,15 @@ pub async fn run(
                     }
                     core.stop();
                 }
-                f = feed.recv(), if !stop.is_cancelled() => match f {
+                f = feed.recv(), if !stop.is_cancelled() && feed_at <= Instant::now() => match f {
                     Some(f) => {
                         reader = None;
-                        core.feed(f, now_ms());
+                        core.feed(f, Instant::now(), now_ms());
+                        feed_at = Instant::now() + FEED_EVERY;
                     }
                     None => core.stop(),
                 },
+                _ = tokio::time::sleep_until(feed_at.into()), if feed_at > Instant::now() => {}
                 changed = spool.wait_durable(durable.unwrap_or(0)), if durable.is_some() => {
                     if changed.is_err() {
                         error!("The spool's appender stopped; nothing more can be written.");
@@ -107,10 +124,9 @@ pub async fn run(
                 };
                 let (r, records) = spool::read(r, max, limit).await;
                 match records {
-                    Ok(records) => {
-                        metrics::counter!(telemetry::SPOOL_REPLAYED)
-                            .increment(records.len() as u64);
-                        core.records(records, max, limit, now_ms());
+                    Ok((bytes, n)) => {
+                        metrics::counter!(telemetry::SPOOL_REPLAYED).increment(n as u64);
+                        core.records(&bytes, n, max, limit, Instant::now(), now_ms());
                         reader = Some(r);
                     }
                     Err(e) => {
@@ -162,7 +178,7 @@ pub async fn run(
                     return Err(core.leftover());
                 };
                 let report = core.written(batch, written, Instant::now(), now_ms());
-                record(&report, started.elapsed(), core.pending());
+                record(&report, started.elapsed());
                 health.flush_finished(report.samples_stored);
                 if report.unknown > 0 {
                     interrupted = true;
@@ -197,14 +213,14 @@ pub async fn run(
                         None
                     }
                 };
-                core.sealed(Instant::now(), cutoff);
+                core.sealed(Instant::now(), now_ms, cutoff);
             }
             Action::Done => return Ok(()),
         }
     }
 }
 
-fn record(report: &Flushed, took: Duration, pending: usize) {
+fn record(report: &Flushed, took: Duration) {
     use telemetry::*;
     if report.statements > 0 || report.samples_stored > 0 || report.deadletters > 0 {
         metrics::counter!(FLUSHES).increment(1);
@@ -212,7 +228,7 @@ fn record(report: &Flushed, took: Duration, pending: usize) {
     metrics::counter!(STATEMENTS).increment(report.statements);
     metrics::counter!(SAMPLES_STORED).increment(report.samples_stored);
     metrics::counter!(BUCKETS_CREATED).increment(report.buckets_created);
+    metrics::counter!(BYTES_REWRITTEN).increment(report.bytes_rewritten);
     metrics::counter!(SAMPLES_LATE_INTO_SEALED).increment(report.late_into_sealed);
     metrics::histogram!(FLUSH_SECONDS).record(took.as_secs_f64());
-    metrics::gauge!(PENDING_SAMPLES).set(pending as f64);
 }

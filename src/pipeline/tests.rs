@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use super::core::{Action, Config, Core};
-use crate::bucket::{Sample, Shape};
+use crate::bucket::{Sample, SampleRef, Shape};
 use crate::decode::{FieldValue, Reading};
 use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
 use crate::spool::{Entry, Record};
@@ -113,14 +113,15 @@ struct World {
     unsynced: Vec<(usize, bool)>,
 }
 
-fn config(from: u64, fresh_from: u64, max_pending: usize) -> Config {
+fn config(mode: Mode, from: u64, fresh_from: u64, max_pending: usize) -> Config {
     Config {
         shape: SHAPE,
         tag: 1,
         max_pending,
         max_lateness_ms: 3_600_000,
-        flush_every: Duration::from_secs(1),
+        max_delay: Duration::from_secs(1),
         seal_every: Duration::from_secs(60),
+        seal_grace_ms: (mode == Mode::Buckets).then_some(5_000),
         from,
         fresh_from,
     }
@@ -137,7 +138,7 @@ fn sample(lsn: u64, ts_ms: i64, value: i8) -> Sample {
     )
 }
 
-fn poisoned(s: &Sample) -> bool {
+fn poisoned(s: SampleRef<'_>) -> bool {
     s.nums().any(|(_, v)| v < 0.0)
 }
 
@@ -155,7 +156,7 @@ impl World {
             dead: HashSet::new(),
             fate: Fate::Fine,
             max_pending,
-            core: Core::new(config(1000, 1000, max_pending), t0),
+            core: Core::new(config(mode, 1000, 1000, max_pending), t0),
             t0,
             now: t0,
             now_ms: 1_800_000_000_000,
@@ -180,24 +181,13 @@ impl World {
         for (i, offered) in std::mem::take(&mut self.unsynced) {
             let rec = &self.log[i];
             if offered {
-                let mut feed = Feed {
+                let feed = Feed {
                     first: rec.lsn,
                     end: rec.lsn + 1,
-                    samples: Vec::new(),
-                    deadletters: Vec::new(),
+                    records: 1,
+                    bytes: rec.encode().into(),
                 };
-                match &rec.entry {
-                    Entry::Sample { sensor, doc } => {
-                        let d = bson::RawDocumentBuf::from_bytes(doc.clone()).unwrap();
-                        feed.samples
-                            .push((sensor.clone(), Sample::from_doc(d, rec.lsn).unwrap()));
-                    }
-                    Entry::DeadLetter { .. } => {
-                        feed.deadletters.push((rec.lsn, bson::doc! {}));
-                    }
-                    Entry::MessageId { .. } => {}
-                }
-                self.core.feed(feed, self.now_ms);
+                self.core.feed(feed, self.now, self.now_ms);
             }
         }
         self.durable = self.next_lsn;
@@ -255,7 +245,7 @@ impl World {
         // A new run starts its LSNs later (the spool takes the clock).
         self.next_lsn += 100;
         self.core = Core::new(
-            config(self.checkpoint, self.next_lsn, self.max_pending),
+            config(self.mode, self.checkpoint, self.next_lsn, self.max_pending),
             self.now,
         );
         self.core.set_durable(self.durable);
@@ -263,6 +253,7 @@ impl World {
 
     /// Carries out one action; false when there was none.
     fn act(&mut self) -> Result<bool, TestCaseError> {
+        self.core.check();
         let Some(action) = self.core.poll(self.now, self.now_ms) else {
             return Ok(false);
         };
@@ -293,14 +284,19 @@ impl World {
             }
             Action::Read { from, max, limit } => {
                 prop_assert!(limit <= self.durable);
-                let records: Vec<Record> = self
+                let mut bytes = Vec::new();
+                let mut n = 0;
+                for r in self
                     .log
                     .iter()
                     .filter(|r| r.lsn >= from && r.lsn < limit)
                     .take(max)
-                    .cloned()
-                    .collect();
-                self.core.records(records, max, limit, self.now_ms);
+                {
+                    r.encode_into(&mut bytes);
+                    n += 1;
+                }
+                self.core
+                    .records(&bytes, n, max, limit, self.now, self.now_ms);
             }
             Action::Resolve(req) => {
                 let r = self.resolve(&req);
@@ -321,7 +317,29 @@ impl World {
                     None => self.restart(),
                 }
             }
-            Action::Seal { .. } => self.core.sealed(self.now, None),
+            Action::Seal { now_ms } => {
+                // Nothing held of a window the seal closes (a sample the
+                // database refuses never goes into a bucket).
+                let held = self.log.iter().filter(|r| r.lsn >= self.checkpoint);
+                for r in held.filter(|_| self.mode == Mode::Buckets) {
+                    if let Entry::Sample { doc, .. } = &r.entry {
+                        let d = bson::RawDocument::from_bytes(doc).unwrap();
+                        let sample = SampleRef::from_doc(d, r.lsn).unwrap();
+                        let ts = sample.ts_ms;
+                        let closed = !poisoned(sample)
+                            && SHAPE.window_start(ts) + SHAPE.window_ms <= now_ms - 5_000;
+                        prop_assert!(
+                            !closed
+                                || self.stored.contains_key(&r.lsn)
+                                || self.dead.contains(&r.lsn)
+                                || r.lsn >= self.core.cursor(),
+                            "sealing a window while holding its sample {}",
+                            r.lsn
+                        );
+                    }
+                }
+                self.core.sealed(self.now, now_ms, Some(now_ms - 5_000));
+            }
             Action::Done => return Ok(false),
         }
         Ok(true)
@@ -389,20 +407,20 @@ impl World {
                 return None;
             }
             let run = &mut batch.runs[r];
-            let lsn = run.samples[s].lsn;
-            let poison = poisoned(&run.samples[s]);
+            let lsn = run.samples.get(s).lsn;
+            let poison = poisoned(run.samples.get(s));
             if let Fate::Ambiguous { at, len, applied } = fate {
                 if k >= at {
                     // This command's statements: unknown; a part applied.
                     let end = (at + len).min(order.len());
                     for (j, &(r2, s2)) in order[at..end].iter().enumerate() {
                         let sensor = batch.runs[r2].sensor.clone();
-                        let lsn = batch.runs[r2].samples[s2].lsn;
+                        let lsn = batch.runs[r2].samples.get(s2).lsn;
                         let took = match self.mode {
                             Mode::Buckets => j < applied,
                             Mode::Timeseries => j % 2 == applied % 2,
                         };
-                        let poison = poisoned(&batch.runs[r2].samples[s2]);
+                        let poison = poisoned(batch.runs[r2].samples.get(s2));
                         if took && !poison && (self.mode == Mode::Timeseries || j < applied) {
                             self.store(&sensor, lsn);
                         }
@@ -454,9 +472,9 @@ impl World {
         for rec in &self.log {
             match &rec.entry {
                 Entry::Sample { doc, .. } => {
-                    let d = bson::RawDocumentBuf::from_bytes(doc.clone()).unwrap();
-                    let s = Sample::from_doc(d, rec.lsn).unwrap();
-                    if poisoned(&s) {
+                    let d = bson::RawDocument::from_bytes(doc).unwrap();
+                    let s = SampleRef::from_doc(d, rec.lsn).unwrap();
+                    if poisoned(s) {
                         prop_assert!(
                             self.dead.contains(&rec.lsn),
                             "poisoned {} dead-lettered",
@@ -554,10 +572,12 @@ fn a_watermark_settles_replayed_samples_read_after_it_was_learned() {
     };
     // Sensor 1's lone sample stays pending; sensor 0 fills its bucket
     // (4 samples) again and again and is flushed alone each time.
-    // (The first run does the start-up flush and seal.)
+    // (The first run does the start-up seal. A tick apart: a flush starts
+    // at most once a tick; sensor 1's delay of 1 s does not run out.)
     let mut steps = vec![Step::Run(5), sample(1), Step::Sync, Step::Run(5)];
     for _ in 0..4 {
         steps.extend([
+            Step::Tick(150),
             sample(0),
             sample(0),
             sample(0),

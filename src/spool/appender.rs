@@ -8,7 +8,7 @@ use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info};
@@ -16,10 +16,16 @@ use tracing::{error, info};
 use super::log::{list_segments, segment_name, sync_dir, write_checkpoint};
 use super::{Fsync, Shared};
 
+/// Under load, group commits are at least this far apart.
+const COMMIT_GAP: Duration = Duration::from_millis(5);
+
+/// A group commit of at least this many bytes counts as load.
+const COMMIT_GAP_BYTES: usize = 4096;
+
 /// A request to the appender.
 pub(super) enum Command {
     /// Encoded records, in LSN order; `end` is the LSN after the last.
-    Append { bytes: Vec<u8>, end: u64 },
+    Append { bytes: bytes::Bytes, end: u64 },
     /// A checkpoint was requested (its LSN is in [`Shared::requested`]).
     Checkpoint,
     /// Sync and stop.
@@ -41,7 +47,19 @@ impl Appender {
     pub fn run(&mut self, mut rx: mpsc::Receiver<Command>, durable: watch::Sender<u64>) {
         let mut failing = false;
         let mut closing = false;
+        // (start, bytes) of the previous group commit.
+        let mut last = (Instant::now(), 0usize);
         while let Some(cmd) = rx.blocking_recv() {
+            // Under load, one group commit at most every COMMIT_GAP: fewer,
+            // larger fsyncs (each costs the kernel about as much as a large
+            // one). A small group means few messages wait for it (a small
+            // broker in-flight window): then no wait at all.
+            if last.1 >= COMMIT_GAP_BYTES {
+                let since = last.0.elapsed();
+                if since < COMMIT_GAP {
+                    std::thread::sleep(COMMIT_GAP - since);
+                }
+            }
             let mut batch = vec![cmd];
             while let Ok(more) = rx.try_recv() {
                 batch.push(more);
@@ -50,6 +68,14 @@ impl Appender {
                 batch.truncate(at);
                 closing = true;
             }
+            let bytes = batch
+                .iter()
+                .map(|c| match c {
+                    Command::Append { bytes, .. } => bytes.len(),
+                    _ => 0,
+                })
+                .sum();
+            last = (Instant::now(), bytes);
             match self.apply(batch) {
                 Ok(Some(end)) => {
                     if failing {

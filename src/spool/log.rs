@@ -50,6 +50,7 @@ pub enum Entry {
     MessageId { pkid: u16, digest: u64 },
 }
 
+/// A record, owned.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
     pub lsn: u64,
@@ -57,27 +58,43 @@ pub struct Record {
     pub entry: Entry,
 }
 
-impl Record {
+/// What one record holds, borrowed from where it lies.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum EntryRef<'a> {
+    Sample { sensor: &'a str, doc: &'a [u8] },
+    DeadLetter { doc: &'a [u8] },
+    MessageId { pkid: u16, digest: u64 },
+}
+
+/// A record, borrowed: what is encoded and what is parsed back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RecordRef<'a> {
+    pub lsn: u64,
+    pub received_ms: i64,
+    pub entry: EntryRef<'a>,
+}
+
+impl RecordRef<'_> {
     /// Appends the record as written (header and body) to `out`, without
     /// an allocation of its own.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         let start = out.len();
         out.extend_from_slice(&[0u8; HEADER]);
         out.extend_from_slice(&self.lsn.to_le_bytes());
-        match &self.entry {
-            Entry::Sample { sensor, doc } => {
+        match self.entry {
+            EntryRef::Sample { sensor, doc } => {
                 out.push(KIND_SAMPLE);
                 out.extend_from_slice(&self.received_ms.to_le_bytes());
                 out.extend_from_slice(&(sensor.len() as u16).to_le_bytes());
                 out.extend_from_slice(sensor.as_bytes());
                 out.extend_from_slice(doc);
             }
-            Entry::DeadLetter { doc } => {
+            EntryRef::DeadLetter { doc } => {
                 out.push(KIND_DEADLETTER);
                 out.extend_from_slice(&self.received_ms.to_le_bytes());
                 out.extend_from_slice(doc);
             }
-            Entry::MessageId { pkid, digest } => {
+            EntryRef::MessageId { pkid, digest } => {
                 out.push(KIND_MESSAGE_ID);
                 out.extend_from_slice(&self.received_ms.to_le_bytes());
                 out.extend_from_slice(&pkid.to_le_bytes());
@@ -91,14 +108,8 @@ impl Record {
         out[start + 4..body].copy_from_slice(&crc.to_le_bytes());
     }
 
-    /// The record as written: header and body.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64);
-        self.encode_into(&mut out);
-        out
-    }
-
-    fn decode(body: &[u8]) -> Option<Record> {
+    /// A record's body (after the header); `None` when it is not one.
+    fn decode(body: &[u8]) -> Option<RecordRef<'_>> {
         let lsn = u64::from_le_bytes(body.get(0..8)?.try_into().ok()?);
         let kind = *body.get(8)?;
         let received_ms = i64::from_le_bytes(body.get(9..17)?.try_into().ok()?);
@@ -106,56 +117,129 @@ impl Record {
         let entry = match kind {
             KIND_SAMPLE => {
                 let n = u16::from_le_bytes(rest.get(0..2)?.try_into().ok()?) as usize;
-                let sensor = std::str::from_utf8(rest.get(2..2 + n)?).ok()?.to_string();
-                Entry::Sample {
-                    sensor,
-                    doc: rest.get(2 + n..)?.to_vec(),
+                EntryRef::Sample {
+                    sensor: std::str::from_utf8(rest.get(2..2 + n)?).ok()?,
+                    doc: rest.get(2 + n..)?,
                 }
             }
-            KIND_DEADLETTER => Entry::DeadLetter { doc: rest.to_vec() },
-            KIND_MESSAGE_ID => Entry::MessageId {
+            KIND_DEADLETTER => EntryRef::DeadLetter { doc: rest },
+            KIND_MESSAGE_ID => EntryRef::MessageId {
                 pkid: u16::from_le_bytes(rest.get(0..2)?.try_into().ok()?),
                 digest: u64::from_le_bytes(rest.get(2..10)?.try_into().ok()?),
             },
             _ => return None,
         };
-        Some(Record {
+        Some(RecordRef {
             lsn,
             received_ms,
             entry,
         })
     }
+
+    pub fn to_owned(&self) -> Record {
+        Record {
+            lsn: self.lsn,
+            received_ms: self.received_ms,
+            entry: match self.entry {
+                EntryRef::Sample { sensor, doc } => Entry::Sample {
+                    sensor: sensor.to_string(),
+                    doc: doc.to_vec(),
+                },
+                EntryRef::DeadLetter { doc } => Entry::DeadLetter { doc: doc.to_vec() },
+                EntryRef::MessageId { pkid, digest } => Entry::MessageId { pkid, digest },
+            },
+        }
+    }
+}
+
+impl Record {
+    pub fn as_ref(&self) -> RecordRef<'_> {
+        RecordRef {
+            lsn: self.lsn,
+            received_ms: self.received_ms,
+            entry: match &self.entry {
+                Entry::Sample { sensor, doc } => EntryRef::Sample { sensor, doc },
+                Entry::DeadLetter { doc } => EntryRef::DeadLetter { doc },
+                Entry::MessageId { pkid, digest } => EntryRef::MessageId {
+                    pkid: *pkid,
+                    digest: *digest,
+                },
+            },
+        }
+    }
+
+    /// Appends the record as written (header and body) to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        self.as_ref().encode_into(out);
+    }
+
+    /// The record as written: header and body.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        self.encode_into(&mut out);
+        out
+    }
+}
+
+/// The records encoded back to back in `bytes` (as appended, or as read
+/// back), in order. Stops at the first that is not a whole record.
+pub fn parse(bytes: &[u8]) -> impl Iterator<Item = RecordRef<'_>> {
+    let mut rest = bytes;
+    std::iter::from_fn(move || {
+        let len = u32::from_le_bytes(rest.get(0..4)?.try_into().ok()?) as usize;
+        let body = rest.get(HEADER..HEADER + len)?;
+        let rec = RecordRef::decode(body)?;
+        rest = &rest[HEADER + len..];
+        Some(rec)
+    })
 }
 
 /// Why reading a record stopped.
 enum ReadOutcome {
-    Record(Record, u64),
+    /// A record (its LSN and size) was appended to the buffer.
+    Record(u64, u64),
     End,
     /// Bytes that are not a valid record, at this offset.
     Bad,
 }
 
-/// Reads the record at the reader's position; `Bad` leaves the position.
-fn read_record(r: &mut impl Read) -> io::Result<ReadOutcome> {
-    let mut header = [0u8; HEADER];
-    match read_full(r, &mut header)? {
-        0 => return Ok(ReadOutcome::End),
-        n if n < HEADER => return Ok(ReadOutcome::Bad),
+/// Reads the record at the reader's position and appends it (header and
+/// body) to `out`; `Bad` leaves the position and `out` as they were.
+fn read_record(r: &mut impl Read, out: &mut Vec<u8>) -> io::Result<ReadOutcome> {
+    let start = out.len();
+    out.resize(start + HEADER, 0);
+    match read_full(r, &mut out[start..])? {
+        0 => {
+            out.truncate(start);
+            return Ok(ReadOutcome::End);
+        }
+        n if n < HEADER => {
+            out.truncate(start);
+            return Ok(ReadOutcome::Bad);
+        }
         _ => {}
     }
-    let len = u32::from_le_bytes(header[0..4].try_into().unwrap_or_default());
-    let crc = u32::from_le_bytes(header[4..8].try_into().unwrap_or_default());
+    let len = u32::from_le_bytes(out[start..start + 4].try_into().unwrap_or_default());
+    let crc = u32::from_le_bytes(out[start + 4..start + 8].try_into().unwrap_or_default());
     if !(17..=MAX_RECORD).contains(&len) {
+        out.truncate(start);
         return Ok(ReadOutcome::Bad);
     }
-    let mut body = vec![0u8; len as usize];
-    if read_full(r, &mut body)? < body.len() || crc32fast::hash(&body) != crc {
-        return Ok(ReadOutcome::Bad);
+    let body = start + HEADER;
+    out.resize(body + len as usize, 0);
+    let got = read_full(r, &mut out[body..])?;
+    let outcome = if got < len as usize || crc32fast::hash(&out[body..]) != crc {
+        None
+    } else {
+        RecordRef::decode(&out[body..]).map(|rec| rec.lsn)
+    };
+    match outcome {
+        Some(lsn) => Ok(ReadOutcome::Record(lsn, (HEADER + len as usize) as u64)),
+        None => {
+            out.truncate(start);
+            Ok(ReadOutcome::Bad)
+        }
     }
-    Ok(match Record::decode(&body) {
-        Some(rec) => ReadOutcome::Record(rec, (HEADER + body.len()) as u64),
-        None => ReadOutcome::Bad,
-    })
 }
 
 fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
@@ -271,15 +355,21 @@ pub fn recover(dir: &Path) -> io::Result<Recovery> {
         let len = f.metadata()?.len();
         let mut r = io::BufReader::new(&mut f);
         let mut offset = 0u64;
+        let mut buf = Vec::new();
         loop {
-            match read_record(&mut r)? {
-                ReadOutcome::Record(record, size) => {
+            buf.clear();
+            match read_record(&mut r, &mut buf)? {
+                ReadOutcome::Record(lsn, size) => {
                     offset += size;
-                    last_lsn = Some(record.lsn);
-                    if record.lsn >= checkpoint {
+                    last_lsn = Some(lsn);
+                    if lsn >= checkpoint {
                         rec.records += 1;
                     }
-                    if let Entry::MessageId { pkid, digest } = record.entry {
+                    if let Some(RecordRef {
+                        entry: EntryRef::MessageId { pkid, digest },
+                        ..
+                    }) = parse(&buf).next()
+                    {
                         rec.message_ids.insert(pkid, digest);
                     }
                 }
@@ -337,23 +427,32 @@ impl Reader {
         self.next
     }
 
-    /// Up to `max` records with `next <= lsn < limit`, in order. Blocking.
-    pub fn read(&mut self, max: usize, limit: u64) -> io::Result<Vec<Record>> {
+    /// Up to `max` records with `next <= lsn < limit`, in order, as written
+    /// (see [`parse`]), and how many. Blocking.
+    pub fn read(&mut self, max: usize, limit: u64) -> io::Result<(Vec<u8>, usize)> {
         let mut out = Vec::new();
-        while out.len() < max && self.next < limit {
+        let mut n = 0;
+        while n < max && self.next < limit {
             if self.file.is_none() && !self.open_segment()? {
                 break;
             }
             let Some((_, r)) = self.file.as_mut() else {
                 break;
             };
-            match read_record(r)? {
-                ReadOutcome::Record(rec, _) => {
-                    if rec.lsn >= self.next {
-                        self.next = rec.lsn + 1;
-                        if rec.lsn < limit {
-                            out.push(rec);
-                        }
+            let before = out.len();
+            match read_record(r, &mut out)? {
+                ReadOutcome::Record(lsn, size) if lsn >= limit => {
+                    // Written but not yet durable: left for a later read.
+                    out.truncate(before);
+                    r.seek_relative(-(size as i64))?;
+                    break;
+                }
+                ReadOutcome::Record(lsn, _) => {
+                    if lsn >= self.next {
+                        self.next = lsn + 1;
+                        n += 1;
+                    } else {
+                        out.truncate(before);
                     }
                 }
                 // The end of this segment (records below `limit` are
@@ -368,7 +467,13 @@ impl Reader {
                 }
             }
         }
-        Ok(out)
+        Ok((out, n))
+    }
+
+    /// [`Reader::read`], parsed into owned records (tests, tools).
+    pub fn read_records(&mut self, max: usize, limit: u64) -> io::Result<Vec<Record>> {
+        let (bytes, _) = self.read(max, limit)?;
+        Ok(parse(&bytes).map(|r| r.to_owned()).collect())
     }
 
     /// Opens the segment holding `next`.
@@ -438,10 +543,14 @@ pub(super) mod tests {
             r.encode_into(&mut bytes);
             let bytes = &bytes[3..];
             assert_eq!(bytes, r.encode().as_slice());
-            match read_record(&mut &bytes[..]).unwrap() {
-                ReadOutcome::Record(back, n) => {
-                    assert_eq!(back, r);
+            let mut out = Vec::new();
+            match read_record(&mut &bytes[..], &mut out).unwrap() {
+                ReadOutcome::Record(lsn, n) => {
+                    assert_eq!(lsn, r.lsn);
                     assert_eq!(n as usize, bytes.len());
+                    assert_eq!(out, bytes);
+                    let back: Vec<Record> = parse(&out).map(|x| x.to_owned()).collect();
+                    assert_eq!(back, vec![r.clone()]);
                 }
                 _ => panic!("did not read back"),
             }

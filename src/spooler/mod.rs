@@ -19,7 +19,6 @@ pub mod sensors;
 
 use std::time::{Duration, Instant};
 
-use bson::Document;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -29,39 +28,41 @@ use crate::clock::now_ms;
 use crate::deadletter::{self, Reporter};
 use crate::decode::Decoder;
 use crate::ingest::{AckToken, Acker, Message};
-use crate::spool::{Entry, Record, Spool};
+use crate::spool::{EntryRef, RecordRef, Spool};
 use crate::telemetry;
 use acks::AckQueue;
 pub use sensors::SensorLimit;
 
-/// What one message appended, offered to the pipeline.
-#[derive(Debug)]
+/// What a batch of messages appended, offered to the pipeline: the very
+/// records written to the spool (shared, not copied).
+#[derive(Debug, Clone)]
 pub struct Feed {
-    /// LSN of the first record of the batch of messages.
+    /// LSN of the first record.
     pub first: u64,
-    /// LSN after its last record.
+    /// LSN after the last record.
     pub end: u64,
-    pub samples: Vec<(String, Sample)>,
-    pub deadletters: Vec<(u64, Document)>,
+    /// Samples and dead letters among them (what memory must hold).
+    pub records: usize,
+    /// The records as written (see [`crate::spool::parse`]).
+    pub bytes: bytes::Bytes,
 }
 
 /// Messages handled together: one spool append and one feed for all.
 struct Batch {
+    first: u64,
     bytes: Vec<u8>,
-    feed: Feed,
+    samples: usize,
+    deadletters: usize,
     messages: usize,
 }
 
 impl Batch {
     fn new(first: u64) -> Batch {
         Batch {
+            first,
             bytes: Vec::new(),
-            feed: Feed {
-                first,
-                end: first,
-                samples: Vec::new(),
-                deadletters: Vec::new(),
-            },
+            samples: 0,
+            deadletters: 0,
             messages: 0,
         }
     }
@@ -235,10 +236,16 @@ impl Spooler {
         if batch.bytes.is_empty() {
             return;
         }
-        metrics::counter!(telemetry::SAMPLES_DECODED).increment(batch.feed.samples.len() as u64);
+        metrics::counter!(telemetry::SAMPLES_DECODED).increment(batch.samples as u64);
+        let feed = Feed {
+            first: batch.first,
+            end: self.next_lsn,
+            records: batch.samples + batch.deadletters,
+            bytes: batch.bytes.into(),
+        };
         if self
             .spool
-            .append(batch.bytes, batch.feed.end)
+            .append(feed.bytes.clone(), feed.end)
             .await
             .is_err()
         {
@@ -247,7 +254,7 @@ impl Spooler {
         }
         // Never wait for the pipeline: what it cannot take now it reads back
         // from the spool.
-        let _ = self.feed.try_send(batch.feed);
+        let _ = self.feed.try_send(feed);
     }
 
     /// Decodes a message into `batch` and queues its acknowledgement (due
@@ -273,10 +280,9 @@ impl Spooler {
         }
         let decoded = self.decoder.decode(&m.topic, &m.payload, m.received_ms);
         batch.messages += 1;
-        let feed = &mut batch.feed;
         let bytes = &mut batch.bytes;
-        let mut append = |lsn: u64, entry: Entry| {
-            Record {
+        let mut append = |lsn: u64, entry: EntryRef<'_>| {
+            RecordRef {
                 lsn,
                 received_ms: m.received_ms,
                 entry,
@@ -284,7 +290,7 @@ impl Spooler {
             .encode_into(bytes);
         };
         if let (Some((pkid, digest)), Some(_)) = (m.id, m.ack) {
-            append(self.next_lsn, Entry::MessageId { pkid, digest });
+            append(self.next_lsn, EntryRef::MessageId { pkid, digest });
             self.next_lsn += 1;
         }
         let mut rejections: Vec<(&'static str, String)> = decoded
@@ -304,19 +310,19 @@ impl Spooler {
                 continue;
             }
             let sample = Sample::encode(reading, self.next_lsn);
-            if let Err(too_big) = self.shape.check(&sample) {
+            if let Err(too_big) = self.shape.check(sample.as_ref()) {
                 rejections.push(("sample_too_large", too_big.to_string()));
                 continue;
             }
             append(
                 self.next_lsn,
-                Entry::Sample {
-                    sensor: reading.sensor.clone(),
-                    doc: sample.doc.as_bytes().to_vec(),
+                EntryRef::Sample {
+                    sensor: &reading.sensor,
+                    doc: sample.doc.as_bytes(),
                 },
             );
             self.next_lsn += 1;
-            feed.samples.push((reading.sensor.clone(), sample));
+            batch.samples += 1;
         }
         for (cause, error) in rejections {
             reporter.report(cause, &m.topic, &error, 1);
@@ -330,16 +336,11 @@ impl Spooler {
                 cause,
                 error,
             );
-            append(
-                lsn,
-                Entry::DeadLetter {
-                    doc: bson::to_vec(&doc).unwrap_or_default(),
-                },
-            );
+            let doc = bson::to_vec(&doc).unwrap_or_default();
+            append(lsn, EntryRef::DeadLetter { doc: &doc });
             self.next_lsn += 1;
-            feed.deadletters.push((lsn, doc));
+            batch.deadletters += 1;
         }
-        feed.end = self.next_lsn;
         acks.push(self.next_lsn, unacked);
     }
 }

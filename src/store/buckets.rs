@@ -182,6 +182,14 @@ impl Buckets {
                 let run = &mut batch.runs[r];
                 let inserted = reply.upserted.contains(&i);
                 run.outcomes[st.range.clone()].fill(Outcome::Applied);
+                // A $push rewrites the whole bucket: what it held and what
+                // the statement added.
+                let held = if inserted {
+                    0
+                } else {
+                    st.base.map_or(0, |b| b.bytes)
+                };
+                written.bytes_rewritten += u64::from(held + st.bytes);
                 settle(&mut run.fills, st, Some(inserted));
                 written.statements += 1;
                 written.buckets_created += inserted as u64;
@@ -300,6 +308,11 @@ impl Buckets {
     /// Buckets whose `endTs` is at or before this are sealed at `now_ms`.
     pub fn cutoff(&self, now_ms: i64) -> i64 {
         now_ms - self.grace_ms
+    }
+
+    /// How long after its end a window is sealed (`closer.grace`).
+    pub fn grace(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.grace_ms.max(0) as u64)
     }
 
     /// One sensor's readings in time order, window by window: all buckets
@@ -444,7 +457,7 @@ impl Buckets {
 
 /// Records what the database did with a statement: `Some(inserted)` when
 /// it was applied (the fill it now has), `None` when it was not (unknown).
-fn settle(fills: &mut crate::flush::Fills, st: &bucket::Statement, applied: Option<bool>) {
+fn settle(fills: &mut bucket::Fills, st: &bucket::Statement, applied: Option<bool>) {
     match applied.and_then(|inserted| st.fill_after(inserted)) {
         Some(fill) => {
             fills.insert(st.start_ms, fill);

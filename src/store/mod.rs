@@ -203,8 +203,15 @@ impl Store {
 
     /// Windows ending at or before this are sealed by a seal at `now_ms`.
     pub fn seal_cutoff(&self, now_ms: i64) -> Option<i64> {
+        self.seal_grace()
+            .map(|grace| now_ms - grace.as_millis() as i64)
+    }
+
+    /// How long after its end a window is sealed; `None` when the mode has
+    /// no seal.
+    pub fn seal_grace(&self) -> Option<std::time::Duration> {
         match &self.mode {
-            Mode::Buckets(m) => Some(m.cutoff(now_ms)),
+            Mode::Buckets(m) => Some(m.grace()),
             Mode::Timeseries(_) => None,
         }
     }

@@ -29,7 +29,7 @@ use tracing::{debug, info};
 use super::mongo::{self, count_statement_error, rejection, Mongo, StatementError};
 use super::read::{self, Fields, Range, Summary, WindowStats};
 use super::SchemaError;
-use crate::bucket::Sample;
+use crate::bucket::SampleRef;
 use crate::config::Settings;
 use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
 use crate::retry::{Aborted, Backoff};
@@ -185,7 +185,7 @@ impl Timeseries {
                 .write_until_answered("write readings", &mut backoff, abort, |m| {
                     let docs = todo
                         .iter()
-                        .map(|&(r, s)| reading_doc(&runs[r].sensor, &runs[r].samples[s]));
+                        .map(|&(r, s)| reading_doc(&runs[r].sensor, runs[r].samples.get(s)));
                     m.batch_command("insert", &self.collection, "documents", docs, false)
                 })
                 .await?;
@@ -298,7 +298,7 @@ impl Timeseries {
 }
 
 /// A reading as a time series document: `{ts, sensorId, lsn, <fields>}`.
-pub fn reading_doc(sensor: &str, sample: &Sample) -> RawDocumentBuf {
+pub fn reading_doc(sensor: &str, sample: SampleRef<'_>) -> RawDocumentBuf {
     let mut d = RawDocumentBuf::new();
     d.append("ts", bson::DateTime::from_millis(sample.ts_ms));
     d.append("sensorId", sensor);

@@ -30,6 +30,9 @@ pub const FLUSHES: &str = "palletd_flushes_total";
 pub const STATEMENTS: &str = "palletd_statements_total";
 pub const BUCKETS_CREATED: &str = "palletd_buckets_created_total";
 pub const BUCKETS_SEALED: &str = "palletd_buckets_sealed_total";
+/// Bytes of bucket documents the database rewrote for applied statements
+/// (a `$push` rewrites the whole bucket): the write amplification.
+pub const BYTES_REWRITTEN: &str = "palletd_bucket_bytes_rewritten_total";
 /// Samples written into a window the closer had already sealed (they start a
 /// second bucket of that window).
 pub const SAMPLES_LATE_INTO_SEALED: &str = "palletd_samples_late_into_sealed_window_total";
@@ -69,6 +72,11 @@ pub fn describe() {
     describe_counter!(BUCKETS_CREATED, "Buckets created by an upsert.");
     describe_counter!(BUCKETS_SEALED, "Buckets sealed by the closer.");
     describe_counter!(
+        BYTES_REWRITTEN,
+        Unit::Bytes,
+        "Bytes of bucket documents rewritten by applied statements (each $push rewrites its bucket): write amplification."
+    );
+    describe_counter!(
         SAMPLES_LATE_INTO_SEALED,
         "Samples that arrived for a window after it was sealed; they went into a new bucket of that window."
     );
@@ -84,7 +92,7 @@ pub fn describe() {
     );
     describe_gauge!(
         PENDING_SAMPLES,
-        "Samples buffered in memory, not yet written."
+        "Samples in memory not yet written to MongoDB (the flush in flight included)."
     );
     describe_gauge!(
         OLDEST_UNACKED_SECONDS,

@@ -347,8 +347,9 @@ impl Drop for Database {
 /// A palletd configuration, built up typed and written out as TOML.
 ///
 /// The defaults: the given broker and database, database `name`, client id
-/// `palletd-<name>`, a 5 s keep-alive, 100 messages in flight, the HTTP
-/// endpoint on a free port, the spool in the broker's directory (so it
+/// `palletd-<name>`, a 5 s keep-alive, 100 messages in flight, readings
+/// written within 1 s (`flush.max_delay`, 10 s by default in palletd), the
+/// HTTP endpoint on a free port, the spool in the broker's directory (so it
 /// survives a palletd restart within a test), and two subscriptions:
 /// `sensors/{sensor}/telemetry` (JSON) and `plant/{sensor}/{field}` (numbers).
 #[derive(Clone)]
@@ -378,6 +379,9 @@ max_inflight = 100
 [mongodb]
 uri = "{uri}"
 database = "{name}"
+
+[flush]
+max_delay = "1s"
 
 [http]
 listen = "127.0.0.1:{http_port}"
@@ -458,8 +462,8 @@ format = "number"
         self.set("bucket.max_samples", n)
     }
 
-    pub fn flush_interval(self, every: &str) -> Config {
-        self.set("flush.interval", every)
+    pub fn max_delay(self, delay: &str) -> Config {
+        self.set("flush.max_delay", delay)
     }
 
     pub fn closer(self, every: &str, grace: &str) -> Config {
