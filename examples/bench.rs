@@ -94,6 +94,12 @@ struct RunArgs {
     /// no limit, Mosquitto's default is 1000).
     #[arg(long, default_value_t = 0)]
     queued: u32,
+    /// The batched bridges' batch (Telegraf's `metric_batch_size` and
+    /// `max_undelivered_messages`); the broker's in-flight window unless
+    /// set. Larger than the window, the bridge stalls: it waits its flush
+    /// interval for a batch the broker never sends.
+    #[arg(long)]
+    batch: Option<usize>,
     /// Skip sensor counts for scenarios that cannot keep up with them at
     /// all (the naive bridges at 100,000 sensors), as "scenario/sensors".
     #[arg(
@@ -129,9 +135,12 @@ struct SinkArgs {
     mongodb: String,
     #[arg(long)]
     metrics_port: u16,
-    /// The broker's in-flight window: the batched bridge's batch size.
+    /// The broker's in-flight window.
     #[arg(long, default_value_t = 1000)]
     inflight: u16,
+    /// The batched bridge's batch size.
+    #[arg(long, default_value_t = 1000)]
+    batch: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -193,12 +202,7 @@ async fn sink(args: SinkArgs) -> anyhow::Result<()> {
                     )
                     .await?;
             }
-            tokio::spawn(batched(
-                client.clone(),
-                rx,
-                collection,
-                args.inflight as usize,
-            ))
+            tokio::spawn(batched(client.clone(), rx, collection, args.batch))
         }
         other => anyhow::bail!("unknown sink {other}"),
     };
@@ -533,6 +537,8 @@ topic = "bench/{{sensor}}/data"
             .arg(metrics_port.to_string())
             .arg("--inflight")
             .arg(args.inflight.to_string())
+            .arg("--batch")
+            .arg(args.batch.unwrap_or(args.inflight as usize).to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()?,
@@ -1165,6 +1171,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         "step_secs": args.step_secs,
         "warmup_secs": args.warmup_secs,
         "broker": { "max_inflight_messages": args.inflight, "max_queued_messages": args.queued },
+        "batch": args.batch.unwrap_or(args.inflight as usize),
         "results": results,
         "max_sustained": summary,
     });
