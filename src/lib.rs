@@ -127,7 +127,8 @@ pub async fn run(
     let health = Arc::new(telemetry::Health::default());
     let client = mongo_client(&settings).await?;
     let db = client.database(&settings.mongodb.database);
-    let store = store::Store::new(&settings, db.clone());
+    let mut store = store::Store::new(&settings, db.clone());
+    store.observe(health.clone());
     let decoder = Decoder::new(settings.subscriptions.clone(), settings.decode_limits());
     let spool_error = |e: std::io::Error| {
         RunError::Spool(format!("{} (spool.dir): {e}", settings.spool.dir.display()))

@@ -1,7 +1,8 @@
 //! `palletd query`: read back what was stored without writing MongoDB
 //! queries. The storage mode's reader ([`crate::store::Store`]) yields one
 //! sensor's readings in time order, or per-window rollups; this module
-//! prints them as JSON lines or CSV.
+//! prints them as JSON lines or CSV. Both stream: memory holds one window's
+//! readings at most (CSV reads the range twice, for its header).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -10,7 +11,7 @@ use bson::Bson;
 
 use crate::clock::iso;
 pub use crate::store::read::{QueryError, Range, Summary, WindowStats};
-use crate::store::{read::Fields, Store};
+use crate::store::Store;
 
 type Result<T> = std::result::Result<T, QueryError>;
 
@@ -81,41 +82,33 @@ pub async fn print_readings(
                 .await
         }
         Format::Csv => {
-            // The header needs every column (sorted by name): CSV holds the
-            // rows until the end.
-            let mut rows: Vec<(i64, Fields)> = Vec::new();
-            let n = store
-                .readings(sensor, range, |ts, fields| {
-                    rows.push((ts, fields));
+            // The header names every column (sorted by name), so the rows
+            // are read twice: once for the names, once to print. Memory
+            // holds one window's rows at most, however long the range.
+            let mut columns = std::collections::BTreeSet::new();
+            store
+                .readings(sensor, range, |_, fields| {
+                    columns.extend(fields.into_iter().map(|(k, _)| k));
                     Ok(())
                 })
                 .await?;
-            let columns: Vec<String> = rows
-                .iter()
-                .flat_map(|(_, fields)| fields.iter().map(|(k, _)| k.clone()))
-                .collect::<std::collections::BTreeSet<String>>()
-                .into_iter()
-                .collect();
+            let columns: Vec<String> = columns.into_iter().collect();
             writeln!(out, "sensorId,ts,{}", columns.join(","))?;
-            for (ts, fields) in rows {
-                let map: BTreeMap<String, Bson> = fields.into_iter().collect();
-                let cells: Vec<String> = columns
-                    .iter()
-                    .map(|c| {
-                        map.get(c)
-                            .map(|v| csv_field(&json_value(v)))
-                            .unwrap_or_default()
-                    })
-                    .collect();
-                writeln!(
-                    out,
-                    "{},{},{}",
-                    csv_field(&sensor.into()),
-                    iso(ts),
-                    cells.join(",")
-                )?;
-            }
-            Ok(n)
+            let sensor_cell = csv_field(&sensor.into());
+            store
+                .readings(sensor, range, |ts, fields| {
+                    let map: BTreeMap<String, Bson> = fields.into_iter().collect();
+                    let cells: Vec<String> = columns
+                        .iter()
+                        .map(|c| {
+                            map.get(c)
+                                .map(|v| csv_field(&json_value(v)))
+                                .unwrap_or_default()
+                        })
+                        .collect();
+                    writeln!(out, "{sensor_cell},{},{}", iso(ts), cells.join(","))
+                })
+                .await
         }
     }
 }

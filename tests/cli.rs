@@ -83,6 +83,29 @@ fn invalid_configs_exit_78_naming_the_offending_path() {
 }
 
 #[test]
+fn check_config_warns_when_the_write_concern_cannot_give_exactly_once() {
+    let example =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml.example"))
+            .unwrap();
+    let (code, out) = check(&example);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        !out.contains("warning:"),
+        "the defaults warn of nothing: {out}"
+    );
+    let weak = example.replace("write_concern = \"majority\"", "write_concern = 1");
+    let (code, out) = check(&weak);
+    assert_eq!(code, Some(0), "a warning, not an error: {out}");
+    assert!(
+        out.contains("warning: mongodb.write_concern = 1") && out.contains("roll it back"),
+        "{out}"
+    );
+    let unjournaled = example.replace("journal = true", "journal = false");
+    let (_, out) = check(&unjournaled);
+    assert!(out.contains("warning: mongodb.journal = false"), "{out}");
+}
+
+#[test]
 fn run_with_a_bad_config_exits_78() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");

@@ -300,3 +300,93 @@ async fn spooled_samples_too_big_for_a_lowered_cap_are_dead_lettered_not_dropped
         .all(|d| d.get_str("cause") == Ok("sample_too_large")));
     stack.stop();
 }
+
+/// A statement the database refuses for good is dead-lettered; the
+/// sensor's later samples are not written before that dead letter, so a
+/// crash in between cannot make the refused sample count as stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_sample_is_dead_lettered_even_when_palletd_is_killed_right_after() {
+    let db = Database::start();
+    let client = db.client().await;
+    let hour = HOUR_MS;
+    let current = now_ms().div_euclid(hour) * hour;
+    let previous = current - hour;
+    // A bucket of the previous hour that every update of its rollups fails
+    // on ($inc into a string): the database refuses the statement for good.
+    client
+        .database("refused")
+        .collection::<bson::Document>("readings")
+        .insert_one(bson::doc! {
+            "sensorId": "r1", "startTs": bson::DateTime::from_millis(previous),
+            "endTs": bson::DateTime::from_millis(current), "closed": false,
+            "count": 0, "size": 0, "sum": "not a number",
+        })
+        .await
+        .unwrap();
+    // Two samples fill a bucket: both go in one flush, the refused one
+    // first. Anything else waits an hour.
+    let configure = |c: Config| c.max_samples(2).max_delay("1h");
+    let mut stack = Stack::on(Broker::start(), db, "refused", configure).await;
+    let mut publisher = stack.publisher().await;
+    publisher
+        .json(
+            "r1",
+            serde_json::json!({ "ts": previous + 60_000, "seq": 1, "v": 1.0 }),
+        )
+        .await;
+    publisher
+        .json(
+            "r1",
+            serde_json::json!({ "ts": now_ms(), "seq": 2, "v": 2.0 }),
+        )
+        .await;
+    publisher.flush().await;
+    stack
+        .palletd
+        .wait_until(Duration::from_secs(30), "refused by the database", |p| {
+            p.metric(
+                "palletd_dead_letters_total",
+                Some(("cause", "rejected_by_database")),
+            ) >= 1.0
+        })
+        .await;
+    stack.palletd.kill();
+
+    let mut stack = Stack::on(stack.broker, stack.db, "refused", configure).await;
+    eventually(
+        Duration::from_secs(60),
+        "the refused sample dead-lettered",
+        || async { !stack.docs("readings_deadletter").await.is_empty() },
+    )
+    .await;
+    let dead = stack.docs("readings_deadletter").await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].get_str("cause"), Ok("rejected_by_database"));
+    assert_eq!(dead[0].get_str("sensorId"), Ok("r1"));
+    let sample = dead[0].get_document("sample").unwrap();
+    assert_eq!(sample.get_f64("seq"), Ok(1.0));
+    // (The poisoned bucket holds no samples.)
+    let stored_seqs = || async {
+        let mut s: Vec<i64> = stack
+            .docs("readings")
+            .await
+            .iter()
+            .filter(|b| b.contains_key("samples"))
+            .flat_map(seqs)
+            .collect();
+        s.sort_unstable();
+        s
+    };
+    eventually(
+        Duration::from_secs(30),
+        "the other sample stored",
+        || async { !stored_seqs().await.is_empty() },
+    )
+    .await;
+    assert_eq!(
+        stored_seqs().await,
+        vec![2],
+        "stored once, the refused one not"
+    );
+    stack.stop();
+}

@@ -106,7 +106,7 @@ fn collect(sock: &UnixDatagram, dur: Duration) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn systemd_notify_ready_and_watchdog_only_while_flushes_progress() {
+async fn the_watchdog_is_petted_through_a_database_outage_longer_than_its_interval() {
     let broker = Broker::start();
     let mut db = Database::start();
     let dir = tempfile::tempdir().unwrap();
@@ -129,24 +129,32 @@ async fn systemd_notify_ready_and_watchdog_only_while_flushes_progress() {
     assert!(first.iter().any(|m| m.contains("STATUS=")), "{first:?}");
     assert!(first.iter().any(|m| m.contains("WATCHDOG=1")), "{first:?}");
 
-    // Make a flush hang: the database is gone and a reading waits.
+    // The database goes away while a reading waits: its flush retries.
     db.stop();
     let mut publisher = Publisher::connect(&broker, "pub-notify").await;
     publisher
         .publish("sensors/n1/telemetry", r#"{"v": 1}"#)
         .await;
     publisher.flush().await;
-    // A flush is retrying against the absent database.
     palletd
         .wait_metric("palletd_database_errors_total", 1.0)
         .await;
-    // Past the watchdog interval the pets stop.
-    collect(&sock, Duration::from_secs(3));
-    let stuck = collect(&sock, Duration::from_secs(4));
+    // Three watchdog intervals into the outage palletd is still alive and
+    // retrying: the pets go on, and STATUS says what it waits for.
+    let outage = collect(&sock, Duration::from_secs(6));
+    let pets = outage.iter().filter(|m| m.contains("WATCHDOG=1")).count();
     assert!(
-        !stuck.iter().any(|m| m.contains("WATCHDOG=1")),
-        "no watchdog while stuck: {stuck:?}"
+        pets >= 4,
+        "the watchdog is petted during the outage: {outage:?}"
     );
+    assert!(
+        outage
+            .iter()
+            .any(|m| m.contains("STATUS=waiting for the database")),
+        "STATUS names the outage: {outage:?}"
+    );
+    assert_eq!(http_get(palletd.http_port, "/readyz").0, 503);
+    assert!(palletd.running(), "not restarted, not crashed");
 
     db.start_again();
     let client = db.client().await;
@@ -157,7 +165,7 @@ async fn systemd_notify_ready_and_watchdog_only_while_flushes_progress() {
     let after = collect(&sock, Duration::from_secs(4));
     assert!(
         after.iter().any(|m| m.contains("WATCHDOG=1")),
-        "watchdog again: {after:?}"
+        "watchdog after the outage: {after:?}"
     );
     assert_eq!(palletd.terminate(), Some(0));
 }
@@ -489,4 +497,31 @@ fn compose_file_has_the_services_health_checks_and_config_mount() {
         dockerfile.contains("\nUSER palletd"),
         "non-root runtime user"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csv_export_names_every_field_even_one_that_appears_late() {
+    let mut stack = Stack::start("csvlate", |c| c).await;
+    let mut publisher = stack.publisher().await;
+    let t0 = now_ms() - 10_000;
+    for seq in 0..5i64 {
+        let mut v = serde_json::json!({ "ts": t0 + seq * 1000, "seq": seq, "v": seq as f64 });
+        if seq == 4 {
+            v["door"] = "open".into();
+        }
+        publisher.json("c1", v).await;
+    }
+    publisher.flush().await;
+    stack.wait_stored(5).await;
+    let cfg_path = stack.config.write_to(stack.palletd.dir.path(), "csv.toml");
+    let csv = query_ok(&cfg_path, &["--sensor", "c1", "--format", "csv"]);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines[0], "sensorId,ts,door,seq,v", "{csv}");
+    assert_eq!(lines.len(), 6, "{csv}");
+    assert!(
+        lines[1].starts_with("c1,") && lines[1].ends_with(",,0,0"),
+        "{csv}"
+    );
+    assert!(lines[5].ends_with(",open,4,4"), "{csv}");
+    stack.stop();
 }

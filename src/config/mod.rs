@@ -773,12 +773,23 @@ impl Validator {
                 WriteConcern::Majority
             }
         };
+        let journal = m.journal.unwrap_or(true);
+        if let WriteConcern::Nodes(n) = write_concern {
+            self.warnings.push(format!(
+                "mongodb.write_concern = {n}: a write is acknowledged once {n} node(s) have it; if that is not a majority of the replica set's voting members, an election can roll it back after palletd counted it as stored, and the reading is lost. \"majority\" (the default) gives the exactly-once the README describes"
+            ));
+        }
+        if !journal {
+            self.warnings.push(
+                "mongodb.journal = false: a write is acknowledged before it is in the server's journal; a server crash can lose it after palletd counted it as stored. journal = true (the default) gives the exactly-once the README describes".into(),
+            );
+        }
         MongoSettings {
             uri: Secret::new(uri),
             database: m.database,
             collection,
             write_concern,
-            journal: m.journal.unwrap_or(true),
+            journal,
         }
     }
 
@@ -1235,6 +1246,21 @@ mod tests {
                 .join("\n");
         assert!(joined.contains("storage.mode: must be"), "{joined}");
         assert!(joined.contains("storage.granularity: must be"), "{joined}");
+    }
+
+    #[test]
+    fn a_write_concern_short_of_majority_and_journal_is_warned_about() {
+        let plain = parse(MINIMAL, None).unwrap();
+        assert!(plain.warnings.is_empty(), "{:?}", plain.warnings);
+        let text = MINIMAL.replace(
+            "database = \"palletd\"",
+            "database = \"palletd\"\nwrite_concern = 1\njournal = false",
+        );
+        let s = parse(&text, None).unwrap();
+        let joined = s.warnings.join("\n");
+        assert!(joined.contains("mongodb.write_concern = 1"), "{joined}");
+        assert!(joined.contains("an election can roll it back"), "{joined}");
+        assert!(joined.contains("mongodb.journal = false"), "{joined}");
     }
 
     #[test]

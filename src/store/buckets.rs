@@ -14,7 +14,9 @@
 //!   and a sensor's statements go out in LSN order in an ordered command,
 //!   so what MongoDB holds of a sensor is a prefix of its samples: the
 //!   highest `lsn` of its buckets is a watermark (everything at or below is
-//!   in, nothing above).
+//!   in, nothing above). A sample the server refuses for good is the one
+//!   exception, so after a refusal the sensor's later statements wait for
+//!   the next flush, which writes the dead letter before them.
 //! - **Seal** (the closer): one multi-document update that the
 //!   `{closed, endTs}` index serves seals every bucket whose window ended
 //!   more than `closer.grace` ago: `closed: true`, `closedAt`, samples
@@ -147,7 +149,7 @@ impl Buckets {
             .collect();
         // Every statement in order: sensors one after another, each in LSN
         // order, so what an ordered command applies is a prefix per sensor.
-        let order: Vec<(usize, usize)> = plans
+        let mut order: Vec<(usize, usize)> = plans
             .iter()
             .enumerate()
             .flat_map(|(r, p)| (0..p.len()).map(move |s| (r, s)))
@@ -203,7 +205,7 @@ impl Buckets {
                     match kind {
                         StatementError::Transient => {
                             debug!(code, error = %msg, "Transient statement error; retrying from it.");
-                            backoff.wait(abort).await?;
+                            mongo.wait(&mut backoff, abort).await?;
                         }
                         StatementError::Permanent => {
                             let (r, s) = order[next];
@@ -212,6 +214,16 @@ impl Buckets {
                             run.outcomes[st.range.clone()]
                                 .fill(Outcome::Rejected(rejection(code, &msg)));
                             next += 1;
+                            // The sensor's later statements wait for the
+                            // next flush, which writes the dead letter
+                            // first: nothing of the sensor above the
+                            // rejected sample is applied before its dead
+                            // letter is, or a crash in between would let
+                            // the prefix rule count it as stored.
+                            let rest: Vec<(usize, usize)> =
+                                order[next..].iter().copied().filter(|o| o.0 != r).collect();
+                            order.truncate(next);
+                            order.extend(rest);
                             backoff.reset();
                         }
                     }

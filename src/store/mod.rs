@@ -23,6 +23,7 @@ pub mod read;
 pub mod timeseries;
 
 use std::io::Write;
+use std::sync::Arc;
 
 use mongodb::Database;
 use tokio_util::sync::CancellationToken;
@@ -74,6 +75,12 @@ impl Store {
             deadletter_expire_after: settings.retention.deadletter_expire_after,
             schema_ready: false,
         }
+    }
+
+    /// Reports database attempts and retry waits to `health` (the
+    /// watchdog tells a retrying flush from a stuck one).
+    pub fn observe(&mut self, health: Arc<crate::telemetry::Health>) {
+        self.mongo.observe(health);
     }
 
     pub fn mode(&mut self) -> &mut Mode {
@@ -130,7 +137,7 @@ impl Store {
     pub async fn ensure_schema(&mut self, abort: &CancellationToken) -> Result<(), Aborted> {
         let mut backoff = Backoff::default();
         while !self.try_ensure_schema().await {
-            backoff.wait(abort).await?;
+            self.mongo.wait(&mut backoff, abort).await?;
         }
         Ok(())
     }

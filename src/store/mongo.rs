@@ -17,6 +17,8 @@
 //!
 //! Outages are logged once (ERROR: data waits) and once on recovery (INFO).
 
+use std::future::IntoFuture;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{doc, rawdoc, Document, RawArrayBuf, RawDocumentBuf};
@@ -30,7 +32,7 @@ use tracing::{debug, error, info};
 use crate::config::{MongoSettings, WriteConcern};
 use crate::deadletter::DeadLetter;
 use crate::retry::{Aborted, Backoff};
-use crate::telemetry;
+use crate::telemetry::{self, Health};
 
 /// The server's limit on statements per write command.
 const MAX_BATCH_STATEMENTS: usize = 100_000;
@@ -197,6 +199,8 @@ pub struct Mongo {
     outage: Option<Instant>,
     /// Failed database calls so far.
     failures: u64,
+    /// Where attempts and retry waits are reported (the watchdog reads it).
+    health: Option<Arc<Health>>,
 }
 
 impl Mongo {
@@ -210,7 +214,49 @@ impl Mongo {
             write_concern: rawdoc! { "w": w, "j": settings.journal },
             outage: None,
             failures: 0,
+            health: None,
         }
+    }
+
+    /// Reports attempts and retry waits to `health`.
+    pub fn observe(&mut self, health: Arc<Health>) {
+        self.health = Some(health);
+    }
+
+    /// Waits the next backoff delay, telling the watchdog when the next
+    /// attempt is due (a retry that waits is progress, not a hang).
+    pub async fn wait(
+        &self,
+        backoff: &mut Backoff,
+        abort: &CancellationToken,
+    ) -> Result<(), Aborted> {
+        let delay = backoff.next_delay();
+        if let Some(h) = &self.health {
+            h.db_retry_in(delay);
+        }
+        let waited = tokio::select! {
+            _ = tokio::time::sleep(delay) => Ok(()),
+            _ = abort.cancelled() => {
+                tracing::warn!("Shutdown deadline reached while retrying a database call.");
+                Err(Aborted)
+            }
+        };
+        if let Some(h) = &self.health {
+            h.db_retried();
+        }
+        waited
+    }
+
+    /// Runs one database call, telling the watchdog while it is in progress.
+    async fn attempt<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        if let Some(h) = &self.health {
+            h.db_attempt(true);
+        }
+        let out = call.await;
+        if let Some(h) = &self.health {
+            h.db_attempt(false);
+        }
+        out
     }
 
     /// Failed database calls so far.
@@ -237,7 +283,10 @@ impl Mongo {
     /// Sends a write command. A failure (logged) says what it means for
     /// the statements: a write concern error counts as ambiguous.
     pub async fn write(&mut self, cmd: RawDocumentBuf, what: &str) -> Result<Reply, RetryAction> {
-        match self.db.run_raw_command(cmd).await {
+        match self
+            .attempt(self.db.run_raw_command(cmd).into_future())
+            .await
+        {
             Ok(r) => {
                 let reply = Reply::parse(&r);
                 if let Some(wce) = &reply.write_concern_error {
@@ -271,7 +320,7 @@ impl Mongo {
             let (len, cmd) = build(self);
             match self.write(cmd, what).await {
                 Ok(reply) => return Ok((len, Some(reply))),
-                Err(RetryAction::Retry) => backoff.wait(abort).await?,
+                Err(RetryAction::Retry) => self.wait(backoff, abort).await?,
                 Err(RetryAction::Ambiguous) => return Ok((len, None)),
             }
         }
@@ -303,14 +352,14 @@ impl Mongo {
     {
         let mut backoff = Backoff::default();
         loop {
-            match read(self.db.clone()).await {
+            match self.attempt(read(self.db.clone())).await {
                 Ok(m) => {
                     self.recovered();
                     return Ok(m);
                 }
                 Err(e) => {
                     self.failed(what, &e);
-                    backoff.wait(abort).await?;
+                    self.wait(&mut backoff, abort).await?;
                 }
             }
         }
@@ -349,7 +398,7 @@ impl Mongo {
                     backoff.reset();
                 }
                 // Idempotent: sent again whatever happened.
-                None => backoff.wait(abort).await?,
+                None => self.wait(&mut backoff, abort).await?,
             }
         }
         Ok(())

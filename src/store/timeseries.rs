@@ -219,7 +219,7 @@ impl Timeseries {
             todo = retry;
             if transient {
                 debug!("Transient insert errors; sending those readings again.");
-                backoff.wait(abort).await?;
+                mongo.wait(&mut backoff, abort).await?;
             } else {
                 backoff.reset();
             }

@@ -19,7 +19,17 @@ pub struct Health {
     flush_started_ms: AtomicI64,
     /// Samples stored, for the STATUS line.
     stored: AtomicU64,
+    /// When the database call in progress began; 0 when none is.
+    db_attempt_ms: AtomicI64,
+    /// When the next database attempt is due while a retry waits; 0 when
+    /// none waits.
+    db_retry_at_ms: AtomicI64,
 }
+
+/// A database call running longer than this counts as stuck (the driver
+/// gives up selecting a server within seconds; a large command over a slow
+/// link may take a minute or two).
+pub const ATTEMPT_BOUND: Duration = Duration::from_secs(300);
 
 impl Health {
     pub fn set_broker_connected(&self, up: bool) {
@@ -70,6 +80,42 @@ impl Health {
         self.stored.load(Ordering::Relaxed)
     }
 
+    /// A database call began (`true`) or ended.
+    pub fn db_attempt(&self, running: bool) {
+        let v = if running { now_ms() } else { 0 };
+        self.db_attempt_ms.store(v, Ordering::Relaxed);
+    }
+
+    /// A failed call is retried after `delay`.
+    pub fn db_retry_in(&self, delay: Duration) {
+        self.db_retry_at_ms
+            .store(now_ms() + delay.as_millis() as i64, Ordering::Relaxed);
+    }
+
+    /// The retry's wait is over.
+    pub fn db_retried(&self) {
+        self.db_retry_at_ms.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether the pipeline makes the progress it can: no flush running, or
+    /// the flush in progress is attempting a database call (for less than
+    /// [`ATTEMPT_BOUND`]), waiting for its next retry (not overdue), or
+    /// between the two. A database that is down is not a hang.
+    pub fn flush_alive(&self, now_ms: i64) -> bool {
+        if self.flush_running_for(now_ms).is_zero() {
+            return true;
+        }
+        let attempt = self.db_attempt_ms.load(Ordering::Relaxed);
+        if attempt > 0 {
+            return now_ms - attempt < ATTEMPT_BOUND.as_millis() as i64;
+        }
+        let retry_at = self.db_retry_at_ms.load(Ordering::Relaxed);
+        if retry_at > 0 {
+            return now_ms <= retry_at + 5_000;
+        }
+        self.flush_running_for(now_ms) < ATTEMPT_BOUND
+    }
+
     /// How long the flush in progress has been running.
     pub fn flush_running_for(&self, now_ms: i64) -> Duration {
         let started = self.flush_started_ms.load(Ordering::Relaxed);
@@ -100,5 +146,31 @@ impl Health {
             return Err("a flush has not succeeded within the bound");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retrying_flush_is_alive_and_a_stuck_one_is_not() {
+        let h = Health::default();
+        let now = now_ms();
+        assert!(h.flush_alive(now), "no flush running");
+        h.flush_started();
+        h.db_attempt(true);
+        assert!(h.flush_alive(now + 60_000), "an attempt of a minute");
+        assert!(
+            !h.flush_alive(now + ATTEMPT_BOUND.as_millis() as i64 + 1000),
+            "an attempt that never returns"
+        );
+        h.db_attempt(false);
+        h.db_retry_in(Duration::from_secs(30));
+        assert!(h.flush_alive(now + 30_000), "waiting for its next retry");
+        assert!(!h.flush_alive(now + 60_000), "a retry long overdue");
+        h.db_retried();
+        h.flush_finished(1);
+        assert!(h.flush_alive(now + 3_600_000));
     }
 }

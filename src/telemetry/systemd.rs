@@ -1,9 +1,12 @@
 //! The service manager: [`supervise`] probes the database once a second
 //! (readiness), keeps the metrics upkeep going, and under systemd sends
 //! `READY=1` once started, `STATUS=` with throughput or what palletd waits
-//! for, and `WATCHDOG=1` only while the pipeline makes progress (the broker
-//! loop polled recently and no flush has been in progress for longer than
-//! the watchdog interval).
+//! for, and `WATCHDOG=1` while palletd is alive and making the progress it
+//! can: the broker loop polled within the watchdog interval (messages are
+//! taken and spooled) and the flush in progress, if any, is attempting a
+//! database call or waiting for its next retry ([`Health::flush_alive`]).
+//! A database that is down is reported (readiness, STATUS, metrics), not
+//! treated as a hang: a day-long outage restarts nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,8 +71,7 @@ async fn notify_systemd(health: &Health) {
         tick.tick().await;
         let now = now_ms();
         if let Some(interval) = watchdog {
-            if health.ingest_silent_for(now) < interval && health.flush_running_for(now) < interval
-            {
+            if health.ingest_silent_for(now) < interval && health.flush_alive(now) {
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
             }
         }
@@ -83,7 +85,7 @@ async fn notify_systemd(health: &Health) {
         let status = if !health.broker_connected() {
             "waiting for the MQTT broker".to_string()
         } else if !health.database_reachable() {
-            "waiting for the database".to_string()
+            "waiting for the database (readings are spooled and acknowledged)".to_string()
         } else {
             format!("storing {rate:.0} samples/s")
         };
