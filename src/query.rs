@@ -52,6 +52,11 @@ fn csv_field(v: &serde_json::Value) -> String {
     let s = match v {
         serde_json::Value::String(s) => s.clone(),
         serde_json::Value::Null => String::new(),
+        // The shortest decimal that reads back the same value: 4, 0.5.
+        serde_json::Value::Number(n) => match n.as_f64() {
+            Some(x) if n.is_f64() => x.to_string(),
+            _ => n.to_string(),
+        },
         other => other.to_string(),
     };
     if s.contains([',', '"', '\n']) {
