@@ -89,7 +89,7 @@ fn statements(c: &mut Criterion) {
                 for run in runs.iter_mut() {
                     for st in bucket::plan(&run.samples, &mut run.fills, &shape) {
                         bytes += st
-                            .to_bson(&run.sensor, &run.samples, &shape)
+                            .to_bson(&run.sensor, &run.samples, &shape, "lsns.s00000001")
                             .as_bytes()
                             .len();
                     }

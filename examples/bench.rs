@@ -68,6 +68,45 @@ enum Cli {
     /// Peak RSS of `palletd query` exporting one long-lived sensor (a year
     /// at 1 Hz is 31 million readings) as CSV and as JSON lines.
     QueryRss(QueryRssArgs),
+    /// palletd writing to MongoDB through a slow link (a proxy with a
+    /// round trip and a bandwidth): the lag of live readings without a
+    /// backlog, a cut of the link, then the lag of live readings while the
+    /// backlog drains, the drain rate, bytes on the wire and spool bytes
+    /// per reading.
+    Wan(WanArgs),
+}
+
+#[derive(clap::Args)]
+struct WanArgs {
+    /// Round trip of the link, ms.
+    #[arg(long, default_value_t = 200)]
+    rtt_ms: u64,
+    /// Bandwidth each way, Mbit/s.
+    #[arg(long, default_value_t = 2.0)]
+    mbit: f64,
+    #[arg(long, default_value_t = 1000)]
+    sensors: usize,
+    /// Readings per second, all sensors together.
+    #[arg(long, default_value_t = 1000.0)]
+    rate: f64,
+    /// Seconds measured before the cut (after a 30 s warm-up): the lag
+    /// without a backlog, bytes on the wire.
+    #[arg(long, default_value_t = 120)]
+    before_secs: u64,
+    /// Seconds the link is cut (0: no cut).
+    #[arg(long, default_value_t = 600)]
+    cut_secs: u64,
+    /// The longest wait for the backlog to drain, seconds.
+    #[arg(long, default_value_t = 1800)]
+    drain_limit_secs: u64,
+    /// Storage mode: buckets or timeseries.
+    #[arg(long, default_value = "buckets")]
+    mode: String,
+    /// Wire compressors palletd offers ("zstd", "none").
+    #[arg(long, default_value = "zstd")]
+    compressors: String,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(clap::Args)]
@@ -163,7 +202,154 @@ fn main() -> anyhow::Result<()> {
         Cli::Run(args) => run(args),
         Cli::Sink(args) => tokio::runtime::Runtime::new()?.block_on(sink(args)),
         Cli::QueryRss(args) => query_rss(args),
+        Cli::Wan(args) => wan(args),
     }
+}
+
+// ------------------------------------------------------------------ WAN
+
+fn wan(args: WanArgs) -> anyhow::Result<()> {
+    use palletd::netem::{Link, LinkProxy};
+    let svc = Services::start(&args.run)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let link = Link {
+        one_way: Duration::from_millis(args.rtt_ms / 2),
+        bytes_per_sec: (args.mbit * 1e6 / 8.0) as u64,
+    };
+    let proxy = rt.block_on(LinkProxy::start(svc.db_port, link))?;
+    let compressors = match args.compressors.as_str() {
+        "none" => "compressors = []".to_string(),
+        c => format!("compressors = [\"{c}\"]"),
+    };
+    let sink = start_sink_with(
+        &args.run,
+        &args.mode,
+        &svc,
+        &proxy.mongodb_uri(""),
+        &compressors,
+        "max_size = \"8GiB\"",
+    )?;
+    let total_secs = 30 + args.before_secs + args.cut_secs + args.drain_limit_secs + 60;
+    let mut sim = Command::new(&args.run.palletd)
+        .arg("simulate")
+        .arg("--url")
+        .arg(format!("mqtt://127.0.0.1:{}", svc.broker_port))
+        .args(["--sensors", &args.sensors.to_string(), "--rate"])
+        .arg(format!("{}", args.rate / args.sensors as f64))
+        .arg("--duration")
+        .arg(format!("{total_secs}s"))
+        .args(["--topic", TOPIC, "--batch-share", "0", "--qos", "1"])
+        .args(["--sensor-prefix", "s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let decoded = |s: &Sink| -> f64 {
+        http_get(s.metrics_port, "/metrics")
+            .ok()
+            .and_then(|b| {
+                b.lines()
+                    .find(|l| l.starts_with(palletd::telemetry::SAMPLES_DECODED))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            })
+            .unwrap_or(0.0)
+    };
+    eprintln!("warm-up 30 s");
+    std::thread::sleep(Duration::from_secs(30));
+    // Without a backlog.
+    let (s0, b0) = (sink.scrape()?, proxy.bytes());
+    let cpu0 = sink.cpu();
+    eprintln!("measuring {} s without a backlog", args.before_secs);
+    std::thread::sleep(Duration::from_secs(args.before_secs));
+    let (s1, b1) = (sink.scrape()?, proxy.bytes());
+    let cpu = sink.cpu().saturating_sub(cpu0);
+    let stored = (s1.stored - s0.stored).max(1.0);
+    let mut out = json!({
+        "scenario": "wan",
+        "mode": args.mode,
+        "compressors": args.compressors,
+        "rtt_ms": args.rtt_ms,
+        "mbit": args.mbit,
+        "sensors": args.sensors,
+        "rate": args.rate,
+        "stored_per_s": stored / args.before_secs as f64,
+        "wire_bytes_up_per_reading": (b1.0 - b0.0) as f64 / stored,
+        "wire_bytes_down_per_reading": (b1.1 - b0.1) as f64 / stored,
+        "cpu_us_per_reading": cpu.as_secs_f64() * 1e6 / stored,
+        "lag_p50_s": quantile(&s0.live_age, &s1.live_age, 0.5),
+        "lag_p99_s": quantile(&s0.live_age, &s1.live_age, 0.99),
+    });
+    eprintln!("{out}");
+    if args.cut_secs > 0 {
+        let spool_dir = svc.dir.path().join("spool");
+        let spool_before = spool_sizes(&spool_dir)?;
+        let decoded_before = decoded(&sink);
+        eprintln!("link cut for {} s", args.cut_secs);
+        proxy.cut();
+        std::thread::sleep(Duration::from_secs(args.cut_secs));
+        let spool_after = spool_sizes(&spool_dir)?;
+        let spooled = (decoded(&sink) - decoded_before).max(1.0);
+        out["spool_bytes_per_reading"] =
+            json!((spool_after.0 as f64 - spool_before.0 as f64) / spooled);
+        out["spool_plain_bytes_per_reading"] =
+            json!((spool_after.1 as f64 - spool_before.1 as f64) / spooled);
+        proxy.restore();
+        let restored = Instant::now();
+        let s2 = sink.scrape()?;
+        eprintln!("link restored; draining");
+        let mut peak_backlog: f64 = 0.0;
+        let mut drained = None;
+        let mut s3 = s2.clone();
+        while restored.elapsed() < Duration::from_secs(args.drain_limit_secs) {
+            std::thread::sleep(Duration::from_secs(1));
+            s3 = sink.scrape()?;
+            peak_backlog = peak_backlog.max(s3.backlog_readings);
+            let caught_up = s3.stored >= decoded(&sink) - args.rate * 15.0;
+            if restored.elapsed() > Duration::from_secs(5)
+                && s3.backlog_readings == 0.0
+                && caught_up
+            {
+                drained = Some(restored.elapsed().as_secs_f64());
+                break;
+            }
+        }
+        out["backlog_readings_peak"] = json!(peak_backlog);
+        out["drained_after_s"] = json!(drained);
+        out["drain_per_s"] = json!(drained.map(|d| peak_backlog / d));
+        out["live_lag_p50_while_draining_s"] = json!(quantile(&s2.live_age, &s3.live_age, 0.5));
+        out["live_lag_p99_while_draining_s"] = json!(quantile(&s2.live_age, &s3.live_age, 0.99));
+    }
+    let _ = sim.kill();
+    let _ = sim.wait();
+    drop(sink);
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    std::fs::create_dir_all(&args.run.out)?;
+    let name = format!(
+        "wan-{}-{}-{}.json",
+        args.mode,
+        args.compressors,
+        chrono::Utc::now().format("%Y-%m-%dT%H%M%SZ")
+    );
+    std::fs::write(args.run.out.join(name), serde_json::to_string_pretty(&out)?)?;
+    Ok(())
+}
+
+/// The spool's bytes on disk, and as they would be uncompressed.
+fn spool_sizes(dir: &Path) -> anyhow::Result<(u64, u64)> {
+    let (mut disk, mut plain) = (0, 0);
+    for e in std::fs::read_dir(dir)? {
+        let path = e?.path();
+        let name = path.to_string_lossy().to_string();
+        let len = std::fs::metadata(&path)?.len();
+        if name.ends_with(".seg.zst") {
+            disk += len;
+            let mut d = zstd::stream::read::Decoder::new(std::fs::File::open(&path)?)?;
+            plain += std::io::copy(&mut d, &mut std::io::sink())?;
+        } else if name.ends_with(".seg") {
+            disk += len;
+            plain += len;
+        }
+    }
+    Ok((disk, plain))
 }
 
 // ------------------------------------------------------------ query RSS
@@ -616,6 +802,19 @@ struct Sink {
 }
 
 fn start_sink(args: &RunArgs, kind: &str, svc: &Services) -> anyhow::Result<Sink> {
+    start_sink_with(args, kind, svc, &svc.mongodb_uri(), "", "")
+}
+
+/// [`start_sink`] with palletd's database at `uri` and more settings in
+/// its `[mongodb]` and `[spool]` tables (TOML lines).
+fn start_sink_with(
+    args: &RunArgs,
+    kind: &str,
+    svc: &Services,
+    uri: &str,
+    mongodb_extra: &str,
+    spool_extra: &str,
+) -> anyhow::Result<Sink> {
     let metrics_port = free_port();
     let mut child = match kind {
         "buckets" | "timeseries" => {
@@ -628,10 +827,12 @@ max_inflight = {inflight}
 uri = "{uri}"
 database = "bench"
 collection = "readings"
+{mongodb_extra}
 [storage]
 mode = "{kind}"
 [spool]
 dir = "{spool}"
+{spool_extra}
 [http]
 listen = "127.0.0.1:{metrics_port}"
 [limits]
@@ -641,7 +842,6 @@ topic = "bench/{{sensor}}/data"
 "#,
                 broker = svc.broker_port,
                 inflight = args.inflight,
-                uri = svc.mongodb_uri(),
                 spool = svc.dir.path().join("spool").display(),
             );
             // BENCH_PALLETD_EXTRA: more TOML for experiments (not used by
@@ -661,7 +861,7 @@ topic = "bench/{{sensor}}/data"
         _ => Command::new(std::env::current_exe()?)
             .args(["sink", "--kind", kind, "--broker-port"])
             .arg(svc.broker_port.to_string())
-            .args(["--mongodb", &svc.mongodb_uri(), "--metrics-port"])
+            .args(["--mongodb", uri, "--metrics-port"])
             .arg(metrics_port.to_string())
             .arg("--inflight")
             .arg(args.inflight.to_string())
@@ -703,8 +903,24 @@ struct Scrape {
     stored: f64,
     /// Bucket bytes the database rewrote (palletd in bucket mode only).
     rewritten: f64,
-    /// Histogram of reading age: upper bound -> cumulative count.
+    /// Histogram of reading age: upper bound -> cumulative count (all
+    /// lanes), and of the readings palletd wrote as live ones.
     age: Vec<(f64, f64)>,
+    live_age: Vec<(f64, f64)>,
+    /// palletd's backlog gauges.
+    backlog_readings: f64,
+    drain_rate: f64,
+}
+
+/// Adds histogram `h` (cumulative buckets) into `into`.
+fn add_histogram(into: &mut Vec<(f64, f64)>, h: &[(f64, f64)]) {
+    if into.is_empty() {
+        *into = h.to_vec();
+    } else {
+        for (i, (_, n)) in into.iter_mut().enumerate() {
+            *n += h.get(i).map_or(0.0, |b| b.1);
+        }
+    }
 }
 
 impl Sink {
@@ -723,8 +939,20 @@ impl Sink {
                     out.rewritten = v;
                 }
             } else if s.metric == palletd::telemetry::SAMPLE_AGE_SECONDS {
-                if let prometheus_parse::Value::Histogram(h) = s.value {
-                    out.age = h.iter().map(|b| (b.less_than, b.count)).collect();
+                if let prometheus_parse::Value::Histogram(h) = &s.value {
+                    let h: Vec<(f64, f64)> = h.iter().map(|b| (b.less_than, b.count)).collect();
+                    add_histogram(&mut out.age, &h);
+                    if s.labels.get("lane") == Some("live") {
+                        out.live_age = h;
+                    }
+                }
+            } else if s.metric == palletd::telemetry::BACKLOG_READINGS {
+                if let prometheus_parse::Value::Gauge(v) = s.value {
+                    out.backlog_readings = v;
+                }
+            } else if s.metric == palletd::telemetry::BACKLOG_DRAIN_RATE {
+                if let prometheus_parse::Value::Gauge(v) = s.value {
+                    out.drain_rate = v;
                 }
             }
         }

@@ -7,6 +7,14 @@
 //! matter what the gateway believes about the bucket's fill. The planner uses
 //! the remembered fill only to cut a run exactly: fill the open bucket, then
 //! start full-sized new ones.
+//!
+//! Each statement also records which spool records it carries: `$push`
+//! of its first and last LSN onto `lsns.<spool>` (see [`lsns_field`]). A
+//! statement's samples are consecutive in their sensor's queue, which
+//! holds every sample of the sensor read between them that is not yet in
+//! MongoDB, so the pair names exactly the statement's samples of that
+//! sensor and window; a replay asks whether a bucket of its sample's
+//! sensor and window holds a pair around the sample's LSN.
 
 use bson::{rawdoc, RawArrayBuf, RawBson, RawDocument, RawDocumentBuf};
 
@@ -56,8 +64,8 @@ impl Shape {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SampleRef<'a> {
     pub ts_ms: i64,
-    /// Log sequence number of the sample's spool record. A sensor's samples
-    /// are in LSN order, and a bucket remembers the highest LSN applied to it.
+    /// Log sequence number of the sample's spool record. A sensor's queue
+    /// is in LSN order, and a bucket records the LSN ranges applied to it.
     pub lsn: u64,
     pub doc: &'a RawDocument,
 }
@@ -348,8 +356,14 @@ impl Statement {
     }
 
     /// `{q, u, upsert: true}` for the `update` command; `samples` is the run
-    /// the statement was planned from.
-    pub fn to_bson(&self, sensor: &str, samples: &Samples, shape: &Shape) -> RawDocumentBuf {
+    /// the statement was planned from, `lsns` the spool's [`lsns_field`].
+    pub fn to_bson(
+        &self,
+        sensor: &str,
+        samples: &Samples,
+        shape: &Shape,
+        lsns: &str,
+    ) -> RawDocumentBuf {
         let k = self.count();
         let start = bson::DateTime::from_millis(self.start_ms);
         let end = bson::DateTime::from_millis(self.start_ms + shape.window_ms);
@@ -363,6 +377,7 @@ impl Statement {
         let mut each = RawArrayBuf::new();
         let mut min_ts = i64::MAX;
         let mut max_ts = i64::MIN;
+        let mut first_lsn = u64::MAX;
         let mut last_lsn = 0;
         // Rollups per numeric field, in order of first appearance.
         let mut rollups: Vec<(&str, f64, i32, f64, f64)> = Vec::new();
@@ -370,6 +385,7 @@ impl Statement {
             each.push(RawBson::Document(s.doc.to_raw_document_buf()));
             min_ts = min_ts.min(s.ts_ms);
             max_ts = max_ts.max(s.ts_ms);
+            first_lsn = first_lsn.min(s.lsn);
             last_lsn = last_lsn.max(s.lsn);
             for (name, x) in s.nums() {
                 match rollups.iter_mut().find(|r| r.0 == name) {
@@ -385,20 +401,20 @@ impl Statement {
         }
         let mut inc = rawdoc! { "count": k as i32, "size": self.bytes as i32 };
         let mut min = rawdoc! { "minTs": bson::DateTime::from_millis(min_ts) };
-        let mut max = rawdoc! {
-            "maxTs": bson::DateTime::from_millis(max_ts),
-            "lsn": last_lsn as i64,
-        };
+        let mut max = rawdoc! { "maxTs": bson::DateTime::from_millis(max_ts) };
         for (name, sum, n, lo, hi) in rollups {
             inc.append(format!("sum.{name}"), sum);
             inc.append(format!("n.{name}"), n);
             min.append(format!("min.{name}"), lo);
             max.append(format!("max.{name}"), hi);
         }
-        let mut push = RawDocumentBuf::new();
-        push.append("$each", each);
+        let mut push = rawdoc! { "samples": { "$each": each } };
+        push.append(
+            lsns,
+            rawdoc! { "$each": [first_lsn as i64, last_lsn as i64] },
+        );
         let u = rawdoc! {
-            "$push": { "samples": push },
+            "$push": push,
             "$inc": inc,
             "$min": min,
             "$max": max,
@@ -406,6 +422,20 @@ impl Statement {
         };
         rawdoc! { "q": q, "u": u, "upsert": true }
     }
+}
+
+/// The field a spool's statements record their LSN ranges in:
+/// `lsns.s<spool id>` (the id in hex, as in `spool.id`), an array of first
+/// and last LSN pairs. Each spool has its own, so several palletd
+/// instances can write one sensor.
+pub fn lsns_field(spool_tag: u32) -> String {
+    format!("lsns.s{spool_tag:08x}")
+}
+
+/// Whether the LSN ranges recorded in a bucket (`[first, last, ...]`, as
+/// [`Statement::to_bson`] pushes them) hold `lsn`.
+pub fn ranges_hold(pairs: &[u64], lsn: u64) -> bool {
+    pairs.chunks_exact(2).any(|p| p[0] <= lsn && lsn <= p[1])
 }
 
 /// Cuts one sensor's samples (arrival order) into statements.
@@ -609,17 +639,29 @@ mod tests {
             bytes: 40,
             base: None,
         };
-        let d = bson::Document::try_from(st.to_bson("s", &samples, &SHAPE).as_ref()).unwrap();
+        let field = lsns_field(0xab);
+        assert_eq!(field, "lsns.s000000ab");
+        let d =
+            bson::Document::try_from(st.to_bson("s", &samples, &SHAPE, &field).as_ref()).unwrap();
         assert_eq!(d.get_document("q").unwrap().get_str("sensorId"), Ok("s"));
+        let pushed = d
+            .get_document("u")
+            .unwrap()
+            .get_document("$push")
+            .unwrap()
+            .get_document(&field)
+            .unwrap()
+            .get_array("$each")
+            .unwrap()
+            .clone();
         assert_eq!(
-            d.get_document("u")
-                .unwrap()
-                .get_document("$max")
-                .unwrap()
-                .get_i64("lsn"),
-            Ok(4),
-            "the highest LSN of the statement"
+            pushed,
+            vec![bson::Bson::Int64(2), bson::Bson::Int64(4)],
+            "the first and last LSN of the statement"
         );
+        assert!(ranges_hold(&[2, 4, 9, 9], 3));
+        assert!(ranges_hold(&[2, 4, 9, 9], 9));
+        assert!(!ranges_hold(&[2, 4, 9, 9], 5));
         let q = d.get_document("q").unwrap();
         assert_eq!(q.get_document("count").unwrap().get_i32("$lte").unwrap(), 3);
         assert_eq!(

@@ -31,6 +31,12 @@ pub fn id(tag: u32, lsn: u64) -> bson::oid::ObjectId {
     bson::oid::ObjectId::from_bytes(bytes)
 }
 
+/// The LSN in a dead letter's `_id` ([`id`]).
+pub fn lsn_of(id: bson::oid::ObjectId) -> u64 {
+    let bytes = id.bytes();
+    u64::from_be_bytes(bytes[4..12].try_into().expect("8 bytes"))
+}
+
 /// A whole message that was rejected: its topic and (the first 64 KiB of)
 /// its payload.
 pub fn for_message(

@@ -9,7 +9,7 @@
 //! an earlier run, or part of a write whose reply was lost) are written, the
 //! core asks the store to [`Resolve`] them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 pub use crate::bucket::Fills;
 use crate::bucket::Samples;
@@ -19,7 +19,10 @@ use crate::deadletter::DeadLetter;
 #[derive(Debug, Default)]
 pub struct Run {
     pub sensor: String,
-    /// In LSN order (which is arrival order).
+    /// In LSN order, consecutive in the sensor's queue: every sample of
+    /// the sensor read between the first and the last that is not in
+    /// MongoDB yet is among them (what lets a statement name its samples
+    /// by an LSN range).
     pub samples: Samples,
     /// What palletd knows of the sensor's open buckets; the buckets store
     /// learns what is unknown, plans with it and updates it.
@@ -83,10 +86,6 @@ pub struct Resolve {
 pub struct Resolution {
     /// The uncertain LSNs that are in MongoDB.
     pub applied: HashSet<u64>,
-    /// Per sensor, from a store whose writes apply a prefix of each sensor's
-    /// samples (buckets): every LSN of that sensor at or below the mark is
-    /// in MongoDB, none above it. Lets later replayed samples of the sensor
-    /// be settled without asking again. A store without that rule leaves it
-    /// empty.
-    pub watermarks: HashMap<String, u64>,
+    /// Whether a database call failed on the way (an outage goes on).
+    pub met_errors: bool,
 }

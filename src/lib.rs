@@ -7,7 +7,7 @@
 //!  broker ──> ingest ──> spooler ──> spool (local log, fsync)
 //!               ^          │ decode          │ durable LSN
 //!               └─ PUBACK ─┘ <───────────────┘
-//!                          │ feed (memory)   │ catch-up (disk)
+//!                          │ feed (live)     │ read back (backlog)
 //!                          v                 v
 //!                 pipeline: core (sans-IO) + task ──> store ──> MongoDB
 //!                          └──── checkpoint ───> spool
@@ -29,6 +29,8 @@
 //! - [`simulate`] and [`query`]: the `palletd simulate` load generator and
 //!   `palletd query` to read back what was stored.
 //! - [`shutdown`]: signals and the shutdown order.
+//! - `netem`: a TCP proxy that behaves like a slow, flaky link (tests and
+//!   the benchmark only).
 //!
 //! The core (sans-IO, no tokio):
 //! - [`config`]: the TOML file -> validated [`config::Settings`].
@@ -50,6 +52,8 @@ pub mod deadletter;
 pub mod decode;
 pub mod flush;
 pub mod ingest;
+#[doc(hidden)]
+pub mod netem;
 pub mod pipeline;
 pub mod query;
 pub mod retry;
@@ -105,6 +109,18 @@ pub async fn mongo_client(settings: &Settings) -> Result<mongodb::Client, RunErr
         .get_or_insert(Duration::from_secs(5));
     opts.connect_timeout.get_or_insert(Duration::from_secs(5));
     opts.app_name.get_or_insert_with(|| "palletd".to_string());
+    // Wire compression, unless the URI chose: readings compress well, and
+    // the link to the database may be a slow one.
+    if opts.compressors.is_none() && !settings.mongodb.compressors.is_empty() {
+        let chosen = settings
+            .mongodb
+            .compressors
+            .iter()
+            .map(|c| c.parse::<mongodb::options::Compressor>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| RunError::Config(format!("mongodb.compressors: {e}")))?;
+        opts.compressors = Some(chosen);
+    }
     mongodb::Client::with_options(opts).map_err(|e| RunError::Config(format!("mongodb.uri: {e}")))
 }
 
@@ -134,6 +150,7 @@ pub async fn run(
         RunError::Spool(format!("{} (spool.dir): {e}", settings.spool.dir.display()))
     };
     let (spool, recovered, appender) = spool::open(&settings.spool).map_err(spool_error)?;
+    store.set_spool(recovered.tag);
     info!(
         dir = %settings.spool.dir.display(),
         bytes = recovered.bytes,
@@ -166,10 +183,17 @@ pub async fn run(
             max_pending: settings.flush.max_pending_samples,
             max_lateness_ms: settings.bucket.max_lateness.as_millis() as i64,
             max_delay: settings.flush.max_delay,
+            behind: pipeline::Config::behind_for(settings.flush.max_delay),
+            backfill_share: settings.flush.backfill_share,
             seal_every: settings.closer.interval,
             seal_grace_ms: store.seal_grace().map(|g| g.as_millis() as i64),
-            from: recovered.checkpoint,
+            // Nothing to replay: no backlog to read.
+            from: match recovered.records {
+                0 => recovered.next_lsn,
+                _ => recovered.checkpoint,
+            },
             fresh_from: recovered.next_lsn,
+            replay_records: recovered.records,
         },
         Instant::now(),
     );

@@ -46,7 +46,7 @@ async fn a_write_applied_without_a_reply_is_not_applied_twice() {
     let db = Database::start();
     let proxy = CutProxy::start(db.port).await;
     let mut stack = Stack::on(Broker::start(), db, "ambiguous", |c| {
-        c.mongodb_uri(&proxy.uri())
+        c.mongodb_uri(&proxy.uri()).uncompressed()
     })
     .await;
     wait_for_indexes(&stack).await;
@@ -69,7 +69,7 @@ async fn a_write_applied_without_a_reply_is_not_applied_twice() {
     stack.stop();
 }
 
-/// Waits until palletd made its indexes (the `{sensorId, lsn}` one last).
+/// Waits until palletd made its indexes (the `{closed, endTs}` one last).
 async fn wait_for_indexes(stack: &Stack) {
     eventually(Duration::from_secs(30), "the indexes are made", || async {
         let names: Vec<String> = match stack
@@ -82,7 +82,7 @@ async fn wait_for_indexes(stack: &Stack) {
             Ok(n) => n,
             Err(_) => return false,
         };
-        names.iter().any(|n| n.contains("lsn"))
+        names.iter().any(|n| n.contains("endTs_1"))
     })
     .await;
 }
@@ -324,8 +324,8 @@ async fn a_refused_sample_is_dead_lettered_even_when_palletd_is_killed_right_aft
         .await
         .unwrap();
     // Two samples fill a bucket: both go in one flush, the refused one
-    // first. Anything else waits an hour.
-    let configure = |c: Config| c.max_samples(2).max_delay("1h");
+    // first; its dead letter goes with the next flush, within 2 s.
+    let configure = |c: Config| c.max_samples(2).max_delay("2s");
     let mut stack = Stack::on(Broker::start(), db, "refused", configure).await;
     let mut publisher = stack.publisher().await;
     publisher

@@ -56,6 +56,17 @@ async fn metrics_match_what_was_stored_and_readyz_follows_the_database() {
     assert_eq!(metric(&s, "palletd_pending_samples", None), 0.0);
     assert_eq!(metric(&s, "palletd_broker_connected", None), 1.0);
     assert!(metric(&s, "palletd_flush_duration_seconds_count", None) >= 1.0);
+    // The clock's state as the kernel tells it to this process too.
+    let clock = s
+        .samples
+        .iter()
+        .find(|x| x.metric == "palletd_clock_synchronized")
+        .map(|_| metric(&s, "palletd_clock_synchronized", None) == 1.0);
+    assert_eq!(
+        clock,
+        palletd::telemetry::systemd::clock_synchronized(),
+        "palletd_clock_synchronized"
+    );
     assert!(
         s.samples
             .iter()
@@ -86,23 +97,44 @@ async fn metrics_match_what_was_stored_and_readyz_follows_the_database() {
     stack.stop();
 }
 
-/// Collects notify datagrams for `dur`.
-fn collect(sock: &UnixDatagram, dur: Duration) -> Vec<String> {
-    let deadline = Instant::now() + dur;
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    while Instant::now() < deadline {
-        sock.set_read_timeout(Some(
-            deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1)),
-        ))
-        .unwrap();
-        if let Ok(n) = sock.recv(&mut buf) {
-            out.push(String::from_utf8_lossy(&buf[..n]).to_string());
-        }
+/// A systemd notify socket: a thread reads every datagram as it arrives
+/// (as systemd does), so the sender never finds it full.
+struct NotifySocket {
+    received: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl NotifySocket {
+    fn bind(path: &std::path::Path) -> NotifySocket {
+        let sock = UnixDatagram::bind(path).unwrap();
+        let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = received.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = sock.recv(&mut buf) {
+                sink.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&buf[..n]).to_string());
+            }
+        });
+        NotifySocket { received }
     }
-    out
+
+    /// How many datagrams arrived so far.
+    fn mark(&self) -> usize {
+        self.received.lock().unwrap().len()
+    }
+
+    /// The datagrams that arrived after `mark`.
+    fn since(&self, mark: usize) -> Vec<String> {
+        self.received.lock().unwrap()[mark..].to_vec()
+    }
+
+    /// The datagrams that arrive within the next `dur`.
+    fn collect(&self, dur: Duration) -> Vec<String> {
+        let mark = self.mark();
+        std::thread::sleep(dur);
+        self.since(mark)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,7 +143,7 @@ async fn the_watchdog_is_petted_through_a_database_outage_longer_than_its_interv
     let mut db = Database::start();
     let dir = tempfile::tempdir().unwrap();
     let sock_path = dir.path().join("notify.sock");
-    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    let sock = NotifySocket::bind(&sock_path);
     let cfg = Config::new(&broker, &db, "notify");
     let mut palletd = Palletd::start_with(
         &cfg,
@@ -124,12 +156,13 @@ async fn the_watchdog_is_petted_through_a_database_outage_longer_than_its_interv
             ..Run::default()
         },
     );
-    let first = collect(&sock, Duration::from_secs(5));
+    let first = sock.collect(Duration::from_secs(5));
     assert!(first.iter().any(|m| m.contains("READY=1")), "{first:?}");
     assert!(first.iter().any(|m| m.contains("STATUS=")), "{first:?}");
     assert!(first.iter().any(|m| m.contains("WATCHDOG=1")), "{first:?}");
 
     // The database goes away while a reading waits: its flush retries.
+    let before_outage = sock.mark();
     db.stop();
     let mut publisher = Publisher::connect(&broker, "pub-notify").await;
     publisher
@@ -141,17 +174,18 @@ async fn the_watchdog_is_petted_through_a_database_outage_longer_than_its_interv
         .await;
     // Three watchdog intervals into the outage palletd is still alive and
     // retrying: the pets go on, and STATUS says what it waits for.
-    let outage = collect(&sock, Duration::from_secs(6));
+    let outage = sock.collect(Duration::from_secs(6));
     let pets = outage.iter().filter(|m| m.contains("WATCHDOG=1")).count();
     assert!(
         pets >= 4,
         "the watchdog is petted during the outage: {outage:?}"
     );
+    let during = sock.since(before_outage);
     assert!(
-        outage
+        during
             .iter()
             .any(|m| m.contains("STATUS=waiting for the database")),
-        "STATUS names the outage: {outage:?}"
+        "STATUS names the outage: {during:?}"
     );
     assert_eq!(http_get(palletd.http_port, "/readyz").0, 503);
     assert!(palletd.running(), "not restarted, not crashed");
@@ -162,7 +196,7 @@ async fn the_watchdog_is_petted_through_a_database_outage_longer_than_its_interv
         stored_samples(&client, "notify").await == 1
     })
     .await;
-    let after = collect(&sock, Duration::from_secs(4));
+    let after = sock.collect(Duration::from_secs(4));
     assert!(
         after.iter().any(|m| m.contains("WATCHDOG=1")),
         "watchdog after the outage: {after:?}"

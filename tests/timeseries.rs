@@ -218,7 +218,7 @@ async fn an_insert_applied_without_a_reply_is_not_applied_twice() {
     let db = Database::start();
     let proxy = CutProxy::start_cutting(db.port, b"documents").await;
     let mut stack = Stack::on(Broker::start(), db, "tsambiguous", |c| {
-        c.timeseries().mongodb_uri(&proxy.uri())
+        c.timeseries().mongodb_uri(&proxy.uri()).uncompressed()
     })
     .await;
     // The time series collection exists (made at start).

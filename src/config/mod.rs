@@ -210,7 +210,13 @@ pub struct MongoSettings {
     pub collection: String,
     pub write_concern: WriteConcern,
     pub journal: bool,
+    /// Wire compression palletd offers the server, in order of preference
+    /// (`compressors=` in the URI takes precedence).
+    pub compressors: Vec<String>,
 }
+
+/// The wire compressors palletd is built with.
+pub const COMPRESSORS: &[&str] = &["zstd", "zlib", "snappy"];
 
 impl MongoSettings {
     /// The dead-letter collection, `<collection>_deadletter`.
@@ -274,6 +280,9 @@ pub struct FlushSettings {
     /// Memory cap: at this many buffered samples palletd flushes and stops
     /// reading from the broker until the flush succeeds.
     pub max_pending_samples: usize,
+    /// While a backlog drains, the share of the database's time it gets
+    /// when live readings are due too (it gets all of it otherwise).
+    pub backfill_share: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -784,12 +793,25 @@ impl Validator {
                 "mongodb.journal = false: a write is acknowledged before it is in the server's journal; a server crash can lose it after palletd counted it as stored. journal = true (the default) gives the exactly-once the README describes".into(),
             );
         }
+        let compressors = m.compressors.unwrap_or_else(|| vec!["zstd".into()]);
+        for c in &compressors {
+            if !COMPRESSORS.contains(&c.as_str()) {
+                self.err(
+                    "mongodb.compressors",
+                    format!(
+                        "unknown compressor {c:?} (one of {})",
+                        COMPRESSORS.join(", ")
+                    ),
+                );
+            }
+        }
         MongoSettings {
             uri: Secret::new(uri),
             database: m.database,
             collection,
             write_concern,
             journal,
+            compressors,
         }
     }
 
@@ -852,9 +874,17 @@ impl Validator {
             1,
             100_000_000,
         ) as usize;
+        let backfill_share = f.backfill_share.unwrap_or(0.5);
+        if !(0.0..=1.0).contains(&backfill_share) {
+            self.err(
+                "flush.backfill_share",
+                format!("must be between 0 and 1, got {backfill_share}"),
+            );
+        }
         FlushSettings {
             max_delay,
             max_pending_samples,
+            backfill_share: backfill_share.clamp(0.0, 1.0),
         }
     }
 
@@ -949,7 +979,7 @@ impl Validator {
     }
 
     fn spool(&mut self, s: RawSpool, base: Option<&Path>) -> crate::spool::SpoolSettings {
-        use crate::spool::Fsync;
+        use crate::spool::{Fsync, WhenFull};
         let dir = s.dir.unwrap_or_else(|| DEFAULT_SPOOL_DIR.into());
         if dir.trim().is_empty() {
             self.err("spool.dir", "must not be empty");
@@ -975,10 +1005,23 @@ impl Validator {
                 Fsync::Batch
             }
         };
+        let when_full = match s.when_full.as_deref() {
+            None | Some("stop") => WhenFull::Stop,
+            Some("drop_oldest") => WhenFull::DropOldest,
+            Some(other) => {
+                self.err(
+                    "spool.when_full",
+                    format!("must be \"stop\" or \"drop_oldest\", got {other:?}"),
+                );
+                WhenFull::Stop
+            }
+        };
         crate::spool::SpoolSettings {
             dir,
             max_size,
             fsync,
+            compress: s.compress.unwrap_or(true),
+            when_full,
         }
     }
 

@@ -66,6 +66,7 @@ pub struct RawMongo {
     pub collection: Option<String>,
     pub write_concern: Option<RawWriteConcern>,
     pub journal: Option<bool>,
+    pub compressors: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -86,6 +87,7 @@ pub struct RawFlush {
     /// Before `max_delay`: read as it, with a warning.
     pub interval: Option<String>,
     pub max_pending_samples: Option<i64>,
+    pub backfill_share: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -115,6 +117,8 @@ pub struct RawSpool {
     pub dir: Option<String>,
     pub max_size: Option<RawSize>,
     pub fsync: Option<String>,
+    pub compress: Option<bool>,
+    pub when_full: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

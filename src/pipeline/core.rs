@@ -5,42 +5,57 @@
 //! checkpoint, seal), the way rumqttc's `MqttState` returns packets and
 //! never touches a socket.
 //!
-//! # Memory and the cursor
-//! Memory holds the records from the checkpoint up to the `cursor`; records
-//! at or past the cursor are on disk only. While everything fits, the
-//! spooler's feed moves the cursor along with the log (live); when memory is
-//! full (`flush.max_pending_samples`) or after a restart, records are read
-//! back from the spool in LSN order (catch-up) as fast as flushes make room,
-//! so per-sensor order is the log's order.
+//! # Two lanes: live readings first
+//! Memory holds two [`Pending`]s. The *live* lane takes the spooler's feed
+//! (and, after a short gap, reads the log from its cursor on); its sensors
+//! fall due by age and fill. The *backlog* lane holds what palletd fell
+//! behind on: it reads an LSN range of the log, `[back_from, back_to)`, in
+//! order, and is written oldest first in flushes sized to take about a
+//! second. When the live lane falls behind (across an outage its oldest
+//! sample waited [`Config::behind`], or more unread records piled up than
+//! half of memory), memory lets go of the live lane's samples, the backlog range
+//! grows to take them and everything on disk up to the durable end, and
+//! the live lane starts again at the newest records: live readings are
+//! written with their normal lag while the backlog drains with the
+//! capacity left. When both lanes have work, the backlog gets
+//! [`Config::backfill_share`] of the database's time (recent flush time,
+//! halving every 10 s); when the live lane has nothing due, all of it.
 //!
 //! # What a flush takes
-//! Each sensor is flushed by its own fill and age ([`super::pending`]): when
-//! its samples fill its open bucket, when its oldest sample waited
+//! Each live sensor is flushed by its own fill and age ([`super::pending`]):
+//! when its samples fill its open bucket, when its oldest sample waited
 //! `flush.max_delay`, or, when memory is full, oldest first. Under
 //! sustained load a reading is therefore durable within `max_delay` plus
 //! one flush (plus the wait for the flush before it when the database is
-//! the bottleneck). Before a seal, every sensor holding samples of a window
-//! the seal closes is flushed, so palletd's own holding never makes late
-//! data. Dead letters go with the next flush, or on their own once the
-//! oldest waited `max_delay`.
+//! the bottleneck). Before a seal, every live sensor holding samples of a
+//! window the seal closes is flushed, and the seal leaves open the windows
+//! the backlog still holds readings of (all of them while some of the
+//! backlog is still on disk), so palletd's own holding never makes late
+//! data. Dead letters go with the next flush, or on their own
+//! once the oldest waited `max_delay`. A flush takes one lane's sensors.
 //!
 //! # Exactly once
 //! Only durable records are written (a flush waits until the spool is
 //! durable up to the cursor). A sample that may already be in MongoDB
-//! (spooled by an earlier run, or sent in a write whose reply was lost) is
-//! *uncertain*; before a sensor's samples are written, its uncertain ones
-//! are resolved with the store, and those MongoDB has leave memory. At most
-//! one action is outstanding at a time, and a sensor's samples are written
-//! in LSN order.
+//! (spooled by an earlier run, read again after memory let it go, or sent
+//! in a write whose reply was lost) is *uncertain*; before a sensor's
+//! samples are written, its uncertain ones are resolved with the store,
+//! and those MongoDB has leave memory. At most one action is outstanding
+//! at a time. Within a lane a sensor's queue is in LSN order and holds
+//! every sample of the sensor read between two of its samples that is not
+//! in MongoDB yet, so a statement can name its samples by their first and
+//! last LSN (the lanes never share a statement): the store's rule for
+//! "already applied" holds in whatever order the lanes write.
 //!
 //! # The checkpoint
-//! The checkpoint is the lowest LSN still needed: the cursor, the lowest
-//! sample or dead letter in memory, or the lowest one of the flush in
-//! flight. Everything below it is in MongoDB (or was dead-lettered there).
+//! The checkpoint is the lowest LSN still needed: the start of the unread
+//! backlog, the live cursor, the lowest sample or dead letter in memory, or
+//! the lowest one of the flush in flight. Everything below it is in MongoDB
+//! (or was dead-lettered there).
 
 use std::time::{Duration, Instant};
 
-use super::pending::{Pending, Pushed, SensorId};
+use super::pending::{Pending, SensorId};
 use super::policy::FlushPolicy;
 use crate::bucket::{SampleRef, Samples, Shape};
 use crate::deadletter::{self, DeadLetter, Reporter};
@@ -49,7 +64,7 @@ use crate::spool::{parse, EntryRef};
 use crate::spooler::Feed;
 use crate::telemetry;
 
-/// Records read from the spool per catch-up step.
+/// Records read from the spool per read step.
 pub const CATCH_UP_BATCH: usize = 50_000;
 
 /// Flushes of the sensors holding windows a seal closes, before the seal
@@ -61,6 +76,17 @@ const SEAL_FLUSH_ROUNDS: u32 = 3;
 /// go in the next flush, at once).
 pub const MAX_SENSORS_PER_FLUSH: usize = 1000;
 
+/// How long a backlog flush should take: live sensors falling due wait at
+/// most about this long behind one.
+const BACKLOG_FLUSH_TARGET: Duration = Duration::from_secs(1);
+
+/// Backlog flush sizes (samples), whatever the last one measured.
+const BACKLOG_FLUSH_MIN: usize = 1_000;
+const BACKLOG_FLUSH_MAX: usize = 100_000;
+
+/// Recent database time halves in this long (the backlog's share).
+const SHARE_HALF_LIFE: Duration = Duration::from_secs(10);
+
 /// How the core is set up.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -71,6 +97,12 @@ pub struct Config {
     pub max_lateness_ms: i64,
     /// How long a sensor's oldest pending sample may wait (`flush.max_delay`).
     pub max_delay: Duration,
+    /// The live lane is behind once its oldest sample waited this long: its
+    /// samples become backlog and it starts again at the newest records.
+    pub behind: Duration,
+    /// The share of the database's time the backlog gets while live
+    /// readings are due too (0 to 1).
+    pub backfill_share: f64,
     pub seal_every: Duration,
     /// A seal at `now` closes the windows ending at or before `now - grace`;
     /// `None` when the storage mode has no seal.
@@ -80,6 +112,24 @@ pub struct Config {
     /// The first LSN of this run: records below it were spooled by an
     /// earlier run and may be in MongoDB already.
     pub fresh_from: u64,
+    /// How many records lie from `from` to `fresh_from` (LSNs jump at a
+    /// restart, so the range does not say).
+    pub replay_records: u64,
+}
+
+impl Config {
+    /// `behind` for a `max_delay`: three delays (at least 1 s), so a
+    /// reading that waited its delay and a slow flush or two is not behind.
+    pub fn behind_for(max_delay: Duration) -> Duration {
+        (max_delay * 3).max(Duration::from_secs(1))
+    }
+}
+
+/// Which memory a flush or read is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    Live,
+    Backlog,
 }
 
 /// What the task should do next.
@@ -89,13 +139,19 @@ pub enum Action {
     Checkpoint(u64),
     /// Read up to `max` records from `from` on, below `limit`, and hand
     /// them to [`Core::records`].
-    Read { from: u64, max: usize, limit: u64 },
+    Read {
+        lane: Lane,
+        from: u64,
+        max: usize,
+        limit: u64,
+    },
     /// Ask the store which of these samples are in MongoDB; hand the answer
     /// to [`Core::resolved`].
     Resolve(Vec<Resolve>),
     /// Write this flush; hand it back with the outcomes to [`Core::written`].
     Write(Batch),
-    /// Seal the windows that are over at `now_ms`; report with
+    /// Seal the windows that are over at `now_ms` (held back, while a
+    /// backlog drains, to before the backlog's oldest window); report with
     /// [`Core::sealed`].
     Seal { now_ms: i64 },
     /// Shutdown: everything in memory is written.
@@ -106,6 +162,8 @@ pub enum Action {
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Flushed {
     pub samples_stored: u64,
+    /// Of those, from the backlog.
+    pub backlog_stored: u64,
     pub statements: u64,
     pub buckets_created: u64,
     pub bytes_rewritten: u64,
@@ -126,36 +184,86 @@ pub struct Leftover {
     pub unacknowledged: usize,
 }
 
+/// What is behind, for metrics, `/readyz` and the STATUS line.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Backlog {
+    /// Readings not yet in MongoDB that the live lane gave up on or a
+    /// restart left: in memory, plus an estimate of those on disk.
+    pub readings: u64,
+    /// The smallest timestamp of those in memory (ms).
+    pub oldest_ts_ms: Option<i64>,
+}
+
 /// The action in progress.
 #[derive(Debug, Clone, Copy)]
 enum Busy {
-    Read,
+    Read(Lane),
     Resolve,
     Write {
+        lane: Lane,
         low: Option<u64>,
         samples: usize,
         deadletters: usize,
+        started: Instant,
     },
     Seal,
+}
+
+/// Recent database time per lane, halving every [`SHARE_HALF_LIFE`].
+#[derive(Debug)]
+struct Share {
+    live: f64,
+    backlog: f64,
+    at: Instant,
+}
+
+impl Share {
+    fn add(&mut self, lane: Lane, took: Duration, now: Instant) {
+        let age = now.saturating_duration_since(self.at).as_secs_f64();
+        let keep = 0.5f64.powf(age / SHARE_HALF_LIFE.as_secs_f64());
+        self.live *= keep;
+        self.backlog *= keep;
+        self.at = now;
+        match lane {
+            Lane::Live => self.live += took.as_secs_f64(),
+            Lane::Backlog => self.backlog += took.as_secs_f64(),
+        }
+    }
+
+    /// Whether the backlog had less than `share` of the recent time.
+    fn backlog_owed(&self, share: f64) -> bool {
+        self.backlog <= share * (self.live + self.backlog)
+    }
 }
 
 pub struct Core {
     config: Config,
     policy: FlushPolicy,
-    pending: Pending,
+    live: Pending,
+    backlog: Pending,
     deadletters: Vec<DeadLetter>,
     /// When the oldest dead letter in memory arrived (monotonic ms).
     deadletters_since: Option<i64>,
     reporter: Reporter,
-    /// First LSN not in memory: records below it are in memory or in MongoDB.
+    /// The live lane's first LSN not in memory: records from it on are on
+    /// disk only (or not written yet).
     cursor: u64,
+    /// The backlog on disk not read yet: `[back_from, back_to)`, and how
+    /// many records that is.
+    back_from: u64,
+    back_to: u64,
+    unread: u64,
+    /// Samples in the unread backlog that were refused and wait in memory
+    /// as dead letters: not read again.
+    refused: std::collections::HashSet<u64>,
     /// Everything below this LSN is durable in the spool.
     durable: u64,
     checkpoint_sent: u64,
     checkpoint_due: Option<u64>,
     busy: Option<Busy>,
-    /// The sensors of the flush being prepared (resolved, then written).
-    flushing: Option<Vec<SensorId>>,
+    /// The lane and sensors of the flush being prepared (resolved, then
+    /// written).
+    flushing: Option<(Lane, Vec<SensorId>)>,
     /// The time (ms) of the seal being prepared, and how many flushes of
     /// the sensors holding windows it closes were made for it.
     seal_at: Option<(i64, u32)>,
@@ -164,6 +272,13 @@ pub struct Core {
     stopping: bool,
     /// The last poll wanted to write but the spool was not durable yet.
     blocked: bool,
+    share: Share,
+    /// Samples the next backlog flush takes (from the last one's speed).
+    backlog_batch: usize,
+    /// The last write had to wait for the database (an outage).
+    outage: bool,
+    /// Samples per record read back (to estimate the backlog on disk).
+    samples_per_record: f64,
     /// The core's monotonic clock starts here (deadlines never follow a
     /// step of the wall clock).
     epoch: Instant,
@@ -173,18 +288,27 @@ pub struct Core {
 
 impl Core {
     pub fn new(config: Config, now: Instant) -> Core {
+        let max_delay_ms = config.max_delay.as_millis() as i64;
+        // What an earlier run left is the first backlog; live readings go
+        // first from the start.
+        let (back_from, cursor) = if config.from < config.fresh_from {
+            (config.from, config.fresh_from)
+        } else {
+            (config.from, config.from)
+        };
         Core {
             policy: FlushPolicy::new(config.max_delay, config.seal_every, now),
-            pending: Pending::new(
-                config.shape,
-                config.fresh_from,
-                config.max_delay.as_millis() as i64,
-            ),
+            live: Pending::new(config.shape, config.fresh_from, max_delay_ms),
+            backlog: Pending::new(config.shape, config.fresh_from, max_delay_ms).untimed(),
             deadletters: Vec::new(),
             deadletters_since: None,
             reporter: Reporter::default(),
-            cursor: config.from,
-            durable: config.from,
+            cursor,
+            back_from,
+            back_to: cursor,
+            unread: config.replay_records,
+            refused: Default::default(),
+            durable: cursor,
             checkpoint_sent: config.from,
             checkpoint_due: None,
             busy: None,
@@ -193,6 +317,14 @@ impl Core {
             sealed_until: None,
             stopping: false,
             blocked: false,
+            share: Share {
+                live: 0.0,
+                backlog: 0.0,
+                at: now,
+            },
+            backlog_batch: BACKLOG_FLUSH_MIN,
+            outage: false,
+            samples_per_record: 0.5,
             epoch: now,
             now,
             config,
@@ -204,9 +336,16 @@ impl Core {
         now.saturating_duration_since(self.epoch).as_millis() as i64
     }
 
+    fn lane(&mut self, lane: Lane) -> &mut Pending {
+        match lane {
+            Lane::Live => &mut self.live,
+            Lane::Backlog => &mut self.backlog,
+        }
+    }
+
     /// Samples held in memory.
     pub fn pending(&self) -> usize {
-        self.pending.count()
+        self.live.count() + self.backlog.count()
     }
 
     /// Samples in memory not yet in MongoDB, the flush in flight included.
@@ -214,22 +353,40 @@ impl Core {
         self.leftover().samples
     }
 
-    /// First LSN not in memory.
+    /// The live lane's first LSN not in memory.
     pub fn cursor(&self) -> u64 {
         self.cursor
     }
 
     /// Records on disk that memory does not hold yet.
     pub fn backlog(&self) -> u64 {
-        self.durable.saturating_sub(self.cursor)
+        self.unread + self.durable.saturating_sub(self.cursor)
+    }
+
+    /// What the backlog lane holds and has yet to read (a scan of memory:
+    /// call it about once a second).
+    pub fn backlog_status(&self) -> Backlog {
+        let unread = self.unread as f64;
+        Backlog {
+            readings: self.backlog.count() as u64 + (unread * self.samples_per_record) as u64,
+            oldest_ts_ms: self.backlog.min_ts(),
+        }
     }
 
     fn held(&self) -> usize {
-        self.pending.count() + self.deadletters.len()
+        self.pending() + self.deadletters.len()
     }
 
-    fn room(&self) -> usize {
+    /// Room for the live lane: whatever memory has left.
+    fn live_room(&self) -> usize {
         self.config.max_pending.saturating_sub(self.held())
+    }
+
+    /// Room for the backlog lane: at most half of memory.
+    fn backlog_room(&self) -> usize {
+        (self.config.max_pending / 2)
+            .saturating_sub(self.backlog.count())
+            .min(self.live_room())
     }
 
     /// The spool is durable below `lsn`.
@@ -246,9 +403,12 @@ impl Core {
     pub fn deadline(&self) -> Instant {
         let mono_now = self.mono(self.now);
         let due = [
-            self.pending.next_due_ms(),
+            self.live.next_due_ms(),
             self.deadletters_since
                 .map(|t| t + self.config.max_delay.as_millis() as i64),
+            self.live
+                .oldest_since_ms()
+                .map(|t| t + self.config.behind.as_millis() as i64 + 1),
         ]
         .into_iter()
         .flatten()
@@ -267,13 +427,13 @@ impl Core {
         self.stopping = true;
     }
 
-    /// Records the spooler appended: taken if they continue memory's window
-    /// and fit; else they stay on disk for catch-up.
+    /// Records the spooler appended: taken into the live lane if they
+    /// continue it and fit; else they stay on disk.
     pub fn feed(&mut self, f: Feed, now: Instant, now_ms: i64) {
-        if f.first != self.cursor || f.records > self.room() {
+        if f.first != self.cursor || f.records > self.live_room() {
             return;
         }
-        self.hold_records(&f.bytes, now, now_ms);
+        self.hold_records(Lane::Live, &f.bytes, now, now_ms);
         self.cursor = f.end;
         self.update_checkpoint();
     }
@@ -289,13 +449,29 @@ impl Core {
         now: Instant,
         now_ms: i64,
     ) {
-        self.busy = None;
-        if let Some(last) = self.hold_records(bytes, now, now_ms) {
-            self.cursor = last + 1;
+        let Some(Busy::Read(lane)) = self.busy.take() else {
+            return;
+        };
+        let last = self.hold_records(lane, bytes, now, now_ms);
+        let position = match lane {
+            Lane::Live => &mut self.cursor,
+            Lane::Backlog => &mut self.back_from,
+        };
+        if let Some(last) = last {
+            *position = (*position).max(last + 1);
         }
         if n < max {
             // The whole range up to `limit` has been read.
-            self.cursor = self.cursor.max(limit);
+            *position = (*position).max(limit);
+        }
+        if lane == Lane::Backlog {
+            self.unread = match self.back_from >= self.back_to {
+                true => 0,
+                false => self.unread.saturating_sub(n as u64),
+            };
+            if self.back_from >= self.back_to {
+                self.refused = Default::default();
+            }
         }
         self.update_checkpoint();
     }
@@ -305,18 +481,21 @@ impl Core {
         self.busy = None;
     }
 
-    /// Puts encoded records into memory; returns the last LSN.
-    fn hold_records(&mut self, bytes: &[u8], now: Instant, now_ms: i64) -> Option<u64> {
+    /// Puts encoded records into a lane; returns the last LSN.
+    fn hold_records(&mut self, lane: Lane, bytes: &[u8], now: Instant, now_ms: i64) -> Option<u64> {
         let mut last = None;
+        let (mut records, mut samples) = (0usize, 0usize);
         for rec in parse(bytes) {
             last = Some(rec.lsn);
+            records += 1;
             match rec.entry {
                 EntryRef::Sample { sensor, doc } => {
+                    samples += 1;
                     let sample = bson::RawDocument::from_bytes(doc)
                         .ok()
                         .and_then(|d| SampleRef::from_doc(d, rec.lsn));
                     match sample {
-                        Some(s) => self.hold(sensor, s, now, now_ms),
+                        Some(s) => self.hold(lane, sensor, s, now, now_ms),
                         None => {
                             tracing::error!(
                                 lsn = rec.lsn,
@@ -335,6 +514,10 @@ impl Core {
                 EntryRef::MessageId { .. } => {}
             }
         }
+        if lane == Lane::Backlog && records > 0 {
+            let seen = samples as f64 / records as f64;
+            self.samples_per_record = 0.9 * self.samples_per_record + 0.1 * seen;
+        }
         last
     }
 
@@ -345,10 +528,10 @@ impl Core {
         self.deadletters.push(d);
     }
 
-    /// Puts a sample into memory. One that no longer fits in a bucket
+    /// Puts a sample into a lane. One that no longer fits in a bucket
     /// (`bucket.max_bytes` was lowered since it was spooled) goes to the dead
     /// letter; it is never dropped silently.
-    fn hold(&mut self, sensor: &str, sample: SampleRef<'_>, now: Instant, now_ms: i64) {
+    fn hold(&mut self, lane: Lane, sensor: &str, sample: SampleRef<'_>, now: Instant, now_ms: i64) {
         if let Err(too_big) = self.config.shape.check(sample) {
             let error = too_big.to_string();
             self.reporter.report("sample_too_large", sensor, &error, 1);
@@ -364,13 +547,57 @@ impl Core {
             self.hold_deadletter((sample.lsn, doc), now);
             return;
         }
-        let mono = self.mono(now);
-        if self.pending.push(sensor, sample, mono) == Pushed::AlreadyApplied {
-            tracing::debug!(
-                sensor,
-                "Skipped a replayed sample that MongoDB already has."
-            );
+        if lane == Lane::Backlog && self.refused.contains(&sample.lsn) {
+            return;
         }
+        let mono = self.mono(now);
+        self.lane(lane).push(sensor, sample, mono);
+    }
+
+    /// Whether the live lane fell behind: its oldest sample waited
+    /// `behind` across an outage (the last write had to retry), or more
+    /// records wait on disk than half of memory holds. (A database that is
+    /// merely slow makes sensors wait longer and statements larger; that
+    /// pacing is not falling behind.)
+    fn live_behind(&self, mono: i64) -> bool {
+        let old = self.outage
+            && self
+                .live
+                .oldest_since_ms()
+                .is_some_and(|t| mono - t >= self.config.behind.as_millis() as i64);
+        let far = self.durable.saturating_sub(self.cursor) > (self.config.max_pending / 2) as u64;
+        old || far
+    }
+
+    /// The live lane's samples and everything on disk up to the durable
+    /// end become backlog; the live lane starts again at the durable end.
+    /// Nothing may be in flight, and the live lane must be durable.
+    fn fall_back(&mut self) {
+        let live_low = self.live.min_lsn().unwrap_or(self.cursor);
+        // The backlog range stays one range: it continues where the unread
+        // one is, or starts at the live lane's oldest sample. (This run's
+        // LSNs are consecutive: a difference counts records.)
+        if self.back_from >= self.back_to {
+            self.back_from = live_low;
+            self.unread = self.durable.saturating_sub(live_low);
+        } else {
+            self.unread += self.durable.saturating_sub(self.back_to);
+        }
+        let dropped = self.live.evict();
+        self.outage = false;
+        let from = self.back_from;
+        self.refused
+            .extend(self.deadletters.iter().map(|d| d.0).filter(|l| *l >= from));
+        self.back_to = self.durable;
+        self.cursor = self.durable;
+        // Some of what is read again may be in MongoDB already.
+        self.backlog.raise_uncertain_below(self.durable);
+        tracing::info!(
+            samples = dropped,
+            records = self.back_to.saturating_sub(self.back_from),
+            "Live readings fell behind; the backlog drains in the background while live readings go first."
+        );
+        self.update_checkpoint();
     }
 
     /// What to do now, if anything; `None`: wait for an event or the
@@ -385,98 +612,163 @@ impl Core {
             self.checkpoint_sent = lsn;
             return Some(Action::Checkpoint(lsn));
         }
-        // Nothing reaches MongoDB before it is durable in the spool.
-        let can_write = self.durable >= self.cursor;
+        // Nothing reaches MongoDB before it is durable in the spool (the
+        // backlog lane reads only durable records).
+        let live_durable = self.durable >= self.cursor;
         // A flush being prepared goes on (its samples were resolved).
-        if let Some(ids) = self.flushing.take() {
-            return self.flush_or_wait(ids, can_write, now);
+        if let Some((lane, ids)) = self.flushing.take() {
+            return self.flush_or_wait(lane, ids, live_durable || lane == Lane::Backlog, now);
         }
         if self.stopping {
             if self.held() == 0 {
                 return Some(Action::Done);
             }
-            let ids = self.pending.all();
-            return self.flush_or_wait(ids, can_write, now);
+            let live = self.live.all();
+            if !live.is_empty() || self.backlog.count() == 0 {
+                return self.flush_or_wait(Lane::Live, live, live_durable, now);
+            }
+            let ids = self.backlog.all();
+            return Some(self.flush(Lane::Backlog, ids, now));
         }
         if self.policy.seal_due(now) {
-            // First every sensor holding a window the seal closes (again if
-            // more of them arrived meanwhile, a few times at most).
-            let (at, rounds) = *self.seal_at.get_or_insert((now_ms, 0));
-            let closing = match self.config.seal_grace_ms {
-                Some(grace) if rounds < SEAL_FLUSH_ROUNDS => {
-                    self.pending.holding_windows_ending_by(at - grace)
-                }
-                _ => Vec::new(),
-            };
-            if !closing.is_empty() {
-                self.seal_at = Some((at, rounds + 1));
-                return self.flush_or_wait(closing, can_write, now);
+            if let Some(action) = self.seal(now, now_ms, live_durable) {
+                return Some(action);
             }
-            self.seal_at = None;
-            self.busy = Some(Busy::Seal);
-            return Some(Action::Seal { now_ms: at });
         }
         let mono = self.mono(now);
-        let pressure = self.room() == 0;
+        if live_durable && self.live_behind(mono) {
+            self.fall_back();
+            if let Some(lsn) = self.checkpoint_due.take() {
+                self.checkpoint_sent = lsn;
+                return Some(Action::Checkpoint(lsn));
+            }
+        }
+        let pressure = self.live_room() == 0 && self.live.count() > 0;
         let deadletters_due = self
             .deadletters_since
             .is_some_and(|t| mono - t >= self.config.max_delay.as_millis() as i64);
+        let backlog_ready = self.backlog.count() >= self.backlog_batch
+            || (self.backlog.count() > 0 && self.back_from >= self.back_to);
+        let backlog_turn = backlog_ready && self.share.backlog_owed(self.config.backfill_share);
+        if backlog_turn {
+            return Some(self.flush_backlog(now));
+        }
         if self.policy.may_flush(now, pressure) {
-            if !can_write {
-                self.blocked = pressure || deadletters_due || self.pending.may_be_due(mono);
-                return None;
-            }
-            let ids = self.pending.due(mono, pressure, MAX_SENSORS_PER_FLUSH);
-            if !ids.is_empty() || deadletters_due {
-                return Some(self.flush(ids, now));
+            if !live_durable {
+                self.blocked = pressure || deadletters_due || self.live.may_be_due(mono);
+            } else {
+                let ids = self.live.due(mono, pressure, MAX_SENSORS_PER_FLUSH);
+                if !ids.is_empty() || deadletters_due {
+                    return Some(self.flush(Lane::Live, ids, now));
+                }
             }
         }
-        if self.cursor < self.durable && self.room() > 0 {
-            self.busy = Some(Busy::Read);
+        if self.cursor < self.durable && self.live_room() > 0 {
+            self.busy = Some(Busy::Read(Lane::Live));
             return Some(Action::Read {
+                lane: Lane::Live,
                 from: self.cursor,
-                max: self.room().min(CATCH_UP_BATCH),
+                max: self.live_room().min(CATCH_UP_BATCH),
                 limit: self.durable,
             });
+        }
+        if self.back_from < self.back_to
+            && self.backlog.count() < self.backlog_batch
+            && self.backlog_room() > 0
+        {
+            self.busy = Some(Busy::Read(Lane::Backlog));
+            return Some(Action::Read {
+                lane: Lane::Backlog,
+                from: self.back_from,
+                max: self.backlog_room().min(CATCH_UP_BATCH),
+                limit: self.back_to,
+            });
+        }
+        if self.backlog.count() > 0 {
+            return Some(self.flush_backlog(now));
         }
         None
     }
 
+    /// A seal that is due: first the live sensors holding windows it
+    /// closes, then the seal itself, held back to before the backlog's
+    /// oldest window (`None`: nothing to do for it now).
+    fn seal(&mut self, now: Instant, now_ms: i64, live_durable: bool) -> Option<Action> {
+        let Some(grace) = self.config.seal_grace_ms else {
+            self.busy = Some(Busy::Seal);
+            return Some(Action::Seal { now_ms });
+        };
+        let (at, rounds) = *self.seal_at.get_or_insert((now_ms, 0));
+        // Windows the backlog holds readings of stay open (a seal at `at`
+        // closes windows ending by `at - grace`); while some of it is still
+        // on disk, of unknown age, nothing is sealed.
+        if self.back_from < self.back_to {
+            self.seal_at = None;
+            return None;
+        }
+        let at = match self.backlog.min_ts() {
+            Some(ts) => at.min(self.config.shape.window_start(ts) + grace),
+            None => at,
+        };
+        if rounds < SEAL_FLUSH_ROUNDS {
+            let closing = self.live.holding_windows_ending_by(at - grace);
+            if !closing.is_empty() {
+                self.seal_at = Some((at, rounds + 1));
+                return self.flush_or_wait(Lane::Live, closing, live_durable, now);
+            }
+        }
+        self.seal_at = None;
+        self.busy = Some(Busy::Seal);
+        Some(Action::Seal { now_ms: at })
+    }
+
+    fn flush_backlog(&mut self, now: Instant) -> Action {
+        let ids = self
+            .backlog
+            .oldest(MAX_SENSORS_PER_FLUSH, self.backlog_batch);
+        self.flush(Lane::Backlog, ids, now)
+    }
+
     fn flush_or_wait(
         &mut self,
+        lane: Lane,
         ids: Vec<SensorId>,
         can_write: bool,
         now: Instant,
     ) -> Option<Action> {
         if can_write {
-            Some(self.flush(ids, now))
+            Some(self.flush(lane, ids, now))
         } else {
-            self.flushing = Some(ids);
+            self.flushing = Some((lane, ids));
             self.blocked = true;
             None
         }
     }
 
-    /// The next step of a flush of sensors `ids`: resolve their uncertain
-    /// samples first, then write them with the dead letters in memory.
-    fn flush(&mut self, ids: Vec<SensorId>, now: Instant) -> Action {
+    /// The next step of a flush of a lane's sensors `ids`: resolve their
+    /// uncertain samples first, then write them with the dead letters in
+    /// memory.
+    fn flush(&mut self, lane: Lane, ids: Vec<SensorId>, now: Instant) -> Action {
+        let pending = self.lane(lane);
         let resolve: Vec<Resolve> = ids
             .iter()
             .filter_map(|id| {
-                let samples = self.pending.uncertain(*id);
+                let samples = pending.uncertain(*id);
                 (!samples.is_empty()).then(|| Resolve {
-                    sensor: self.pending.name(*id).to_string(),
+                    sensor: pending.name(*id).to_string(),
                     samples,
                 })
             })
             .collect();
         if !resolve.is_empty() {
             self.busy = Some(Busy::Resolve);
-            self.flushing = Some(ids);
+            self.flushing = Some((lane, ids));
             return Action::Resolve(resolve);
         }
-        self.policy.flushed(now, ids.len() >= MAX_SENSORS_PER_FLUSH);
-        let runs = self.pending.take(&ids);
+        if lane == Lane::Live {
+            self.policy.flushed(now, ids.len() >= MAX_SENSORS_PER_FLUSH);
+        }
+        let runs = self.lane(lane).take(&ids);
         let deadletters = std::mem::take(&mut self.deadletters);
         self.deadletters_since = None;
         let low = runs
@@ -486,9 +778,11 @@ impl Core {
             .min();
         let batch = Batch { runs, deadletters };
         self.busy = Some(Busy::Write {
+            lane,
             low,
             samples: batch.samples(),
             deadletters: batch.deadletters.len(),
+            started: now,
         });
         Action::Write(batch)
     }
@@ -497,12 +791,14 @@ impl Core {
     /// samples MongoDB already had.
     pub fn resolved(&mut self, resolution: Resolution) -> usize {
         self.busy = None;
+        self.outage |= resolution.met_errors;
         let mut dropped = 0;
-        if let Some(ids) = &self.flushing {
-            for id in ids {
-                let mark = resolution.watermarks.get(self.pending.name(*id)).copied();
-                dropped += self.pending.resolve(*id, &resolution.applied, mark);
+        if let Some((lane, ids)) = self.flushing.take() {
+            let pending = self.lane(lane);
+            for id in &ids {
+                dropped += pending.resolve(*id, &resolution.applied);
             }
+            self.flushing = Some((lane, ids));
         }
         self.update_checkpoint();
         dropped
@@ -518,8 +814,17 @@ impl Core {
         now_ms: i64,
     ) -> Flushed {
         self.now = now;
-        if !matches!(self.busy.take(), Some(Busy::Write { .. })) {
+        let Some(Busy::Write { lane, started, .. }) = self.busy.take() else {
             return Flushed::default();
+        };
+        let took = now.saturating_duration_since(started);
+        // (A write left empty by a resolve says nothing of the database.)
+        if written.met_errors || batch.runs.iter().any(|r| !r.samples.is_empty()) {
+            self.outage = written.met_errors;
+        }
+        if !written.met_errors {
+            // (Time spent waiting out an outage says nothing of the share.)
+            self.share.add(lane, took, now);
         }
         let mut report = Flushed {
             statements: written.statements as u64,
@@ -529,19 +834,21 @@ impl Core {
             ..Flushed::default()
         };
         let window = self.config.shape.window_ms;
-        let age = metrics::histogram!(telemetry::SAMPLE_AGE_SECONDS);
+        let lane_name = match lane {
+            Lane::Live => "live",
+            Lane::Backlog => "backlog",
+        };
+        let age = metrics::histogram!(telemetry::SAMPLE_AGE_SECONDS, "lane" => lane_name);
         let mono = self.mono(now);
         for mut run in batch.runs {
             let outcomes = std::mem::take(&mut run.outcomes);
             let samples = std::mem::take(&mut run.samples);
             let mut back = Samples::new();
             let mut uncertain = 0;
-            let mut applied_to = None;
             for (i, sample) in samples.iter().enumerate() {
                 match outcomes.get(i).unwrap_or(&Outcome::NotSent) {
                     Outcome::Applied => {
                         report.samples_stored += 1;
-                        applied_to = applied_to.max(Some(sample.lsn));
                         age.record((now_ms - sample.ts_ms).max(0) as f64 / 1000.0);
                         let start = self.config.shape.window_start(sample.ts_ms);
                         if self.sealed_until.is_some_and(|t| start + window <= t) {
@@ -571,8 +878,15 @@ impl Core {
                     Outcome::NotSent => back.push(sample),
                 }
             }
-            self.pending
-                .put_back(run, back, uncertain, applied_to, mono);
+            self.lane(lane).put_back(run, back, uncertain, mono);
+        }
+        if lane == Lane::Backlog {
+            report.backlog_stored = report.samples_stored;
+            if report.samples_stored > 0 && !written.met_errors {
+                let per_sec = report.samples_stored as f64 / took.as_secs_f64().max(1e-3);
+                self.backlog_batch = ((per_sec * BACKLOG_FLUSH_TARGET.as_secs_f64()) as usize)
+                    .clamp(BACKLOG_FLUSH_MIN, BACKLOG_FLUSH_MAX);
+            }
         }
         self.update_checkpoint();
         report
@@ -593,7 +907,8 @@ impl Core {
             self.sealed_until = Some(cutoff);
             keep_from = keep_from.max(cutoff - shape.window_ms + 1);
         }
-        self.pending.forget_before(keep_from);
+        self.live.forget_before(keep_from);
+        self.backlog.forget_before(keep_from);
     }
 
     /// Moves the checkpoint to the lowest LSN still needed.
@@ -602,9 +917,12 @@ impl Core {
             Some(Busy::Write { low, .. }) => low,
             _ => None,
         };
+        let unread = (self.back_from < self.back_to).then_some(self.back_from);
         let low = [
             Some(self.cursor),
-            self.pending.min_lsn(),
+            unread,
+            self.live.min_lsn(),
+            self.backlog.min_lsn(),
             self.deadletters.iter().map(|d| d.0).min(),
             in_flight,
         ]
@@ -620,8 +938,12 @@ impl Core {
     /// Checks the bookkeeping of memory (tests).
     #[cfg(test)]
     pub fn check(&self) {
-        self.pending
-            .check(self.flushing.as_deref().unwrap_or_default());
+        let flushing = |lane| match &self.flushing {
+            Some((l, ids)) if *l == lane => ids.as_slice(),
+            _ => &[],
+        };
+        self.live.check(flushing(Lane::Live));
+        self.backlog.check(flushing(Lane::Backlog));
     }
 
     /// What is left if shutdown gives up now.
@@ -635,7 +957,7 @@ impl Core {
             _ => (0, 0),
         };
         Leftover {
-            samples: self.pending.count() + samples,
+            samples: self.pending() + samples,
             dead_letters: self.deadletters.len() + deadletters,
             unacknowledged: 0,
         }

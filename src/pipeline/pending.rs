@@ -13,14 +13,19 @@
 //! is stale and skipped. Under memory pressure the oldest sensors go first.
 //!
 //! # Uncertain samples
-//! A sample is *uncertain* when it may already be in MongoDB: it was
-//! spooled by an earlier run (its LSN is below the first LSN of this run),
-//! or it was sent in a write whose result is unknown. Uncertain samples are
-//! always the first ones of their sensor's queue (replayed samples arrive
-//! before live ones, and unknown ones go back to the front), so a count
-//! says which. A store whose writes apply a prefix of each sensor's samples
-//! reports a *watermark* when it resolves them; with it, later replayed
-//! samples of that sensor are settled on arrival.
+//! A sample is *uncertain* when it may already be in MongoDB: it was read
+//! back from below [`Pending::uncertain_below`] (spooled by an earlier run,
+//! or read again after memory let it go), or it was sent in a write whose
+//! result is unknown. Uncertain samples are always the first ones of their
+//! sensor's queue (samples arrive in LSN order, and unknown ones go back to
+//! the front), so a count says which.
+//!
+//! # Order
+//! A sensor's queue is in LSN order, and every sample of the sensor read
+//! between two of its samples that is not in MongoDB yet is in the queue
+//! between them: a flush takes the whole queue, and what comes back goes
+//! back to the front. That is what lets a statement name its samples by
+//! their first and last LSN ([`crate::bucket`]).
 //!
 //! # Bounded bookkeeping
 //! Sensors live in a slab indexed by a small id. A sensor with nothing
@@ -44,12 +49,10 @@ struct SensorState {
     episode: u64,
     /// The first `uncertain` samples may already be in MongoDB.
     uncertain: usize,
-    /// Samples of this sensor with a lower LSN may be in MongoDB (unless
-    /// the watermark settles them).
-    uncertain_below: u64,
-    /// Every LSN of this sensor at or below it is in MongoDB, none above
-    /// (from a store with the prefix rule).
-    watermark: Option<u64>,
+    /// When the oldest pending sample arrived (ms); while in flight, when
+    /// the oldest taken one did (it comes back if the write fails).
+    since_ms: i64,
+    taken_since_ms: i64,
     fills: Fills,
     ready: bool,
     /// Its samples are out in a write.
@@ -59,20 +62,15 @@ struct SensorState {
     last_taken: (u32, u32),
 }
 
-/// What became of a sample offered to memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pushed {
-    Held,
-    /// Replayed, and MongoDB has it already: dropped.
-    AlreadyApplied,
-}
-
 /// Every sensor's pending samples.
 #[derive(Debug)]
 pub struct Pending {
     shape: Shape,
-    /// LSNs below this were spooled by an earlier run.
-    fresh_from: u64,
+    /// Samples read with a lower LSN may already be in MongoDB.
+    uncertain_below: u64,
+    /// Whether sensors fall due by age and fill (the live lane); the
+    /// backlog is taken oldest first ([`Pending::oldest`]) instead.
+    timed: bool,
     max_delay_ms: i64,
     names: HashMap<Box<str>, SensorId>,
     slots: Vec<Option<SensorState>>,
@@ -88,10 +86,11 @@ pub struct Pending {
 }
 
 impl Pending {
-    pub fn new(shape: Shape, fresh_from: u64, max_delay_ms: i64) -> Pending {
+    pub fn new(shape: Shape, uncertain_below: u64, max_delay_ms: i64) -> Pending {
         Pending {
             shape,
-            fresh_from,
+            uncertain_below,
+            timed: true,
             max_delay_ms,
             names: HashMap::new(),
             slots: Vec::new(),
@@ -105,8 +104,20 @@ impl Pending {
         }
     }
 
+    /// Memory for a backlog: no deadlines, taken oldest first.
+    pub fn untimed(mut self) -> Pending {
+        self.timed = false;
+        self
+    }
+
     pub fn shape(&self) -> &Shape {
         &self.shape
+    }
+
+    /// Samples read from now on with an LSN below `lsn` may already be in
+    /// MongoDB (memory let them go after some were written).
+    pub fn raise_uncertain_below(&mut self, lsn: u64) {
+        self.uncertain_below = self.uncertain_below.max(lsn);
     }
 
     /// Samples held.
@@ -143,8 +154,8 @@ impl Pending {
             samples: Samples::new(),
             episode: 0,
             uncertain: 0,
-            uncertain_below: self.fresh_from,
-            watermark: None,
+            since_ms: 0,
+            taken_since_ms: 0,
             fills: Fills::new(),
             ready: false,
             in_flight: false,
@@ -169,22 +180,19 @@ impl Pending {
         self.state(id).map_or("", |s| &s.name)
     }
 
-    /// Adds a sample that arrived at `now_ms` to its sensor's queue.
-    pub fn push(&mut self, sensor: &str, sample: SampleRef<'_>, now_ms: i64) -> Pushed {
+    /// Adds a sample that arrived at `now_ms` to its sensor's queue; it
+    /// comes after every sample of the sensor already read.
+    pub fn push(&mut self, sensor: &str, sample: SampleRef<'_>, now_ms: i64) {
         let id = self.id(sensor);
+        let uncertain = sample.lsn < self.uncertain_below;
         let Some(s) = self.state_mut(id) else {
-            return Pushed::Held;
+            return;
         };
-        let uncertain = sample.lsn < s.uncertain_below
-            && match s.watermark {
-                Some(w) if sample.lsn <= w => return Pushed::AlreadyApplied,
-                Some(_) => false,
-                None => true,
-            };
         let starts = s.samples.is_empty();
         if starts {
             s.samples
                 .reserve(s.last_taken.0 as usize, s.last_taken.1 as usize);
+            s.since_ms = now_ms;
         }
         s.samples.push(sample);
         if uncertain {
@@ -197,7 +205,6 @@ impl Pending {
             self.begin_episode(id, now_ms + self.max_delay_ms, false);
         }
         self.update_ready(id);
-        Pushed::Held
     }
 
     /// The sensor's queue began to hold something: its deadline joins the
@@ -205,23 +212,30 @@ impl Pending {
     fn begin_episode(&mut self, id: SensorId, due_ms: i64, at_once: bool) {
         self.episodes += 1;
         let episode = self.episodes;
+        let timed = self.timed;
         let Some(s) = self.state_mut(id) else {
             return;
         };
         s.episode = episode;
         let first = s.samples.first().map(|x| x.lsn);
+        if let Some(first) = first {
+            self.firsts.insert((first, id));
+        }
+        if !timed {
+            return;
+        }
         if at_once {
             self.deadlines.push_front((due_ms, id, episode));
         } else {
             self.deadlines.push_back((due_ms, id, episode));
         }
-        if let Some(first) = first {
-            self.firsts.insert((first, id));
-        }
     }
 
     /// A sensor is ready once its samples can fill its open bucket.
     fn update_ready(&mut self, id: SensorId) {
+        if !self.timed {
+            return;
+        }
         let shape = self.shape;
         let Some(s) = self.state_mut(id) else {
             return;
@@ -333,12 +347,7 @@ impl Pending {
     /// Settles the uncertain samples of a sensor: those in `applied` are in
     /// MongoDB and leave memory; the others are certainly not. Returns how
     /// many left.
-    pub fn resolve(
-        &mut self,
-        id: SensorId,
-        applied: &HashSet<u64>,
-        watermark: Option<u64>,
-    ) -> usize {
+    pub fn resolve(&mut self, id: SensorId, applied: &HashSet<u64>) -> usize {
         let Some(s) = self.state_mut(id) else {
             return 0;
         };
@@ -351,9 +360,6 @@ impl Pending {
             !(i <= n && applied.contains(&x.lsn))
         });
         s.uncertain = 0;
-        if watermark.is_some() {
-            s.watermark = watermark;
-        }
         let dropped = count - s.samples.len();
         let bytes = bytes - s.samples.bytes();
         let first_after = s.samples.first().map(|x| x.lsn);
@@ -388,6 +394,7 @@ impl Pending {
             self.count -= s.samples.len();
             self.bytes -= s.samples.bytes();
             s.last_taken = (s.samples.len() as u32, s.samples.bytes() as u32);
+            s.taken_since_ms = s.since_ms;
             s.ready = false;
             s.in_flight = true;
             runs.push(Run {
@@ -402,35 +409,20 @@ impl Pending {
 
     /// Returns a run after its write: `back` are its samples that are not
     /// in MongoDB for sure (unknown or not sent), in LSN order, the first
-    /// `uncertain` of them of unknown fate; `applied_to` is the highest LSN
-    /// applied. They go before what arrived meanwhile, and are due at once.
-    pub fn put_back(
-        &mut self,
-        run: Run,
-        back: Samples,
-        uncertain: usize,
-        applied_to: Option<u64>,
-        now_ms: i64,
-    ) {
+    /// `uncertain` of them of unknown fate. They go before what arrived
+    /// meanwhile, and are due at once.
+    pub fn put_back(&mut self, run: Run, back: Samples, uncertain: usize, now_ms: i64) {
         let id = self.id(&run.sensor);
         let Some(s) = self.slots.get_mut(id as usize).and_then(|s| s.as_mut()) else {
             return;
         };
         s.in_flight = false;
         s.fills = run.fills;
-        if let (Some(w), Some(a)) = (s.watermark, applied_to) {
-            s.watermark = Some(w.max(a));
-        }
         if back.is_empty() {
             self.update_ready(id);
             return;
         }
-        if uncertain > 0 {
-            // The prefix rule's mark is no longer known.
-            s.watermark = None;
-            let last = back.keys().take(uncertain).map(|k| k.0).max().unwrap_or(0);
-            s.uncertain_below = s.uncertain_below.max(last + 1);
-        }
+        s.since_ms = s.taken_since_ms;
         if let Some(first) = s.samples.first() {
             self.firsts.remove(&(first.lsn, id));
         }
@@ -454,6 +446,55 @@ impl Pending {
         self.firsts.first().map(|f| f.0)
     }
 
+    /// When the sensor holding the lowest LSN began to hold it (about the
+    /// arrival of the oldest sample held).
+    pub fn oldest_since_ms(&self) -> Option<i64> {
+        let (_, id) = self.firsts.first()?;
+        self.state(*id).map(|s| s.since_ms)
+    }
+
+    /// The smallest timestamp held (ms), if any (a scan: for the closer).
+    pub fn min_ts(&self) -> Option<i64> {
+        self.slots
+            .iter()
+            .flatten()
+            .flat_map(|s| s.samples.keys().map(|k| k.1))
+            .min()
+    }
+
+    /// The sensors holding the lowest LSNs, oldest first, until they hold
+    /// `max_samples` (at least one sensor) or `max_sensors` of them.
+    pub fn oldest(&self, max_sensors: usize, max_samples: usize) -> Vec<SensorId> {
+        let mut out = Vec::new();
+        let mut taken = 0;
+        for &(_, id) in &self.firsts {
+            if out.len() >= max_sensors || (taken >= max_samples && !out.is_empty()) {
+                break;
+            }
+            taken += self.state(id).map_or(0, |s| s.samples.len());
+            out.push(id);
+        }
+        out
+    }
+
+    /// Lets go of every pending sample (none may be in flight); what
+    /// palletd knows of open buckets stays. Returns how many were held.
+    pub fn evict(&mut self) -> usize {
+        let n = self.count;
+        for s in self.slots.iter_mut().flatten() {
+            debug_assert!(!s.in_flight, "nothing in flight");
+            s.samples = Samples::new();
+            s.uncertain = 0;
+            s.ready = false;
+        }
+        self.deadlines.clear();
+        self.firsts.clear();
+        self.ready.clear();
+        self.count = 0;
+        self.bytes = 0;
+        n
+    }
+
     /// Forgets open-bucket memory of windows that started before `start_ms`
     /// and drops sensors with nothing pending, nothing remembered and
     /// nothing in flight, so memory follows the sensors that are active.
@@ -462,7 +503,6 @@ impl Pending {
         for (id, slot) in self.slots.iter_mut().enumerate() {
             let Some(s) = slot else { continue };
             s.fills.retain(|w, _| *w >= start_ms);
-            // A dropped sensor's watermark is learned again if it returns.
             if s.samples.is_empty() && s.fills.is_empty() && !s.in_flight {
                 gone.push((id as SensorId, s.name.clone()));
                 *slot = None;
@@ -506,7 +546,7 @@ impl Pending {
         for s in &states {
             assert!(s.uncertain <= s.samples.len());
             let id = self.names[&s.name];
-            if !s.samples.is_empty() && !flushing.contains(&id) {
+            if self.timed && !s.samples.is_empty() && !flushing.contains(&id) {
                 let live = self.deadlines.iter().any(|d| d.2 == s.episode);
                 let ready = self
                     .ready
@@ -597,28 +637,51 @@ mod tests {
     }
 
     #[test]
-    fn replayed_samples_are_uncertain_until_resolved_and_the_watermark_settles_later_ones() {
+    fn samples_read_from_below_the_mark_are_uncertain_until_resolved() {
         let mut p = Pending::new(SHAPE, 100, 1000);
         p.push("a", sample(0, 10).as_ref(), 0);
         p.push("a", sample(0, 11).as_ref(), 0);
         let a = p.names["a"];
         assert_eq!(p.uncertain(a), vec![(10, 0), (11, 0)]);
-        let dropped = p.resolve(a, &[10].into_iter().collect(), Some(10));
+        let dropped = p.resolve(a, &[10].into_iter().collect());
         assert_eq!(dropped, 1);
         assert!(p.uncertain(a).is_empty());
         assert_eq!(p.min_lsn(), Some(11));
+        p.push("a", sample(0, 12).as_ref(), 0);
         assert_eq!(
-            p.push("a", sample(0, 9).as_ref(), 0),
-            Pushed::AlreadyApplied
+            p.uncertain(a),
+            vec![(11, 0), (12, 0)],
+            "read later, still below (and uncertain ones stay a prefix)"
         );
-        assert_eq!(p.push("a", sample(0, 12).as_ref(), 0), Pushed::Held);
-        assert!(p.uncertain(a).is_empty(), "above the watermark: certain");
+        p.push("a", sample(0, 150).as_ref(), 0);
+        assert_eq!(p.uncertain(a).len(), 2, "this run's is certain");
+        p.raise_uncertain_below(200);
+        p.push("b", sample(0, 160).as_ref(), 0);
+        assert_eq!(p.uncertain(p.names["b"]), vec![(160, 0)], "read again");
+        assert_eq!(p.count(), 4);
+    }
+
+    #[test]
+    fn evicting_lets_go_of_the_samples_and_keeps_the_open_buckets() {
+        let mut p = Pending::new(SHAPE, 0, 1000);
+        p.push("a", sample(0, 1).as_ref(), 0);
+        p.push("b", sample(0, 2).as_ref(), 50);
+        p.push("a", sample(1, 3).as_ref(), 60);
+        assert_eq!(p.oldest_since_ms(), Some(0));
+        let a = p.names["a"];
         assert_eq!(
-            p.push("a", sample(0, 150).as_ref(), 0),
-            Pushed::Held,
-            "this run's"
+            p.oldest(10, 1),
+            vec![a],
+            "the lowest LSN first, one sensor at least"
         );
-        assert_eq!(p.count(), 3);
+        assert_eq!(p.oldest(10, 100).len(), 2);
+        assert_eq!(p.evict(), 3);
+        assert_eq!((p.count(), p.bytes(), p.min_lsn()), (0, 0, None));
+        assert!(p.due(i64::MAX, true, usize::MAX).is_empty());
+        p.check(&[]);
+        p.push("a", sample(2, 4).as_ref(), 70);
+        assert_eq!(p.oldest_since_ms(), Some(70));
+        p.check(&[]);
     }
 
     #[test]
@@ -630,7 +693,7 @@ mod tests {
         let mut run = p.take(&[a]).remove(0);
         p.push("a", sample(0, 3).as_ref(), 50);
         let back = std::mem::take(&mut run.samples);
-        p.put_back(run, back, 2, None, 100);
+        p.put_back(run, back, 2, 100);
         assert_eq!(p.uncertain(a), vec![(1, 0), (2, 0)]);
         assert_eq!(p.min_lsn(), Some(1));
         assert_eq!(p.count(), 3);
@@ -650,7 +713,7 @@ mod tests {
         for mut run in p.take(&all) {
             let samples = std::mem::take(&mut run.samples);
             assert_eq!(samples.len(), 1);
-            p.put_back(run, Samples::new(), 0, None, 0);
+            p.put_back(run, Samples::new(), 0, 0);
         }
         assert_eq!(p.sensors(), 100);
         p.forget_before(i64::MAX);

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
-use super::core::{Action, Core, Flushed, Leftover};
+use super::core::{Action, Core, Flushed, Lane, Leftover};
 use crate::clock::now_ms;
 use crate::spool::{self, Reader, Spool};
 use crate::spooler::Feed;
@@ -27,6 +27,35 @@ struct Replay {
     logged: Instant,
 }
 
+/// The backlog's size, drain rate and time to drain, published about once
+/// a second (metrics, `/readyz`, STATUS).
+struct BacklogMeter {
+    drained: u64,
+    at: Instant,
+    /// Readings per second, smoothed.
+    rate: f64,
+}
+
+impl BacklogMeter {
+    fn update(&mut self, core: &Core, health: &Health) {
+        let secs = self.at.elapsed().as_secs_f64();
+        if secs < 1.0 {
+            return;
+        }
+        let now_rate = self.drained as f64 / secs;
+        self.rate = 0.7 * self.rate + 0.3 * now_rate;
+        self.drained = 0;
+        self.at = Instant::now();
+        let status = core.backlog_status();
+        let eta = (status.readings > 0 && self.rate > 0.5)
+            .then(|| (status.readings as f64 / self.rate) as u64);
+        metrics::gauge!(telemetry::BACKLOG_READINGS).set(status.readings as f64);
+        metrics::gauge!(telemetry::BACKLOG_DRAIN_RATE).set(self.rate);
+        metrics::gauge!(telemetry::BACKLOG_ETA_SECONDS).set(eta.unwrap_or(0) as f64);
+        health.set_backlog(status.readings, eta);
+    }
+}
+
 /// Runs until `stop`, then writes what memory holds. Returns what was left
 /// when `abort` cut that short.
 pub async fn run(
@@ -38,7 +67,14 @@ pub async fn run(
     stop: CancellationToken,
     abort: CancellationToken,
 ) -> Result<(), Leftover> {
-    let mut reader: Option<Reader> = None;
+    // One reader per lane, kept between reads of the same range.
+    let mut readers: [Option<Reader>; 2] = [None, None];
+    let lane_index = |lane: Lane| lane as usize;
+    let mut meter = BacklogMeter {
+        drained: 0,
+        at: Instant::now(),
+        rate: 0.0,
+    };
     let pending = metrics::gauge!(telemetry::PENDING_SAMPLES);
     let mut closer_failing = false;
     // The last write's reply was lost: the next resolve says what it did.
@@ -63,7 +99,7 @@ pub async fn run(
         if feed_at <= Instant::now() {
             let mut took = false;
             while let Ok(f) = feed.try_recv() {
-                reader = None;
+                readers[lane_index(Lane::Live)] = None;
                 core.feed(f, Instant::now(), now_ms());
                 took = true;
             }
@@ -73,6 +109,7 @@ pub async fn run(
         }
         core.set_durable(spool.durable());
         pending.set(core.unwritten() as f64);
+        meter.update(&core, &health);
         let now = Instant::now();
         let Some(action) = core.poll(now, now_ms()) else {
             let durable = core.needs_durable();
@@ -93,7 +130,7 @@ pub async fn run(
                 }
                 f = feed.recv(), if !stop.is_cancelled() && feed_at <= Instant::now() => match f {
                     Some(f) => {
-                        reader = None;
+                        readers[lane_index(Lane::Live)] = None;
                         core.feed(f, Instant::now(), now_ms());
                         feed_at = Instant::now() + FEED_EVERY;
                     }
@@ -117,7 +154,13 @@ pub async fn run(
                 metrics::gauge!(telemetry::SPOOL_UNCONFIRMED)
                     .set(spool.durable().saturating_sub(lsn) as f64);
             }
-            Action::Read { from, max, limit } => {
+            Action::Read {
+                lane,
+                from,
+                max,
+                limit,
+            } => {
+                let reader = &mut readers[lane_index(lane)];
                 let r = match reader.take() {
                     Some(r) if r.next() == from => r,
                     _ => spool.reader(from),
@@ -127,7 +170,7 @@ pub async fn run(
                     Ok((bytes, n)) => {
                         metrics::counter!(telemetry::SPOOL_REPLAYED).increment(n as u64);
                         core.records(&bytes, n, max, limit, Instant::now(), now_ms());
-                        reader = Some(r);
+                        *reader = Some(r);
                     }
                     Err(e) => {
                         error!(error = %e, "Cannot read the spool; retrying.");
@@ -178,6 +221,7 @@ pub async fn run(
                     return Err(core.leftover());
                 };
                 let report = core.written(batch, written, Instant::now(), now_ms());
+                meter.drained += report.backlog_stored;
                 record(&report, started.elapsed());
                 health.flush_finished(report.samples_stored);
                 if report.unknown > 0 {

@@ -1,7 +1,13 @@
 //! The appender: the one thread that owns the open segment. It writes what
 //! the spooler appends, group-commits (one fsync for everything appended
 //! during the previous one), publishes the durable LSN, stores checkpoints
-//! and deletes the segments they confirm.
+//! and deletes the segments they confirm. It is the only one to rename or
+//! delete segment files: the compressor thread ([`compressor`]) writes a
+//! compressed copy of a closed segment and hands it back, and the appender
+//! puts it in place (or throws it away if the checkpoint deleted the
+//! segment meanwhile). With `spool.when_full = "drop_oldest"` it deletes the
+//! oldest segment when the spool is over its size, and says exactly what
+//! was lost.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
@@ -13,8 +19,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info};
 
-use super::log::{list_segments, segment_name, sync_dir, write_checkpoint};
-use super::{Fsync, Shared};
+use super::log::{
+    census, compress_segment, compressed_name, list_segments, segment_name, sync_dir,
+    write_checkpoint,
+};
+use super::{Fsync, Shared, WhenFull};
 
 /// Under load, group commits are at least this far apart.
 const COMMIT_GAP: Duration = Duration::from_millis(5);
@@ -30,6 +39,9 @@ pub(super) enum Command {
     Checkpoint,
     /// Sync and stop.
     Close,
+    /// The compressor wrote segment `first` compressed into `tmp` (`len`
+    /// bytes, synced).
+    Compressed { first: u64, tmp: PathBuf, len: u64 },
 }
 
 pub(super) struct Appender {
@@ -41,6 +53,35 @@ pub(super) struct Appender {
     pub next_lsn: u64,
     pub checkpoint: u64,
     pub shared: Arc<Shared>,
+    pub max_size: u64,
+    pub when_full: WhenFull,
+    /// Closed segments to compress (`None`: `spool.compress` is off).
+    pub compressor: Option<std::sync::mpsc::Sender<(u64, PathBuf)>>,
+}
+
+/// Compresses the segments it is sent, one after another, and hands each
+/// result to the appender.
+pub(super) fn compressor(
+    rx: std::sync::mpsc::Receiver<(u64, PathBuf)>,
+    appender: mpsc::Sender<Command>,
+) {
+    for (first, path) in rx {
+        match compress_segment(&path) {
+            Ok((tmp, len)) => {
+                if appender
+                    .blocking_send(Command::Compressed { first, tmp, len })
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            // Confirmed and deleted meanwhile.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(segment = %path.display(), error = %e, "Cannot compress a spool segment; it stays as it is.")
+            }
+        }
+    }
 }
 
 impl Appender {
@@ -116,11 +157,15 @@ impl Appender {
                         self.sync()?;
                     }
                 }
+                Command::Compressed { first, tmp, len } => self.compressed(first, &tmp, len)?,
                 Command::Checkpoint | Command::Close => {}
             }
         }
         if end.is_some() {
             self.sync()?;
+            if self.when_full == WhenFull::DropOldest {
+                self.make_room()?;
+            }
         }
         let requested = self.shared.requested.load(Ordering::Relaxed);
         self.checkpoint(requested)?;
@@ -134,6 +179,9 @@ impl Appender {
             .is_none_or(|c| c.2 >= self.segment_size);
         if rotate {
             self.sync()?;
+            if let (Some((closed, ..)), Some(c)) = (&self.current, &self.compressor) {
+                let _ = c.send((*closed, self.dir.join(segment_name(*closed))));
+            }
             let first = self.next_lsn;
             let path = self.dir.join(segment_name(first));
             let file = OpenOptions::new().create(true).append(true).open(&path)?;
@@ -190,6 +238,61 @@ impl Appender {
                 self.remove(&self.dir.join(segment_name(first)))?;
             }
         }
+        Ok(())
+    }
+
+    /// Puts a compressed segment in place of the plain one, unless the
+    /// checkpoint deleted the segment meanwhile.
+    fn compressed(&mut self, first: u64, tmp: &std::path::Path, len: u64) -> io::Result<()> {
+        let plain = self.dir.join(segment_name(first));
+        let Ok(meta) = fs::metadata(&plain) else {
+            let _ = fs::remove_file(tmp);
+            return Ok(());
+        };
+        fs::rename(tmp, self.dir.join(compressed_name(first)))?;
+        sync_dir(&self.dir)?;
+        fs::remove_file(&plain)?;
+        sync_dir(&self.dir)?;
+        let bytes = &self.shared.bytes;
+        bytes.fetch_add(len, Ordering::Relaxed);
+        bytes.fetch_sub(
+            meta.len().min(bytes.load(Ordering::Relaxed)),
+            Ordering::Relaxed,
+        );
+        Ok(())
+    }
+
+    /// `when_full = "drop_oldest"`: deletes the oldest segments until the
+    /// spool fits in `max_size` again (the open one stays), logging what
+    /// each held that was not yet in MongoDB.
+    fn make_room(&mut self) -> io::Result<()> {
+        let open = self.current.as_ref().map(|c| c.0);
+        while self.shared.bytes.load(Ordering::Relaxed) > self.max_size {
+            let segments = list_segments(&self.dir)?;
+            let Some((first, path)) = segments.into_iter().find(|(f, _)| Some(*f) != open) else {
+                break;
+            };
+            // What lies below the checkpoint is in MongoDB already.
+            let c = census(&path, self.checkpoint)?;
+            self.remove(&path)?;
+            self.shared.dropped.fetch_add(c.samples, Ordering::Relaxed);
+            error!(
+                segment = first,
+                readings = c.samples,
+                dead_letters = c.dead_letters,
+                messages = c.messages,
+                first_lsn = c.first_lsn,
+                last_lsn = c.last_lsn,
+                received_from = %c.first_ms.map(crate::clock::iso).unwrap_or_default(),
+                received_to = %c.last_ms.map(crate::clock::iso).unwrap_or_default(),
+                confirmed_below = self.checkpoint,
+                "Spool is full (spool.when_full = \"drop_oldest\"): deleted its oldest segment; these readings, not yet in MongoDB, are lost."
+            );
+        }
+        self.shared.stuck.store(
+            self.shared.bytes.load(Ordering::Relaxed) > self.max_size,
+            Ordering::Relaxed,
+        );
         Ok(())
     }
 

@@ -3,7 +3,9 @@
 //!
 //! # Format
 //! The directory holds segment files `<first LSN, 20 digits>.seg`, a
-//! `checkpoint` file and a `spool.id`. A segment is a sequence of records:
+//! `checkpoint` file and a `spool.id`. A segment the appender has moved on
+//! from is compressed (with `spool.compress`) into `<first LSN>.seg.zst`,
+//! one zstd frame of the same bytes. A segment is a sequence of records:
 //!
 //! ```text
 //! len: u32 LE | crc32(body): u32 LE | body (len bytes)
@@ -22,11 +24,15 @@
 //! highest LSN applied to them; see the README).
 //!
 //! # Recovery
-//! On open every segment is scanned. A record whose length or checksum does
-//! not hold at the end of the last segment is a torn write (power lost in the
-//! middle of it): the file is cut there and the record is gone. It was never
-//! acknowledged, so the broker redelivers it. Anywhere else a bad record is
-//! damage: the rest of that segment is skipped with an ERROR.
+//! On open every segment is scanned (compressed ones decompressed on the
+//! way). A record whose length or checksum does not hold at the end of the
+//! last segment is a torn write (power lost in the middle of it): the file
+//! is cut there and the record is gone. It was never acknowledged, so the
+//! broker redelivers it. Anywhere else a bad record (or a frame that does
+//! not decompress) is damage: the rest of that segment is skipped with an
+//! ERROR. A compression cut short leaves a `.tmp` file (removed) or both
+//! forms of a segment (the compressed one is complete: it is renamed into
+//! place only once synced, so the plain one goes).
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -259,24 +265,108 @@ pub(super) fn segment_name(first_lsn: u64) -> String {
     format!("{first_lsn:020}.seg")
 }
 
-/// Segment files in LSN order: (first LSN, path).
+/// The name of a segment once compressed.
+pub(super) fn compressed_name(first_lsn: u64) -> String {
+    format!("{first_lsn:020}.seg.zst")
+}
+
+/// Whether a segment file is compressed.
+pub(super) fn is_compressed(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "zst")
+}
+
+/// Segment files in LSN order: (first LSN, path), one per segment (the
+/// compressed file when both forms exist: it is complete).
 pub(super) fn list_segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
-    let mut out = Vec::new();
+    let mut out: Vec<(u64, PathBuf)> = Vec::new();
     for e in fs::read_dir(dir)? {
         let path = e?.path();
         let name = path
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or_default();
-        if let Some(lsn) = name
+        let first = name
             .strip_suffix(".seg")
-            .and_then(|n| n.parse::<u64>().ok())
-        {
+            .or_else(|| name.strip_suffix(".seg.zst"))
+            .and_then(|n| n.parse::<u64>().ok());
+        if let Some(lsn) = first {
             out.push((lsn, path));
         }
     }
-    out.sort();
-    Ok(out)
+    // Compressed after plain for the same LSN; keep the last of each.
+    out.sort_by_key(|s| (s.0, is_compressed(&s.1)));
+    let mut one: Vec<(u64, PathBuf)> = Vec::with_capacity(out.len());
+    for seg in out {
+        match one.last_mut() {
+            Some(last) if last.0 == seg.0 => *last = seg,
+            _ => one.push(seg),
+        }
+    }
+    Ok(one)
+}
+
+/// Opens a segment for reading from its start.
+fn open_segment_file(path: &Path) -> io::Result<Box<dyn Read + Send>> {
+    let file = File::open(path)?;
+    if is_compressed(path) {
+        Ok(Box::new(zstd::stream::read::Decoder::new(file)?))
+    } else {
+        Ok(Box::new(io::BufReader::with_capacity(256 * 1024, file)))
+    }
+}
+
+/// Compresses segment `path` into `<path>.zst.tmp` (synced); returns the
+/// temporary file and its size. The caller renames it into place.
+pub(super) fn compress_segment(path: &Path) -> io::Result<(PathBuf, u64)> {
+    let tmp = path.with_extension("seg.zst.tmp");
+    let mut src = File::open(path)?;
+    let out = File::create(&tmp)?;
+    let mut enc = zstd::stream::write::Encoder::new(out, 3)?;
+    io::copy(&mut src, &mut enc)?;
+    let out = enc.finish()?;
+    out.sync_all()?;
+    let len = out.metadata()?.len();
+    Ok((tmp, len))
+}
+
+/// What a segment holds (before it is dropped to make room).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Census {
+    pub records: u64,
+    pub samples: u64,
+    pub dead_letters: u64,
+    pub messages: u64,
+    pub first_lsn: Option<u64>,
+    pub last_lsn: Option<u64>,
+    /// When the first and last record were received (ms).
+    pub first_ms: Option<i64>,
+    pub last_ms: Option<i64>,
+}
+
+/// Counts what a segment holds from LSN `from` on (up to damage).
+pub(super) fn census(path: &Path, from: u64) -> io::Result<Census> {
+    let mut r = open_segment_file(path)?;
+    let mut c = Census::default();
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match read_record(&mut r, &mut buf) {
+            Ok(ReadOutcome::Record(..)) => {}
+            Ok(_) | Err(_) => return Ok(c),
+        }
+        if let Some(rec) = parse(&buf).next().filter(|r| r.lsn >= from) {
+            c.records += 1;
+            c.first_lsn.get_or_insert(rec.lsn);
+            c.last_lsn = Some(rec.lsn);
+            c.first_ms.get_or_insert(rec.received_ms);
+            c.last_ms = Some(rec.received_ms);
+            match rec.entry {
+                EntryRef::Sample { .. } => c.samples += 1,
+                EntryRef::DeadLetter { .. } => c.dead_letters += 1,
+                EntryRef::MessageId { .. } => c.messages += 1,
+            }
+        }
+    }
 }
 
 pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -327,6 +417,9 @@ pub struct Recovery {
     pub message_ids: HashMap<u16, u64>,
     /// A 4-byte tag of this spool, for idempotent dead-letter ids.
     pub tag: u32,
+    /// Segments before the last that are not compressed yet: (first LSN,
+    /// path).
+    pub uncompressed: Vec<(u64, PathBuf)>,
 }
 
 /// Opens (or creates) the spool directory and recovers its state.
@@ -342,6 +435,20 @@ pub fn recover(dir: &Path) -> io::Result<Recovery> {
         }
     };
     let checkpoint = read_checkpoint(dir);
+    // A compression cut short: its temporary file goes, and a plain
+    // segment whose compressed form is in place goes.
+    for e in fs::read_dir(dir)? {
+        let path = e?.path();
+        if path.to_str().is_some_and(|p| p.ends_with(".seg.zst.tmp")) {
+            fs::remove_file(&path)?;
+        }
+    }
+    for (first, path) in list_segments(dir)? {
+        let plain = dir.join(segment_name(first));
+        if is_compressed(&path) && plain.exists() {
+            fs::remove_file(plain)?;
+        }
+    }
     let segments = list_segments(dir)?;
     let mut rec = Recovery {
         checkpoint,
@@ -349,16 +456,36 @@ pub fn recover(dir: &Path) -> io::Result<Recovery> {
         ..Recovery::default()
     };
     let mut last_lsn = None;
-    for (i, (_, path)) in segments.iter().enumerate() {
+    for (i, (first, path)) in segments.iter().enumerate() {
         let last = i + 1 == segments.len();
-        let mut f = OpenOptions::new().read(true).write(true).open(path)?;
+        let compressed = is_compressed(path);
+        if !compressed && !last {
+            rec.uncompressed.push((*first, path.clone()));
+        }
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(!compressed)
+            .open(path)?;
         let len = f.metadata()?.len();
-        let mut r = io::BufReader::new(&mut f);
+        let mut r: Box<dyn Read> = if compressed {
+            Box::new(zstd::stream::read::Decoder::new(&mut f)?)
+        } else {
+            Box::new(io::BufReader::new(&mut f))
+        };
         let mut offset = 0u64;
         let mut buf = Vec::new();
         loop {
             buf.clear();
-            match read_record(&mut r, &mut buf)? {
+            let outcome = match read_record(&mut r, &mut buf) {
+                Ok(o) => o,
+                // A frame that does not decompress.
+                Err(e) if compressed => {
+                    error!(segment = %path.display(), error = %e, "Compressed spool segment is damaged; skipping the rest of it.");
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
+            match outcome {
                 ReadOutcome::Record(lsn, size) => {
                     offset += size;
                     last_lsn = Some(lsn);
@@ -374,7 +501,7 @@ pub fn recover(dir: &Path) -> io::Result<Recovery> {
                     }
                 }
                 ReadOutcome::End => break,
-                ReadOutcome::Bad if last => {
+                ReadOutcome::Bad if last && !compressed => {
                     drop(r);
                     warn!(
                         segment = %path.display(),
@@ -398,7 +525,7 @@ pub fn recover(dir: &Path) -> io::Result<Recovery> {
                 }
             }
         }
-        rec.bytes += offset.min(len);
+        rec.bytes += if compressed { len } else { offset.min(len) };
     }
     let now_us = crate::clock::now_us();
     rec.next_lsn = last_lsn.map_or(0, |l| l + 1).max(checkpoint).max(now_us);
@@ -408,7 +535,11 @@ pub fn recover(dir: &Path) -> io::Result<Recovery> {
 /// Reads records in LSN order from the segment files.
 pub struct Reader {
     dir: PathBuf,
-    file: Option<(u64, io::BufReader<File>)>,
+    /// The segment being read: its first LSN, whether it is compressed,
+    /// and the stream.
+    file: Option<(u64, bool, Box<dyn Read + Send>)>,
+    /// A record read past the last read's limit, for the next read.
+    stash: Vec<u8>,
     /// Next LSN wanted.
     next: u64,
 }
@@ -418,6 +549,7 @@ impl Reader {
         Reader {
             dir: dir.to_path_buf(),
             file: None,
+            stash: Vec::new(),
             next: from_lsn,
         }
     }
@@ -433,18 +565,34 @@ impl Reader {
         let mut out = Vec::new();
         let mut n = 0;
         while n < max && self.next < limit {
-            if self.file.is_none() && !self.open_segment()? {
-                break;
-            }
-            let Some((_, r)) = self.file.as_mut() else {
-                break;
-            };
             let before = out.len();
-            match read_record(r, &mut out)? {
-                ReadOutcome::Record(lsn, size) if lsn >= limit => {
-                    // Written but not yet durable: left for a later read.
-                    out.truncate(before);
-                    r.seek_relative(-(size as i64))?;
+            let outcome = if !self.stash.is_empty() {
+                // The record the last read stopped at.
+                out.append(&mut self.stash);
+                let lsn = parse(&out[before..]).next().map_or(0, |r| r.lsn);
+                ReadOutcome::Record(lsn, (out.len() - before) as u64)
+            } else {
+                if self.file.is_none() && !self.open_segment()? {
+                    break;
+                }
+                let Some((first, compressed, r)) = self.file.as_mut() else {
+                    break;
+                };
+                match read_record(r, &mut out) {
+                    Ok(o) => o,
+                    Err(e) if *compressed => {
+                        error!(segment = *first, error = %e, "Compressed spool segment is damaged; skipping the rest of it.");
+                        out.truncate(before);
+                        ReadOutcome::Bad
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            match outcome {
+                ReadOutcome::Record(lsn, _) if lsn >= limit => {
+                    // Past the limit (not yet durable, or beyond the range
+                    // asked for): kept for a later read.
+                    self.stash = out.split_off(before);
                     break;
                 }
                 ReadOutcome::Record(lsn, _) => {
@@ -459,7 +607,7 @@ impl Reader {
                 // complete), or damage already reported at recovery: on to
                 // the next segment.
                 ReadOutcome::End | ReadOutcome::Bad => {
-                    let first = self.file.as_ref().map_or(0, |(f, _)| *f);
+                    let first = self.file.as_ref().map_or(0, |f| f.0);
                     if !self.advance_past(first)? {
                         // The open segment: keep the position, it grows.
                         break;
@@ -478,30 +626,47 @@ impl Reader {
 
     /// Opens the segment holding `next`.
     fn open_segment(&mut self) -> io::Result<bool> {
-        let segments = list_segments(&self.dir)?;
-        let Some((first, path)) = segments
-            .iter()
-            .rev()
-            .find(|(f, _)| *f <= self.next)
-            .or(segments.first())
-        else {
-            return Ok(false);
-        };
-        self.file = Some((*first, io::BufReader::new(File::open(path)?)));
-        Ok(true)
+        let next = self.next;
+        self.open_first(|segments| {
+            segments
+                .iter()
+                .rev()
+                .find(|(f, _)| *f <= next)
+                .or(segments.first())
+                .cloned()
+        })
     }
 
     /// Moves to the segment after the one starting at `first`, if any.
     fn advance_past(&mut self, first: u64) -> io::Result<bool> {
-        let segments = list_segments(&self.dir)?;
-        match segments.into_iter().find(|(f, _)| *f > first) {
-            Some((f, path)) => {
-                self.next = self.next.max(f);
-                self.file = Some((f, io::BufReader::new(File::open(path)?)));
-                Ok(true)
-            }
-            None => Ok(false),
+        let opened =
+            self.open_first(|segments| segments.iter().find(|(f, _)| *f > first).cloned())?;
+        if let Some((f, ..)) = &self.file {
+            self.next = self.next.max(*f);
         }
+        Ok(opened)
+    }
+
+    /// Opens the segment `pick` chooses from the listing. A segment being
+    /// compressed changes its name at any moment: listed again then.
+    fn open_first(
+        &mut self,
+        pick: impl Fn(&[(u64, PathBuf)]) -> Option<(u64, PathBuf)>,
+    ) -> io::Result<bool> {
+        for attempt in 0.. {
+            let Some((first, path)) = pick(&list_segments(&self.dir)?) else {
+                return Ok(false);
+            };
+            match open_segment_file(&path) {
+                Ok(r) => {
+                    self.file = Some((first, is_compressed(&path), r));
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound && attempt < 3 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
     }
 }
 

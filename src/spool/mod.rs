@@ -16,6 +16,19 @@
 //! never (tests only). [`Spool::durable`] is the LSN below which everything
 //! is on disk.
 //!
+//! # Compression
+//! With `spool.compress` (the default) a segment the appender moved on from
+//! is compressed with zstd on a thread of its own and put in place of the
+//! plain one; readings of a long outage then take several times less
+//! disk. Reading back decompresses on the way.
+//!
+//! # When full
+//! `spool.when_full = "stop"` (the default): at `spool.max_size` the
+//! spooler stops taking messages, so the broker keeps them (up to its own
+//! limit per client). `"drop_oldest"`: the appender deletes the oldest
+//! segment instead and logs exactly what it held; the newest readings are
+//! kept.
+//!
 //! # Checkpoint
 //! The pipeline reports the lowest LSN it still needs (everything below is
 //! in MongoDB) with [`Spool::checkpoint`]. The appender stores it
@@ -54,12 +67,24 @@ pub enum Fsync {
     Off,
 }
 
+/// What happens at `spool.max_size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Stop taking messages (the broker keeps them).
+    Stop,
+    /// Delete the oldest segment (its readings are lost, and logged).
+    DropOldest,
+}
+
 /// Spool settings.
 #[derive(Debug, Clone)]
 pub struct SpoolSettings {
     pub dir: PathBuf,
     pub max_size: u64,
     pub fsync: Fsync,
+    /// Compress segments the appender moved on from.
+    pub compress: bool,
+    pub when_full: WhenFull,
 }
 
 /// Numbers the appender keeps and the tasks read.
@@ -72,6 +97,11 @@ struct Shared {
     fsyncs: AtomicU64,
     /// The highest checkpoint asked for; the appender stores it.
     requested: AtomicU64,
+    /// Readings deleted unconfirmed to make room (`drop_oldest`).
+    dropped: AtomicU64,
+    /// `drop_oldest` could not get the spool under its size (only the open
+    /// segment is left).
+    stuck: std::sync::atomic::AtomicBool,
 }
 
 /// The appender has stopped: nothing more can be spooled.
@@ -84,6 +114,7 @@ pub struct Stopped;
 pub struct Spool {
     dir: PathBuf,
     max_size: u64,
+    when_full: WhenFull,
     tx: mpsc::Sender<Command>,
     durable: watch::Receiver<u64>,
     shared: Arc<Shared>,
@@ -116,6 +147,20 @@ fn start(settings: &SpoolSettings, recovery: &Recovery) -> io::Result<(Spool, Ap
     shared
         .requested
         .store(recovery.checkpoint, Ordering::Relaxed);
+    let compressor = match settings.compress {
+        true => {
+            let (ctx, crx) = std::sync::mpsc::channel();
+            let back = tx.clone();
+            std::thread::Builder::new()
+                .name("palletd-spool-zstd".into())
+                .spawn(move || appender::compressor(crx, back))?;
+            for seg in &recovery.uncompressed {
+                let _ = ctx.send(seg.clone());
+            }
+            Some(ctx)
+        }
+        false => None,
+    };
     let mut appender = Appender {
         dir: settings.dir.clone(),
         fsync: settings.fsync,
@@ -124,6 +169,9 @@ fn start(settings: &SpoolSettings, recovery: &Recovery) -> io::Result<(Spool, Ap
         next_lsn: recovery.next_lsn,
         checkpoint: recovery.checkpoint,
         shared: shared.clone(),
+        max_size: settings.max_size,
+        when_full: settings.when_full,
+        compressor,
     };
     let handle = std::thread::Builder::new()
         .name("palletd-spool".into())
@@ -132,6 +180,7 @@ fn start(settings: &SpoolSettings, recovery: &Recovery) -> io::Result<(Spool, Ap
         Spool {
             dir: settings.dir.clone(),
             max_size: settings.max_size,
+            when_full: settings.when_full,
             tx: tx.clone(),
             durable,
             shared,
@@ -208,9 +257,22 @@ impl Spool {
         self.max_size
     }
 
-    /// At `spool.max_size`: new messages must not be taken.
+    pub fn when_full(&self) -> WhenFull {
+        self.when_full
+    }
+
+    /// At `spool.max_size` (and, with `drop_oldest`, nothing left to
+    /// drop): new messages must not be taken.
     pub fn is_full(&self) -> bool {
-        self.bytes() >= self.max_size
+        match self.when_full {
+            WhenFull::Stop => self.bytes() >= self.max_size,
+            WhenFull::DropOldest => self.shared.stuck.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Readings deleted before they were in MongoDB (`drop_oldest`).
+    pub fn dropped(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Relaxed)
     }
 
     /// fsync calls so far.
@@ -256,6 +318,8 @@ pub fn bench_append(
         dir: dir.to_path_buf(),
         max_size: 1 << 40,
         fsync,
+        compress: false,
+        when_full: WhenFull::Stop,
     };
     let (spool, recovery, thread) = open(&settings)?;
     let started = Instant::now();
@@ -302,6 +366,16 @@ mod tests {
 
     /// A spool whose appends continue at `first` (the records' own LSNs).
     fn start_at(dir: &Path, first: Option<u64>, max_size: u64) -> (Spool, AppenderThread) {
+        start_with(dir, first, max_size, false, WhenFull::Stop)
+    }
+
+    fn start_with(
+        dir: &Path,
+        first: Option<u64>,
+        max_size: u64,
+        compress: bool,
+        when_full: WhenFull,
+    ) -> (Spool, AppenderThread) {
         let mut rec = recover(dir).unwrap();
         if let Some(first) = first {
             rec.next_lsn = first;
@@ -310,8 +384,167 @@ mod tests {
             dir: dir.to_path_buf(),
             max_size,
             fsync: Fsync::Batch,
+            compress,
+            when_full,
         };
         start(&settings, &rec).unwrap()
+    }
+
+    /// A sample record the size of a real reading.
+    fn reading(lsn: u64) -> Record {
+        let doc = bson::to_vec(&bson::doc! {
+            "ts": bson::DateTime::from_millis(1_700_000_000_000 + lsn as i64 % 100_000),
+            "temperature": 20.0 + (lsn % 50) as f64 / 10.0,
+            "humidity": 40.0 + (lsn % 7) as f64,
+        })
+        .unwrap();
+        Record {
+            lsn,
+            received_ms: 1_700_000_000_000 + lsn as i64,
+            entry: Entry::Sample {
+                sensor: format!("sensor-{:04}", lsn % 1000),
+                doc,
+            },
+        }
+    }
+
+    fn compressed_files(dir: &Path) -> usize {
+        fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .to_str()
+                    .is_some_and(|p| p.ends_with(".seg.zst"))
+            })
+            .count()
+    }
+
+    #[test]
+    fn segments_moved_on_from_are_compressed_and_read_back_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = recover(dir.path()).unwrap().next_lsn;
+        let records: Vec<Record> = (base..base + 20_000).map(reading).collect();
+        let plain: u64 = records.iter().map(|r| r.encode().len() as u64).sum();
+        let (spool, thread) = start_with(dir.path(), Some(base), 1 << 20, true, WhenFull::Stop);
+        for r in &records {
+            append(&spool, r);
+        }
+        while spool.durable() < base + 20_000 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let segments = loop {
+            let segments = list_segments(dir.path()).unwrap();
+            // Every segment but the open one, once the compressor is done.
+            if segments.len() > 2 && compressed_files(dir.path()) == segments.len() - 1 {
+                break segments;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(
+            segments[..segments.len() - 1]
+                .iter()
+                .all(|(_, p)| log::is_compressed(p)),
+            "{segments:?}"
+        );
+        thread.finish();
+        let on_disk = spool.bytes();
+        assert!(on_disk * 3 < plain, "{on_disk} bytes on disk for {plain}");
+        let rec = recover(dir.path()).unwrap();
+        assert_eq!(rec.records, 20_000);
+        assert_eq!(rec.bytes, on_disk);
+        assert!(rec.uncompressed.is_empty());
+        // From the middle of a compressed segment, in small reads.
+        let mut reader = Reader::new(dir.path(), base + 777);
+        let mut got = Vec::new();
+        loop {
+            let batch = reader.read_records(999, base + 20_000).unwrap();
+            if batch.is_empty() {
+                break;
+            }
+            got.extend(batch);
+        }
+        assert_eq!(got, records[777..].to_vec());
+    }
+
+    #[test]
+    fn a_read_stopped_at_its_limit_goes_on_from_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = recover(dir.path()).unwrap().next_lsn;
+        let records: Vec<Record> = (base..base + 100).map(reading).collect();
+        write_all(dir.path(), &records, 1 << 30);
+        let mut reader = Reader::new(dir.path(), base);
+        assert_eq!(reader.read_records(1000, base + 40).unwrap(), records[..40]);
+        assert_eq!(
+            reader.read_records(1000, base + 100).unwrap(),
+            records[40..]
+        );
+    }
+
+    #[test]
+    fn a_compression_cut_short_is_cleaned_up_at_recovery() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = recover(dir.path()).unwrap().next_lsn;
+        let records: Vec<Record> = (base..base + 20_000).map(reading).collect();
+        write_all(dir.path(), &records, 1 << 20);
+        let segments = list_segments(dir.path()).unwrap();
+        assert!(segments.len() > 2);
+        // The first one compressed but not yet swapped, the second one
+        // half way through compressing.
+        let (tmp, _) = log::compress_segment(&segments[0].1).unwrap();
+        fs::rename(&tmp, dir.path().join(log::compressed_name(segments[0].0))).unwrap();
+        let _ = log::compress_segment(&segments[1].1).unwrap();
+        let rec = recover(dir.path()).unwrap();
+        assert_eq!(rec.records, 20_000);
+        assert_eq!(compressed_files(dir.path()), 1);
+        assert!(!segments[0].1.exists(), "the plain copy went");
+        assert_eq!(
+            rec.uncompressed.len(),
+            list_segments(dir.path()).unwrap().len() - 2,
+            "the rest is queued for compression"
+        );
+        let got = Reader::new(dir.path(), 0)
+            .read_records(100_000, u64::MAX)
+            .unwrap();
+        assert_eq!(got, records);
+    }
+
+    #[test]
+    fn drop_oldest_deletes_the_oldest_segments_and_counts_what_was_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = recover(dir.path()).unwrap().next_lsn;
+        let records: Vec<Record> = (base..base + 20_000).map(reading).collect();
+        let max_size = 256 * 1024;
+        let (spool, thread) = start_with(
+            dir.path(),
+            Some(base),
+            max_size,
+            false,
+            WhenFull::DropOldest,
+        );
+        // The first 100 are in MongoDB.
+        spool.checkpoint(base + 100);
+        for r in &records {
+            append(&spool, r);
+        }
+        while spool.durable() < base + 20_000 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!spool.is_full(), "it made room");
+        let bytes = spool.bytes();
+        let dropped = spool.dropped();
+        thread.finish();
+        assert!(bytes <= max_size, "{bytes}");
+        let kept = Reader::new(dir.path(), base)
+            .read_records(100_000, u64::MAX)
+            .unwrap();
+        assert_eq!(kept, records[20_000 - kept.len()..], "the newest are kept");
+        assert_eq!(
+            dropped,
+            (20_000 - kept.len() - 100) as u64,
+            "every lost reading counted, the confirmed ones not"
+        );
     }
 
     fn append(spool: &Spool, r: &Record) {

@@ -7,9 +7,11 @@
 //! channel, never awaited); a batch the pipeline has no room for stays on
 //! disk only, and the pipeline reads it back later (catch-up).
 //!
-//! When the spool reaches `spool.max_size`, the spooler stops taking
-//! messages: they stay unacknowledged at the broker until the checkpoint
-//! frees segments. It says so at ERROR, with the numbers.
+//! When the spool is full ([`crate::spool::Spool::is_full`]: at
+//! `spool.max_size` with `when_full = "stop"`, or when `"drop_oldest"` has
+//! nothing left to drop), the spooler stops taking messages: they stay
+//! unacknowledged at the broker until the checkpoint frees segments. It
+//! says so at ERROR, with the numbers.
 //!
 //! - [`acks`]: the ordered queue that releases PUBACKs in arrival order.
 //! - [`sensors`]: the bound on distinct sensors (`limits.max_sensors`).
@@ -125,7 +127,7 @@ impl Spooler {
                         bytes = self.spool.bytes(),
                         max_size = self.spool.max_size(),
                         unconfirmed_records = self.next_lsn.saturating_sub(self.spool.checkpointed()),
-                        "Spool is full: not acknowledging new messages (the broker keeps them) until the database takes the backlog."
+                        "Spool is full: not acknowledging new messages until the database takes the backlog. The broker keeps them up to its own per-client limit (Mosquitto: max_queued_messages, 1000 by default, then it drops them); spool.when_full = \"drop_oldest\" keeps the newest instead."
                     );
                 }
                 (false, Some(t)) => {
@@ -224,6 +226,7 @@ impl Spooler {
         metrics::gauge!(telemetry::SPOOL_OLDEST_SECONDS)
             .set(oldest.map_or(0.0, |m| (now_ms() - m.1).max(0) as f64 / 1000.0));
         metrics::counter!(telemetry::SPOOL_FSYNCS).absolute(self.spool.fsyncs());
+        metrics::counter!(telemetry::SPOOL_DROPPED).absolute(self.spool.dropped());
         let oldest = acks
             .oldest()
             .map_or(0.0, |u| (now_ms() - u.received_ms).max(0) as f64 / 1000.0);

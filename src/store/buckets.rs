@@ -2,21 +2,24 @@
 //! and window with rollups (see [`crate::bucket`] for the document and its
 //! statements).
 //!
-//! - **Schema**: `{sensorId, startTs}` (range reads), `{closed, endTs}` (the
-//!   closer), `{sensorId, lsn: -1}` (exactly once), and the `endTs` TTL
-//!   index that follows `retention.expire_after`.
+//! - **Schema**: `{sensorId, startTs}` (range reads and exactly once),
+//!   `{closed, endTs}` (the closer), and the `endTs` TTL index that follows
+//!   `retention.expire_after`.
 //! - **Write**: one ordered `update` command per flush (split only at the
 //!   server's limits), one upsert per run of a sensor's consecutive samples
 //!   in one window. Before planning, the fill of open buckets palletd has no
 //!   memory of is learned with one indexed query, so a restart continues a
 //!   half-full bucket.
-//! - **What a replay already applied**: every statement sets `$max: {lsn}`
-//!   and a sensor's statements go out in LSN order in an ordered command,
-//!   so what MongoDB holds of a sensor is a prefix of its samples: the
-//!   highest `lsn` of its buckets is a watermark (everything at or below is
-//!   in, nothing above). A sample the server refuses for good is the one
-//!   exception, so after a refusal the sensor's later statements wait for
-//!   the next flush, which writes the dead letter before them.
+//! - **What a replay already applied**: every statement pushes its first
+//!   and last LSN onto the bucket's `lsns.<spool>` ([`bucket::lsns_field`]),
+//!   so an uncertain sample is in MongoDB iff a bucket of its sensor and
+//!   window holds a pair around its LSN; one query on `{sensorId, startTs}`
+//!   answers a whole flush. This holds in whatever order a sensor's samples
+//!   are written (live readings before a backlog) and with several spools
+//!   writing one sensor. Buckets written by palletd 0.1 have no `lsns` but
+//!   `lsn`, the highest LSN applied to them by a writer whose samples went
+//!   in LSN order: a sample at or below it is in (palletd no longer sets
+//!   `lsn`, so it keeps meaning exactly that).
 //! - **Seal** (the closer): one multi-document update that the
 //!   `{closed, endTs}` index serves seals every bucket whose window ended
 //!   more than `closer.grace` ago: `closed: true`, `closedAt`, samples
@@ -58,9 +61,12 @@ pub struct Buckets {
     grace_ms: i64,
     /// Whether the server lacks `$sortArray`; learned on the first seal.
     legacy_seal: Option<bool>,
+    /// Where this spool's statements record their LSNs ([`bucket::lsns_field`]).
+    lsns: String,
 }
 
-/// The indexes the buckets need: range reads, the closer, applied LSNs.
+/// The indexes the buckets need: range reads (and what a replay applied),
+/// the closer.
 pub fn indexes() -> Vec<IndexModel> {
     vec![
         IndexModel::builder()
@@ -68,10 +74,6 @@ pub fn indexes() -> Vec<IndexModel> {
             .build(),
         IndexModel::builder()
             .keys(doc! { "closed": 1, "endTs": 1 })
-            .build(),
-        // Each sensor's highest applied spool LSN (exactly-once writes).
-        IndexModel::builder()
-            .keys(doc! { "sensorId": 1, "lsn": -1 })
             .build(),
     ]
 }
@@ -84,7 +86,13 @@ impl Buckets {
             expire_after: settings.retention.expire_after,
             grace_ms: settings.closer.grace.as_millis() as i64,
             legacy_seal: None,
+            lsns: bucket::lsns_field(0),
         }
+    }
+
+    /// The spool whose samples this store writes and resolves.
+    pub fn set_spool(&mut self, tag: u32) {
+        self.lsns = bucket::lsns_field(tag);
     }
 
     /// Forces the seal's update form for servers before 5.2 (for tests).
@@ -103,27 +111,41 @@ impl Buckets {
         Ok(())
     }
 
-    /// Each uncertain sample is in MongoDB iff its LSN is at or below its
-    /// sensor's highest applied `lsn` (the prefix rule).
+    /// Each uncertain sample is in MongoDB iff a bucket of its sensor and
+    /// window holds a range of this spool around its LSN, or (a bucket
+    /// written by palletd 0.1) an `lsn` at or above it.
     pub(super) async fn resolve(
         &self,
         mongo: &mut Mongo,
         req: &[Resolve],
         abort: &CancellationToken,
     ) -> Result<Resolution, Aborted> {
-        let sensors: Vec<&str> = req.iter().map(|r| r.sensor.as_str()).collect();
+        let shape = self.shape;
+        // Per window, the sensors with uncertain samples in it.
+        let mut windows: HashMap<i64, Vec<&str>> = HashMap::new();
+        for r in req {
+            for &(_, ts) in &r.samples {
+                let sensors = windows.entry(shape.window_start(ts)).or_default();
+                if sensors.last() != Some(&r.sensor.as_str()) {
+                    sensors.push(&r.sensor);
+                }
+            }
+        }
         let coll = self.collection.clone();
+        let field = self.lsns.clone();
         let found = mongo
             .read_retrying("read applied LSNs", abort, |db| {
-                applied_lsns(db.collection(&coll), &sensors)
+                applied_ranges(db.collection(&coll), &windows, &field)
             })
             .await?;
         let mut out = Resolution::default();
         for r in req {
-            let mark = found.get(&r.sensor).copied().unwrap_or(0);
-            out.applied
-                .extend(r.samples.iter().map(|s| s.0).filter(|lsn| *lsn <= mark));
-            out.watermarks.insert(r.sensor.clone(), mark);
+            for &(lsn, ts) in &r.samples {
+                let key = (r.sensor.clone(), shape.window_start(ts));
+                if found.get(&key).is_some_and(|a| a.holds(lsn)) {
+                    out.applied.insert(lsn);
+                }
+            }
         }
         Ok(out)
     }
@@ -149,7 +171,7 @@ impl Buckets {
             .collect();
         // Every statement in order: sensors one after another, each in LSN
         // order, so what an ordered command applies is a prefix per sensor.
-        let mut order: Vec<(usize, usize)> = plans
+        let order: Vec<(usize, usize)> = plans
             .iter()
             .enumerate()
             .flat_map(|(r, p)| (0..p.len()).map(move |s| (r, s)))
@@ -161,7 +183,7 @@ impl Buckets {
             let (batch_len, reply) = mongo
                 .write_until_answered("write buckets", &mut backoff, abort, |m| {
                     let statements = order[next..].iter().map(|&(r, s)| {
-                        plans[r][s].to_bson(&runs[r].sensor, &runs[r].samples, &shape)
+                        plans[r][s].to_bson(&runs[r].sensor, &runs[r].samples, &shape, &self.lsns)
                     });
                     m.batch_command("update", &self.collection, "updates", statements, true)
                 })
@@ -214,16 +236,6 @@ impl Buckets {
                             run.outcomes[st.range.clone()]
                                 .fill(Outcome::Rejected(rejection(code, &msg)));
                             next += 1;
-                            // The sensor's later statements wait for the
-                            // next flush, which writes the dead letter
-                            // first: nothing of the sensor above the
-                            // rejected sample is applied before its dead
-                            // letter is, or a crash in between would let
-                            // the prefix rule count it as stored.
-                            let rest: Vec<(usize, usize)> =
-                                order[next..].iter().copied().filter(|o| o.0 != r).collect();
-                            order.truncate(next);
-                            order.extend(rest);
                             backoff.reset();
                         }
                     }
@@ -527,27 +539,60 @@ async fn open_fills(
     Ok(best)
 }
 
-/// The highest LSN applied to each sensor's buckets, from the
-/// `{sensorId: 1, lsn: -1}` index; sensors with none are absent.
-async fn applied_lsns(
+/// What the buckets of one sensor and window say was applied to them.
+#[derive(Debug, Default)]
+struct Applied {
+    /// This spool's LSN ranges, `[first, last, ...]`.
+    ranges: Vec<u64>,
+    /// The highest `lsn` of its buckets: set only by palletd 0.1, whose
+    /// writes applied a prefix of each sensor's samples.
+    legacy: Option<u64>,
+}
+
+impl Applied {
+    fn holds(&self, lsn: u64) -> bool {
+        bucket::ranges_hold(&self.ranges, lsn) || self.legacy.is_some_and(|l| lsn <= l)
+    }
+}
+
+/// The applied ranges of the buckets of these windows and sensors, one
+/// query on `{sensorId, startTs}` (an `$or` clause per window).
+async fn applied_ranges(
     coll: Collection<Document>,
-    sensors: &[&str],
-) -> mongodb::error::Result<HashMap<String, u64>> {
-    let mut unique: Vec<&str> = sensors.to_vec();
-    unique.sort_unstable();
-    unique.dedup();
+    windows: &HashMap<i64, Vec<&str>>,
+    field: &str,
+) -> mongodb::error::Result<HashMap<(String, i64), Applied>> {
+    let clauses: Vec<Document> = windows
+        .iter()
+        .map(|(start, sensors)| {
+            doc! {
+                "sensorId": { "$in": sensors },
+                "startTs": bson::DateTime::from_millis(*start),
+            }
+        })
+        .collect();
+    let mut out: HashMap<(String, i64), Applied> = HashMap::new();
+    if clauses.is_empty() {
+        return Ok(out);
+    }
     let mut cursor = coll
-        .aggregate(vec![
-            doc! { "$match": { "sensorId": { "$in": unique } } },
-            doc! { "$sort": { "sensorId": 1, "lsn": -1 } },
-            doc! { "$group": { "_id": "$sensorId", "lsn": { "$first": "$lsn" } } },
-        ])
+        .find(doc! { "$or": clauses })
+        .projection(doc! { "_id": 0, "sensorId": 1, "startTs": 1, "lsn": 1, field: 1 })
         .await?;
-    let mut out = HashMap::new();
+    let path: Vec<&str> = field.split('.').collect();
     while cursor.advance().await? {
         let d = cursor.deserialize_current()?;
-        if let (Ok(sensor), Some(lsn)) = (d.get_str("_id"), d.get("lsn").and_then(mongo::as_u64)) {
-            out.insert(sensor.to_string(), lsn);
+        let (Ok(sensor), Ok(start)) = (d.get_str("sensorId"), d.get_datetime("startTs")) else {
+            continue;
+        };
+        let entry = out
+            .entry((sensor.to_string(), start.timestamp_millis()))
+            .or_default();
+        if let Ok(pairs) = d.get_document(path[0]).and_then(|l| l.get_array(path[1])) {
+            entry.ranges.extend(pairs.iter().filter_map(mongo::as_u64));
+        }
+        if let Some(lsn) = d.get("lsn").and_then(mongo::as_u64) {
+            entry.legacy = entry.legacy.max(Some(lsn));
         }
     }
     Ok(out)

@@ -60,6 +60,8 @@ pub struct Store {
     deadletters: String,
     deadletter_expire_after: Option<std::time::Duration>,
     schema_ready: bool,
+    /// The spool whose samples this store writes (its dead letters' ids).
+    spool_tag: u32,
 }
 
 impl Store {
@@ -74,6 +76,7 @@ impl Store {
             deadletters: settings.mongodb.deadletter_collection(),
             deadletter_expire_after: settings.retention.deadletter_expire_after,
             schema_ready: false,
+            spool_tag: 0,
         }
     }
 
@@ -81,6 +84,15 @@ impl Store {
     /// watchdog tells a retrying flush from a stuck one).
     pub fn observe(&mut self, health: Arc<crate::telemetry::Health>) {
         self.mongo.observe(health);
+    }
+
+    /// The spool whose samples this store writes and resolves (its id
+    /// tells its statements from other instances' in a bucket).
+    pub fn set_spool(&mut self, tag: u32) {
+        self.spool_tag = tag;
+        if let Mode::Buckets(b) = &mut self.mode {
+            b.set_spool(tag);
+        }
     }
 
     pub fn mode(&mut self) -> &mut Mode {
@@ -150,17 +162,33 @@ impl Store {
     }
 
     /// Learns which of these samples are in MongoDB, retrying until the
-    /// database answers.
+    /// database answers: stored by the mode's rule, or refused for good and
+    /// dead-lettered (a refused statement dead-letters all its samples, and
+    /// a replay must not store one whose dead letter is written).
     pub async fn resolve(
         &mut self,
         req: &[Resolve],
         abort: &CancellationToken,
     ) -> Result<Resolution, Aborted> {
+        let failures = self.mongo.failures();
         self.ensure_schema(abort).await?;
-        match &self.mode {
-            Mode::Buckets(m) => m.resolve(&mut self.mongo, req, abort).await,
-            Mode::Timeseries(m) => m.resolve(&mut self.mongo, req, abort).await,
+        let mut out = match &self.mode {
+            Mode::Buckets(m) => m.resolve(&mut self.mongo, req, abort).await?,
+            Mode::Timeseries(m) => m.resolve(&mut self.mongo, req, abort).await?,
+        };
+        let lsns = || req.iter().flat_map(|r| r.samples.iter().map(|s| s.0));
+        if let (Some(lo), Some(hi)) = (lsns().min(), lsns().max()) {
+            let (coll, tag) = (self.deadletters.clone(), self.spool_tag);
+            let dead = self
+                .mongo
+                .read_retrying("read dead letters", abort, |db| {
+                    mongo::deadletter_lsns(db.collection(&coll), tag, lo, hi)
+                })
+                .await?;
+            out.applied.extend(lsns().filter(|l| dead.contains(l)));
         }
+        out.met_errors = self.mongo.failures() != failures;
+        Ok(out)
     }
 
     /// Writes a flush: its dead letters, then its samples, setting each
@@ -171,8 +199,8 @@ impl Store {
         batch: &mut Batch,
         abort: &CancellationToken,
     ) -> Result<Written, Aborted> {
-        self.ensure_schema(abort).await?;
         let failures = self.mongo.failures();
+        self.ensure_schema(abort).await?;
         self.mongo
             .insert_deadletters(&self.deadletters, &batch.deadletters, abort)
             .await?;

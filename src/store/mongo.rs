@@ -224,7 +224,8 @@ impl Mongo {
     }
 
     /// Waits the next backoff delay, telling the watchdog when the next
-    /// attempt is due (a retry that waits is progress, not a hang).
+    /// attempt is due (a retry that waits is progress, not a hang); cut
+    /// short when the readiness probe finds the database back.
     pub async fn wait(
         &self,
         backoff: &mut Backoff,
@@ -234,8 +235,15 @@ impl Mongo {
         if let Some(h) = &self.health {
             h.db_retry_in(delay);
         }
+        let back = async {
+            match &self.health {
+                Some(h) => h.database_back().await,
+                None => std::future::pending().await,
+            }
+        };
         let waited = tokio::select! {
             _ = tokio::time::sleep(delay) => Ok(()),
+            _ = back => Ok(()),
             _ = abort.cancelled() => {
                 tracing::warn!("Shutdown deadline reached while retrying a database call.");
                 Err(Aborted)
@@ -498,6 +506,32 @@ pub async fn sync_ttl(
         _ => {}
     }
     Ok(())
+}
+
+/// The LSNs of spool `tag` from `lo` to `hi` that have a dead letter (one
+/// range scan of `_id`, which is made of the tag and the LSN).
+pub async fn deadletter_lsns(
+    coll: mongodb::Collection<bson::Document>,
+    tag: u32,
+    lo: u64,
+    hi: u64,
+) -> mongodb::error::Result<std::collections::HashSet<u64>> {
+    use futures_util::TryStreamExt;
+    let filter = bson::doc! { "_id": {
+        "$gte": crate::deadletter::id(tag, lo),
+        "$lte": crate::deadletter::id(tag, hi),
+    } };
+    let mut cursor = coll
+        .find(filter)
+        .projection(bson::doc! { "_id": 1 })
+        .await?;
+    let mut out = std::collections::HashSet::new();
+    while let Some(d) = cursor.try_next().await? {
+        if let Ok(id) = d.get_object_id("_id") {
+            out.insert(crate::deadletter::lsn_of(id));
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

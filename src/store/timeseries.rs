@@ -155,7 +155,7 @@ impl Timeseries {
             .await?;
         Ok(Resolution {
             applied,
-            watermarks: Default::default(),
+            ..Resolution::default()
         })
     }
 

@@ -24,6 +24,12 @@ pub struct Health {
     /// When the next database attempt is due while a retry waits; 0 when
     /// none waits.
     db_retry_at_ms: AtomicI64,
+    /// Readings of the backlog draining in the background, and the
+    /// estimated seconds to drain it (`u64::MAX`: unknown).
+    backlog_readings: AtomicU64,
+    backlog_eta_secs: AtomicU64,
+    /// Woken when the database answers again after it did not.
+    database_back: tokio::sync::Notify,
 }
 
 /// A database call running longer than this counts as stuck (the driver
@@ -55,7 +61,16 @@ impl Health {
     }
 
     pub fn set_database_reachable(&self, up: bool) {
-        self.database_reachable.store(up, Ordering::Relaxed);
+        let was = self.database_reachable.swap(up, Ordering::Relaxed);
+        if up && !was {
+            self.database_back.notify_waiters();
+        }
+    }
+
+    /// Resolves when the database answers again (a retry waiting out an
+    /// outage goes at once, instead of at the end of its backoff).
+    pub async fn database_back(&self) {
+        self.database_back.notified().await;
     }
 
     pub fn database_reachable(&self) -> bool {
@@ -128,6 +143,28 @@ impl Health {
     pub fn ingest_silent_for(&self, now_ms: i64) -> Duration {
         let beat = self.ingest_beat_ms.load(Ordering::Relaxed);
         Duration::from_millis((now_ms - beat).max(0) as u64)
+    }
+
+    pub fn set_backlog(&self, readings: u64, eta_secs: Option<u64>) {
+        self.backlog_readings.store(readings, Ordering::Relaxed);
+        self.backlog_eta_secs
+            .store(eta_secs.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// "draining a backlog of N readings, about T left", while one drains.
+    pub fn backlog_note(&self) -> Option<String> {
+        let readings = self.backlog_readings.load(Ordering::Relaxed);
+        if readings == 0 {
+            return None;
+        }
+        let left = match self.backlog_eta_secs.load(Ordering::Relaxed) {
+            u64::MAX => "time left unknown".to_string(),
+            secs => format!(
+                "about {} left",
+                humantime::format_duration(Duration::from_secs(secs))
+            ),
+        };
+        Some(format!("draining a backlog of {readings} readings, {left}"))
     }
 
     /// Ready: connected and subscribed to the broker, the database answers,

@@ -64,7 +64,10 @@ async fn metrics_page(
 
 async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
     match s.health.ready(s.flush_bound) {
-        Ok(()) => (StatusCode::OK, "ready\n".into()),
+        Ok(()) => match s.health.backlog_note() {
+            Some(note) => (StatusCode::OK, format!("ready; {note}\n")),
+            None => (StatusCode::OK, "ready\n".into()),
+        },
         Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {why}\n"),

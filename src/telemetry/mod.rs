@@ -51,7 +51,14 @@ pub const SPOOL_BYTES: &str = "palletd_spool_bytes";
 pub const SPOOL_UNCONFIRMED: &str = "palletd_spool_unconfirmed_records";
 pub const SPOOL_OLDEST_SECONDS: &str = "palletd_spool_oldest_record_age_seconds";
 pub const SPOOL_REPLAYED: &str = "palletd_spool_replayed_records_total";
+/// Readings behind: what the live lane gave up on (after an outage, or
+/// when it fell behind) and what a restart left, not yet in MongoDB.
+pub const BACKLOG_READINGS: &str = "palletd_backlog_readings";
+pub const BACKLOG_DRAIN_RATE: &str = "palletd_backlog_drain_readings_per_second";
+pub const BACKLOG_ETA_SECONDS: &str = "palletd_backlog_drain_eta_seconds";
 pub const SPOOL_FSYNCS: &str = "palletd_spool_fsyncs_total";
+pub const SPOOL_DROPPED: &str = "palletd_spool_dropped_readings_total";
+pub const CLOCK_SYNCHRONIZED: &str = "palletd_clock_synchronized";
 pub const REDELIVERIES_SKIPPED: &str = "palletd_redeliveries_skipped_total";
 
 /// Registers the descriptions shown in `/metrics`.
@@ -83,7 +90,7 @@ pub fn describe() {
     describe_histogram!(
         SAMPLE_AGE_SECONDS,
         Unit::Seconds,
-        "Age of each sample (now minus its timestamp) when it was written durably to MongoDB."
+        "Age of each sample (now minus its timestamp) when it was written durably to MongoDB; lane=\"live\" or \"backlog\" (readings written while live ones went first)."
     );
     describe_histogram!(
         FLUSH_SECONDS,
@@ -115,6 +122,27 @@ pub fn describe() {
         "Spool records not yet confirmed in MongoDB (approximate)."
     );
     describe_gauge!(
+        CLOCK_SYNCHRONIZED,
+        "1 when the kernel says the system clock is synchronised (NTP), 0 when not (absent: palletd cannot tell)."
+    );
+    describe_counter!(
+        SPOOL_DROPPED,
+        "Readings deleted from a full spool before they were in MongoDB (spool.when_full = \"drop_oldest\")."
+    );
+    describe_gauge!(
+        BACKLOG_READINGS,
+        "Readings behind (draining in the background while live readings go first): in memory, plus an estimate of those still on disk."
+    );
+    describe_gauge!(
+        BACKLOG_DRAIN_RATE,
+        "Backlog readings written per second, smoothed over the last few seconds."
+    );
+    describe_gauge!(
+        BACKLOG_ETA_SECONDS,
+        Unit::Seconds,
+        "Estimated time until the backlog is written at the current drain rate (0: none, or not draining)."
+    );
+    describe_gauge!(
         SPOOL_OLDEST_SECONDS,
         Unit::Seconds,
         "Age of the oldest spool record not yet confirmed in MongoDB (to the second)."
@@ -144,8 +172,8 @@ pub fn install() -> Option<PrometheusHandle> {
             Matcher::Full(SAMPLE_AGE_SECONDS.to_string()),
             &[
                 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1,
-                1.2, 1.3, 1.4, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0,
-                300.0, 3600.0,
+                1.2, 1.3, 1.4, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 11.0, 12.0, 13.0,
+                14.0, 15.0, 20.0, 30.0, 60.0, 300.0, 3600.0,
             ],
         )
         .ok()?;

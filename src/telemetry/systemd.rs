@@ -17,8 +17,49 @@ use tokio_util::sync::CancellationToken;
 use super::Health;
 use crate::clock::now_ms;
 
+/// Whether the kernel says the system clock is synchronised (NTP): the
+/// `adjtimex` status, read only. Under the unit's `ProtectClock=` that call
+/// is refused; then the flag file systemd-timesyncd keeps tells. `None`:
+/// palletd cannot tell.
+pub fn clock_synchronized() -> Option<bool> {
+    // SAFETY: a zeroed timex with modes = 0 only reads the kernel's state.
+    let mut tx: libc::timex = unsafe { std::mem::zeroed() };
+    let state = unsafe { libc::adjtimex(&mut tx) };
+    if state >= 0 {
+        return Some(state != libc::TIME_ERROR && tx.status & libc::STA_UNSYNC == 0);
+    }
+    if std::path::Path::new("/run/systemd/timesync/synchronized").exists() {
+        return Some(true);
+    }
+    None
+}
+
+/// Logs whether the clock is synchronised and keeps its gauge (every
+/// minute): readings without a timestamp of their own are stamped with it.
+async fn watch_clock() {
+    let mut was = None;
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        tick.tick().await;
+        let now = clock_synchronized();
+        if let Some(synced) = now {
+            metrics::gauge!(super::CLOCK_SYNCHRONIZED).set(if synced { 1.0 } else { 0.0 });
+        }
+        if now != was {
+            match now {
+                Some(true) => tracing::info!("The system clock is synchronised."),
+                Some(false) => tracing::warn!(
+                    "The system clock is not synchronised (NTP): readings without a timestamp of their own are stamped with it and may carry the wrong time until it is."
+                ),
+                None => tracing::info!("Cannot tell whether the system clock is synchronised."),
+            }
+            was = now;
+        }
+    }
+}
+
 /// Probes the database every second (readiness), keeps the metrics
-/// upkeep going, and talks to systemd. Runs until `stop`.
+/// upkeep going, watches the clock, and talks to systemd. Runs until `stop`.
 pub async fn supervise(
     db: mongodb::Database,
     health: Arc<Health>,
@@ -41,10 +82,21 @@ pub async fn supervise(
             }
         }
     };
+    // systemd's notify socket is written with a blocking send: on its own
+    // thread, so a slow reader never stalls the runtime.
+    if std::env::var_os("NOTIFY_SOCKET").is_some() {
+        let (health, stop) = (health.clone(), stop.clone());
+        let spawned = std::thread::Builder::new()
+            .name("palletd-systemd".into())
+            .spawn(move || notify_systemd(&health, &stop));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "Cannot start the systemd notifier; no watchdog pets.");
+        }
+    }
     tokio::select! {
         _ = stop.cancelled() => {}
         _ = probe => {}
-        _ = notify_systemd(&health) => {}
+        _ = watch_clock() => {}
     }
     if std::env::var_os("NOTIFY_SOCKET").is_some() {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
@@ -52,23 +104,22 @@ pub async fn supervise(
 }
 
 /// `READY=1`, then `STATUS=` when it changes and `WATCHDOG=1` while the
-/// pipeline makes progress. Does nothing outside systemd.
-async fn notify_systemd(health: &Health) {
-    if std::env::var_os("NOTIFY_SOCKET").is_none() {
-        return std::future::pending().await;
-    }
+/// pipeline makes progress, until `stop` is cancelled. Runs on its own
+/// thread.
+fn notify_systemd(health: &Health, stop: &CancellationToken) {
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     let watchdog = sd_notify::watchdog_enabled();
     // Pet at half the interval; check often enough for short intervals.
     let period = watchdog.map_or(Duration::from_secs(1), |w| {
         (w / 2).min(Duration::from_secs(1))
     });
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_stored = (health.stored(), std::time::Instant::now());
     let mut last_status = String::new();
     loop {
-        tick.tick().await;
+        std::thread::sleep(period);
+        if stop.is_cancelled() {
+            return;
+        }
         let now = now_ms();
         if let Some(interval) = watchdog {
             if health.ingest_silent_for(now) < interval && health.flush_alive(now) {
@@ -87,7 +138,10 @@ async fn notify_systemd(health: &Health) {
         } else if !health.database_reachable() {
             "waiting for the database (readings are spooled and acknowledged)".to_string()
         } else {
-            format!("storing {rate:.0} samples/s")
+            match health.backlog_note() {
+                Some(note) => format!("storing {rate:.0} samples/s; {note}"),
+                None => format!("storing {rate:.0} samples/s"),
+            }
         };
         if status != last_status {
             let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&status)]);

@@ -420,6 +420,12 @@ format = "number"
     }
 
     /// Sets `section.key` (or `section.sub.key`) to `value`.
+    /// No wire compression (a proxy that reads the commands needs them in
+    /// clear).
+    pub fn uncompressed(self) -> Config {
+        self.set("mongodb.compressors", toml::Value::Array(Vec::new()))
+    }
+
     pub fn set(mut self, path: &str, value: impl Into<toml::Value>) -> Config {
         let mut keys: Vec<&str> = path.split('.').collect();
         let last = keys.pop().expect("a key");
@@ -1222,15 +1228,26 @@ pub async fn stored_counts(client: &mongodb::Client, db: &str) -> HashMap<(Strin
 /// Publishes `count` readings over `sensors` sensors at `rate` per second
 /// and waits until the broker acknowledged them all. Returns what was sent.
 pub async fn publish_steadily(
-    mut publisher: Publisher,
+    publisher: Publisher,
     sensors: usize,
     rate: f64,
     count: i64,
 ) -> Vec<(String, i64)> {
+    publish_steadily_from(publisher, sensors, rate, 0..count).await
+}
+
+/// [`publish_steadily`] with these sequence numbers.
+pub async fn publish_steadily_from(
+    mut publisher: Publisher,
+    sensors: usize,
+    rate: f64,
+    seqs: std::ops::Range<i64>,
+) -> Vec<(String, i64)> {
     let started = tokio::time::Instant::now();
     let mut sent = Vec::new();
-    for seq in 0..count {
-        let due = started + Duration::from_secs_f64(seq as f64 / rate);
+    let first = seqs.start;
+    for seq in seqs {
+        let due = started + Duration::from_secs_f64((seq - first) as f64 / rate);
         tokio::time::sleep_until(due).await;
         let sensor = format!("f{:02}", seq as usize % sensors);
         let payload = serde_json::json!({ "seq": seq, "temp": (seq % 50) as f64 / 2.0, "hum": 40 });

@@ -1,0 +1,189 @@
+//! A TCP proxy that behaves like a slow, flaky link (for the tests and the
+//! benchmark, not used by the daemon): a one-way delay, a bandwidth shared
+//! by all connections in each direction, and a switch that cuts every
+//! connection and refuses new ones until the link is restored. It counts
+//! the bytes it carries each way.
+//!
+//! Like `tc netem`, which needs root and a network namespace these machines
+//! do not give a test.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// How the link behaves.
+#[derive(Debug, Clone, Copy)]
+pub struct Link {
+    /// Delay each way (half the round trip).
+    pub one_way: Duration,
+    /// Bytes per second each way; 0 for no limit.
+    pub bytes_per_sec: u64,
+}
+
+/// One direction of the link: when it is free to send the next byte.
+#[derive(Debug)]
+struct Pipe {
+    free_at: Mutex<Instant>,
+    bytes: AtomicU64,
+}
+
+impl Pipe {
+    /// When a chunk of `n` bytes sent now arrives at the far end.
+    fn schedule(&self, link: &Link, n: usize) -> Instant {
+        let mut free = self.free_at.lock().unwrap_or_else(|e| e.into_inner());
+        let start = (*free).max(Instant::now());
+        let sending = match link.bytes_per_sec {
+            0 => Duration::ZERO,
+            bps => Duration::from_secs_f64(n as f64 / bps as f64),
+        };
+        *free = start + sending;
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        start + sending + link.one_way
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    link: Link,
+    up: AtomicBool,
+    /// Cancelled when the link is cut; replaced when it is restored.
+    cut: Mutex<CancellationToken>,
+    to_server: Pipe,
+    to_client: Pipe,
+}
+
+/// The proxy; dropping it stops it.
+pub struct LinkProxy {
+    pub port: u16,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+}
+
+impl LinkProxy {
+    /// Listens on a free port of 127.0.0.1 and forwards to `upstream`.
+    pub async fn start(upstream: u16, link: Link) -> std::io::Result<LinkProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let pipe = || Pipe {
+            free_at: Mutex::new(Instant::now()),
+            bytes: AtomicU64::new(0),
+        };
+        let shared = Arc::new(Shared {
+            link,
+            up: AtomicBool::new(true),
+            cut: Mutex::new(CancellationToken::new()),
+            to_server: pipe(),
+            to_client: pipe(),
+        });
+        let stop = CancellationToken::new();
+        let (s, st) = (shared.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    _ = st.cancelled() => return,
+                };
+                let Ok((client, _)) = accepted else { continue };
+                if !s.up.load(Ordering::SeqCst) {
+                    // A cut link: the connection goes nowhere.
+                    drop(client);
+                    continue;
+                }
+                let cut = s.cut.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                        return;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    let s2 = s.clone();
+                    tokio::select! {
+                        _ = pump(cr, sw, &s.link, &s.to_server) => {}
+                        _ = pump(sr, cw, &s2.link, &s2.to_client) => {}
+                        _ = cut.cancelled() => {}
+                    }
+                });
+            }
+        });
+        Ok(LinkProxy { port, shared, stop })
+    }
+
+    /// A URI for MongoDB through the proxy (options appended as given).
+    pub fn mongodb_uri(&self, options: &str) -> String {
+        format!(
+            "mongodb://127.0.0.1:{}/?directConnection=true{options}",
+            self.port
+        )
+    }
+
+    /// Cuts the link: open connections break, new ones are refused.
+    pub fn cut(&self) {
+        self.shared.up.store(false, Ordering::SeqCst);
+        let token = self.shared.cut.lock().unwrap_or_else(|e| e.into_inner());
+        token.cancel();
+    }
+
+    /// Restores the link.
+    pub fn restore(&self) {
+        *self.shared.cut.lock().unwrap_or_else(|e| e.into_inner()) = CancellationToken::new();
+        self.shared.up.store(true, Ordering::SeqCst);
+    }
+
+    /// Bytes carried (client to server, server to client).
+    pub fn bytes(&self) -> (u64, u64) {
+        (
+            self.shared.to_server.bytes.load(Ordering::Relaxed),
+            self.shared.to_client.bytes.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl Drop for LinkProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.cut();
+    }
+}
+
+/// Carries one direction: each chunk arrives when the link would deliver
+/// it (in order; chunks in flight are buffered, as a link's queue is).
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    link: &Link,
+    pipe: &Pipe,
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let reader = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    let at = pipe.schedule(link, n);
+                    if tx.send((at, buf[..n].to_vec())).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    let writer = async move {
+        while let Some((at, chunk)) = rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(reader, writer);
+}

@@ -1,0 +1,154 @@
+//! palletd writing to a remote MongoDB over a slow, flaky link: a proxy
+//! that delays, throttles and cuts the connection (`palletd::netem`).
+//! After a cut, live readings are stored with their normal lag while the
+//! backlog drains behind them, and every reading is stored exactly once,
+//! through SIGKILLs and a lost reply during the drain.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use palletd::netem::{Link, LinkProxy};
+
+/// Readings of one sensor, one every `every`, with these sequence numbers.
+async fn publish_every(
+    publisher: &mut Publisher,
+    sensor: &str,
+    seqs: std::ops::Range<i64>,
+    every: Duration,
+) -> Vec<(String, i64)> {
+    let mut sent = Vec::new();
+    for seq in seqs {
+        publisher
+            .json(sensor, serde_json::json!({ "seq": seq, "temp": 20.5 }))
+            .await;
+        sent.push((sensor.to_string(), seq));
+        tokio::time::sleep(every).await;
+    }
+    publisher.flush().await;
+    sent
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_link_cut_live_readings_are_stored_while_the_backlog_drains() {
+    let db = Database::start();
+    // About 64 kbit/s: the backlog takes many seconds to drain (wire
+    // compression on, as by default, makes it small).
+    let link = LinkProxy::start(
+        db.port,
+        Link {
+            one_way: Duration::from_millis(10),
+            bytes_per_sec: 8_000,
+        },
+    )
+    .await
+    .unwrap();
+    let mut stack = Stack::on(Broker::start(), db, "wan", |c| {
+        c.mongodb_uri(&link.mongodb_uri("")).max_delay("1s")
+    })
+    .await;
+    // Running normally first.
+    let mut publisher = Publisher::connect(&stack.broker, "pub-first").await;
+    let first = publish_every(&mut publisher, "first-1", 0..5, Duration::ZERO).await;
+    stack.wait_stored(5).await;
+    link.cut();
+    let old = publish_steadily(stack.publisher().await, 20, 2000.0, 20_000).await;
+    stack.all_acknowledged().await;
+    link.restore();
+    // Once palletd is writing again, what waited is the backlog and
+    // readings arriving from then on are live.
+    stack
+        .palletd
+        .wait_until(Duration::from_secs(30), "a backlog draining", |p| {
+            p.metric("palletd_backlog_readings", None) > 0.0
+        })
+        .await;
+    let mut publisher = Publisher::connect(&stack.broker, "pub-live").await;
+    let live = publish_every(&mut publisher, "live-1", 0..5, Duration::from_millis(200)).await;
+    eventually(
+        Duration::from_secs(30),
+        "the live readings stored",
+        || async {
+            let stored = stored_counts(&stack.client, "wan").await;
+            live.iter().all(|k| stored.contains_key(k))
+        },
+    )
+    .await;
+    let old_stored = stored_counts(&stack.client, "wan")
+        .await
+        .keys()
+        .filter(|k| k.0 != "live-1" && k.0 != "first-1")
+        .count();
+    let (_, readyz) = stack.palletd.readyz();
+    eprintln!(
+        "live stored with {old_stored} of {} backlog readings stored; {readyz}",
+        old.len()
+    );
+    assert!(
+        old_stored < old.len(),
+        "the live readings went before the backlog had drained ({old_stored} of {} stored)",
+        old.len()
+    );
+    assert!(readyz.contains("draining a backlog"), "{readyz}");
+    assert!(stack.palletd.metric("palletd_backlog_readings", None) > 0.0);
+    let all: Vec<_> = first.into_iter().chain(old).chain(live).collect();
+    assert_exactly_once(&stack.client, "wan", &all, Duration::from_secs(120)).await;
+    let (up, _) = link.bytes();
+    assert!(up > 0);
+    stack.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_backlog_is_stored_exactly_once_through_kills_and_a_lost_reply() {
+    let db = Database::start();
+    // The link in front of a proxy that drops the reply to one write.
+    let cutter = CutProxy::start(db.port).await;
+    let link = LinkProxy::start(
+        cutter.port,
+        Link {
+            one_way: Duration::from_millis(5),
+            bytes_per_sec: 100_000,
+        },
+    )
+    .await
+    .unwrap();
+    let mut stack = Stack::on(Broker::start(), db, "wanfaults", |c| {
+        c.mongodb_uri(&link.mongodb_uri(""))
+            .uncompressed()
+            .max_delay("500ms")
+    })
+    .await;
+    link.cut();
+    let old = publish_steadily(stack.publisher().await, 20, 1000.0, 6000).await;
+    stack.all_acknowledged().await;
+    cutter.arm();
+    link.restore();
+    let live = tokio::spawn(publish_steadily_from(
+        Publisher::connect(&stack.broker, "pub-live").await,
+        20,
+        200.0,
+        6000..7000,
+    ));
+    // Killed twice while a backlog drains (after a restart, what the spool
+    // holds unconfirmed is the backlog).
+    for _ in 0..2 {
+        stack
+            .palletd
+            .wait_until(Duration::from_secs(30), "a backlog draining", |p| {
+                p.metric("palletd_backlog_readings", None) > 0.0
+                    && p.metric("palletd_samples_stored_total", None) > 0.0
+            })
+            .await;
+        stack.palletd.kill();
+        stack.palletd = Palletd::start(&stack.config);
+    }
+    let all: Vec<_> = old.into_iter().chain(live.await.unwrap()).collect();
+    assert_exactly_once(&stack.client, "wanfaults", &all, Duration::from_secs(120)).await;
+    assert_eq!(
+        cutter.cuts.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one reply was dropped"
+    );
+    stack.stop();
+}
