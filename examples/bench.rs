@@ -475,6 +475,7 @@ async fn sink(args: SinkArgs) -> anyhow::Result<()> {
         ([127, 0, 0, 1], args.metrics_port).into(),
         handle,
         Arc::new(palletd::telemetry::Health::default()),
+        Arc::default(),
         Duration::from_secs(10),
         stop.clone(),
     )

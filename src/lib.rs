@@ -45,6 +45,14 @@
 //! A PUBLISH is acknowledged once everything it carried is durable in the
 //! local spool; the spool is written to MongoDB exactly once.
 
+/// The version and the git commit it was built from: "0.1.0 (commit 1a2b3c4d5e6f)".
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("PALLETD_COMMIT"),
+    ")"
+);
+
 pub mod bucket;
 pub mod clock;
 pub mod config;
@@ -150,6 +158,7 @@ pub async fn run(
         RunError::Spool(format!("{} (spool.dir): {e}", settings.spool.dir.display()))
     };
     let (spool, recovered, appender) = spool::open(&settings.spool).map_err(spool_error)?;
+    metrics::gauge!(telemetry::SPOOL_MAX_BYTES).set(settings.spool.max_size as f64);
     store.set_spool(recovered.tag);
     info!(
         dir = %settings.spool.dir.display(),
@@ -175,6 +184,7 @@ pub async fn run(
             settings.limits.max_sensors,
             (settings.bucket.window + settings.closer.grace).as_millis() as i64,
         ),
+        health: health.clone(),
     };
     let core = pipeline::Core::new(
         pipeline::Config {
@@ -206,11 +216,23 @@ pub async fn run(
     let done = CancellationToken::new();
     let abort = CancellationToken::new();
     let tracker = TaskTracker::new();
+    let history = Arc::new(telemetry::status::History::default());
+    if let Some(m) = &metrics {
+        let keep = telemetry::status::keep_history(m.clone(), history.clone());
+        let stop = done.clone();
+        tracker.spawn(async move {
+            tokio::select! {
+                _ = keep => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
     if let Some(addr) = settings.http.listen {
         let server = telemetry::http::serve(
             addr,
             metrics.clone(),
             health.clone(),
+            history,
             READY_FLUSH_BOUND,
             done.clone(),
         )
@@ -222,6 +244,7 @@ pub async fn run(
         db,
         health.clone(),
         metrics,
+        READY_FLUSH_BOUND,
         done.clone(),
     ));
     tracker.spawn(connection.run(
@@ -252,6 +275,7 @@ pub async fn run(
     };
     tracker.close();
     info!(
+        version = VERSION,
         broker = %format!("{}:{}", settings.mqtt.host, settings.mqtt.port),
         database = %settings.mongodb.database,
         collection = %settings.mongodb.collection,

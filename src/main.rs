@@ -21,7 +21,7 @@ const EXIT_CONFIG: u8 = 78;
 #[derive(Parser, Debug)]
 #[command(
     name = "palletd",
-    version,
+    version = palletd::VERSION,
     about = "MQTT-to-MongoDB gateway: sensor readings stored as bucket documents"
 )]
 struct Cli {
@@ -50,6 +50,13 @@ enum Command {
     Simulate(SimulateArgs),
     /// Print stored readings or rollups of one sensor, or what is stored.
     Query(QueryArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), palletd.1.
+    Manpage,
 }
 
 #[derive(clap::Args, Debug)]
@@ -129,6 +136,21 @@ fn main() -> ExitCode {
         Command::PrintConfig => {
             print!("{}", palletd::config::EXAMPLE);
             ExitCode::SUCCESS
+        }
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut cmd, "palletd", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Manpage => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            match clap_mangen::Man::new(cmd).render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Command::CheckConfig => match load(&cli) {
             Ok(settings) => {
@@ -243,6 +265,7 @@ fn simulate(
         batch_size: args.batch_size,
         sensor_prefix: args.sensor_prefix.clone(),
         seed: args.seed,
+        progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
     };
     let target = args.sensors as f64 * args.rate;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;

@@ -34,6 +34,8 @@ pub struct SimOptions {
     pub batch_size: usize,
     pub sensor_prefix: String,
     pub seed: u64,
+    /// Print a progress line on stderr every second (on a terminal).
+    pub progress: bool,
 }
 
 /// What was done.
@@ -95,6 +97,23 @@ pub enum SimError {
     Client(#[from] rumqttc::ClientError),
 }
 
+/// One progress line, written over the last one.
+fn show_progress(report: &SimReport, elapsed: Duration, duration: Duration, outstanding: u64) {
+    use std::io::Write;
+    let secs = elapsed.as_secs_f64().max(0.001);
+    let mut err = std::io::stderr().lock();
+    let _ = write!(
+        err,
+        "\r{:>6.0}s of {}: {} readings published ({:.0}/s), {} awaiting the broker's ack   ",
+        secs,
+        humantime::format_duration(duration),
+        report.readings,
+        report.readings as f64 / secs,
+        outstanding
+    );
+    let _ = err.flush();
+}
+
 /// Publishes readings on schedule until `duration` passes or `stop` fires.
 pub async fn run(opts: SimOptions, stop: CancellationToken) -> Result<SimReport, SimError> {
     let mut mqtt = crate::ingest::mqtt_options(&opts.mqtt, &opts.client_id)?;
@@ -138,10 +157,15 @@ pub async fn run(opts: SimOptions, stop: CancellationToken) -> Result<SimReport,
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut outstanding: u64 = 0;
+    let mut shown = Instant::now();
     'outer: loop {
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tick.tick() => {}
+        }
+        if opts.progress && shown.elapsed() >= Duration::from_secs(1) {
+            shown = Instant::now();
+            show_progress(&report, started.elapsed(), opts.duration, outstanding);
         }
         let elapsed = started.elapsed().min(opts.duration);
         let due = (elapsed.as_secs_f64() * total_rate).floor() as u64;
@@ -188,6 +212,10 @@ pub async fn run(opts: SimOptions, stop: CancellationToken) -> Result<SimReport,
         }
     }
     report.elapsed = started.elapsed();
+    if opts.progress {
+        show_progress(&report, report.elapsed, opts.duration, outstanding);
+        eprintln!();
+    }
     // Wait (bounded) for the broker to acknowledge what was sent.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while outstanding > 0 {

@@ -75,6 +75,8 @@ const MAX_BATCH_MESSAGES: usize = 512;
 
 /// How often the spool gauges are refreshed.
 const GAUGE_EVERY: Duration = Duration::from_millis(100);
+/// How often the quietest sensors are told to the status page.
+const QUIET_EVERY: Duration = Duration::from_secs(2);
 
 /// A message waiting for its acknowledgement.
 struct Unacked {
@@ -95,6 +97,8 @@ pub struct Spooler {
     pub shape: Shape,
     pub feed: mpsc::Sender<Feed>,
     pub sensors: SensorLimit,
+    /// Where the quietest sensors are told (the status page).
+    pub health: std::sync::Arc<crate::telemetry::Health>,
 }
 
 impl Spooler {
@@ -114,10 +118,17 @@ impl Spooler {
         // the age of the oldest record the checkpoint has not passed.
         let mut marks: std::collections::VecDeque<(u64, i64)> = Default::default();
         let mut gauges_at = Instant::now() - GAUGE_EVERY;
+        let mut quiet_at = Instant::now() - QUIET_EVERY;
+        let mut quiet_dirty = false;
         loop {
             if gauges_at.elapsed() >= GAUGE_EVERY {
                 gauges_at = Instant::now();
                 self.gauges(&mut marks, &acks);
+            }
+            if quiet_dirty && quiet_at.elapsed() >= QUIET_EVERY {
+                quiet_at = Instant::now();
+                quiet_dirty = false;
+                self.health.set_quiet(self.sensors.quietest(10));
             }
             let full = self.spool.is_full();
             match (full, full_since) {
@@ -148,6 +159,7 @@ impl Spooler {
                 }
                 m = rx.recv(), if !full => match m {
                     Some(m) => {
+                        quiet_dirty = true;
                         // Take what else is waiting: one append, one feed.
                         let mut batch = Batch::new(self.next_lsn);
                         self.receive(m, &mut acks, &mut reporter, &mut batch);
@@ -161,6 +173,8 @@ impl Spooler {
                     }
                     None => break,
                 },
+                // Tell the quietest sensors once more after the last message.
+                _ = tokio::time::sleep(QUIET_EVERY.saturating_sub(quiet_at.elapsed())), if quiet_dirty => {}
                 // While full, look again shortly: checkpoints free segments.
                 _ = tokio::time::sleep(Duration::from_millis(200)), if full => {}
                 // PUBACKs that did not fit into the client's queue.

@@ -46,6 +46,24 @@ impl SensorLimit {
     }
 }
 
+impl SensorLimit {
+    /// The `n` sensors heard from least recently: (sensor, last reading
+    /// ms), the quietest first.
+    pub fn quietest(&self, n: usize) -> Vec<(String, i64)> {
+        let mut heap: std::collections::BinaryHeap<(i64, &str)> = Default::default();
+        for (sensor, &t) in &self.last_seen {
+            heap.push((t, sensor));
+            if heap.len() > n {
+                heap.pop();
+            }
+        }
+        let mut out: Vec<(String, i64)> =
+            heap.into_iter().map(|(t, s)| (s.to_string(), t)).collect();
+        out.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,5 +77,16 @@ mod tests {
         assert!(l.admit("a", 6_000), "known sensors always pass");
         assert!(l.admit("c", 12_000), "b went idle and was forgotten");
         assert!(!l.admit("d", 12_500), "a and c are active");
+    }
+
+    #[test]
+    fn the_quietest_sensors_come_first() {
+        let mut l = SensorLimit::new(10, 1_000_000);
+        for (i, s) in ["a", "b", "c", "d"].iter().enumerate() {
+            l.admit(s, 100 - i as i64 * 10);
+        }
+        let quiet = l.quietest(2);
+        assert_eq!(quiet, vec![("d".to_string(), 70), ("c".to_string(), 80)]);
+        assert_eq!(l.quietest(10).len(), 4);
     }
 }

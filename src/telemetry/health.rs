@@ -30,6 +30,9 @@ pub struct Health {
     backlog_eta_secs: AtomicU64,
     /// Woken when the database answers again after it did not.
     database_back: tokio::sync::Notify,
+    /// The sensors quiet the longest: (sensor, last reading ms), for the
+    /// status page (kept by the spooler every few seconds).
+    quiet: std::sync::Mutex<Vec<(String, i64)>>,
 }
 
 /// A database call running longer than this counts as stuck (the driver
@@ -149,6 +152,14 @@ impl Health {
         self.backlog_readings.store(readings, Ordering::Relaxed);
         self.backlog_eta_secs
             .store(eta_secs.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    pub fn set_quiet(&self, quiet: Vec<(String, i64)>) {
+        *self.quiet.lock().unwrap_or_else(|e| e.into_inner()) = quiet;
+    }
+
+    pub fn quiet(&self) -> Vec<(String, i64)> {
+        self.quiet.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// "draining a backlog of N readings, about T left", while one drains.

@@ -1,5 +1,6 @@
-//! The HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (the process
-//! runs) and `/readyz` (200 when ready, else 503 with the reason).
+//! The HTTP endpoint: `/` (the status page), `/metrics` (Prometheus text),
+//! `/healthz` (the process runs) and `/readyz` (200 when ready, else 503
+//! with the reason).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,12 +13,14 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::status::{self, Figures, History};
 use super::Health;
 
 #[derive(Clone)]
 struct HttpState {
     metrics: Option<PrometheusHandle>,
     health: Arc<Health>,
+    history: Arc<History>,
     flush_bound: Duration,
 }
 
@@ -26,17 +29,20 @@ pub async fn serve(
     addr: SocketAddr,
     metrics: Option<PrometheusHandle>,
     health: Arc<Health>,
+    history: Arc<History>,
     flush_bound: Duration,
     stop: CancellationToken,
 ) -> std::io::Result<impl std::future::Future<Output = ()>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    info!(address = %listener.local_addr()?, "Serving /metrics, /healthz and /readyz.");
+    info!(address = %listener.local_addr()?, "Serving the status page at /, /metrics, /healthz and /readyz.");
     let state = HttpState {
         metrics,
         health,
+        history,
         flush_bound,
     };
     let app = axum::Router::new()
+        .route("/", get(status_page))
         .route("/metrics", get(metrics_page))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -59,6 +65,31 @@ async fn metrics_page(
         StatusCode::OK,
         [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
         body,
+    )
+}
+
+async fn status_page(
+    State(s): State<HttpState>,
+) -> (StatusCode, [(&'static str, &'static str); 2], String) {
+    let figures = Figures::parse(&s.metrics.as_ref().map(|m| m.render()).unwrap_or_default());
+    let facts = status::Facts {
+        version: crate::VERSION,
+        ready: s
+            .health
+            .ready(s.flush_bound)
+            .map(|()| s.health.backlog_note()),
+        broker_connected: s.health.broker_connected(),
+        database_reachable: s.health.database_reachable(),
+        quiet: s.health.quiet(),
+    };
+    let page = status::render(&facts, &figures, &s.history, crate::clock::now_ms());
+    (
+        StatusCode::OK,
+        [
+            ("content-type", "text/html; charset=utf-8"),
+            ("cache-control", "no-store"),
+        ],
+        page,
     )
 }
 

@@ -5,14 +5,16 @@
 //!   bounded: causes and kinds, never a sensor id.
 //! - [`Health`] ([`health`]) holds the few facts readiness and the watchdog
 //!   need, written by the parts as plain atomics.
-//! - [`http::serve`] answers `/metrics`, `/healthz` (the process is alive)
-//!   and `/readyz` (broker connected and subscribed, database reachable, no
-//!   flush failing for longer than the readiness bound).
+//! - [`http::serve`] answers `/` (the status page, [`status`]), `/metrics`,
+//!   `/healthz` (the process is alive) and `/readyz` (broker connected and
+//!   subscribed, database reachable, no flush failing for longer than the
+//!   readiness bound).
 //! - [`systemd::supervise`] probes the database once a second and talks to
 //!   systemd: `READY=1`, `STATUS=` and `WATCHDOG=1` (see that module).
 
 pub mod health;
 pub mod http;
+pub mod status;
 pub mod systemd;
 
 pub use health::Health;
@@ -44,6 +46,10 @@ pub const PENDING_SAMPLES: &str = "palletd_pending_samples";
 pub const OLDEST_UNACKED_SECONDS: &str = "palletd_oldest_unacked_age_seconds";
 pub const BROKER_RECONNECTS: &str = "palletd_broker_reconnects_total";
 pub const BROKER_CONNECTED: &str = "palletd_broker_connected";
+/// 1 while `/readyz` answers 200.
+pub const READY: &str = "palletd_ready";
+/// `spool.max_size`, for an alert on the spool filling up.
+pub const SPOOL_MAX_BYTES: &str = "palletd_spool_max_bytes";
 pub const DATABASE_ERRORS: &str = "palletd_database_errors_total";
 pub const SPOOL_BYTES: &str = "palletd_spool_bytes";
 /// Spool LSNs between the checkpoint and the durable end (records not yet
@@ -111,6 +117,15 @@ pub fn describe() {
         "Reconnections to the MQTT broker after a loss."
     );
     describe_gauge!(BROKER_CONNECTED, "1 while connected to the MQTT broker.");
+    describe_gauge!(
+        READY,
+        "1 while ready (/readyz answers 200), checked every second."
+    );
+    describe_gauge!(
+        SPOOL_MAX_BYTES,
+        Unit::Bytes,
+        "The spool's size limit (spool.max_size)."
+    );
     describe_counter!(DATABASE_ERRORS, "Failed database commands, by kind.");
     describe_gauge!(
         SPOOL_BYTES,

@@ -64,6 +64,7 @@ pub async fn supervise(
     db: mongodb::Database,
     health: Arc<Health>,
     metrics: Option<PrometheusHandle>,
+    flush_bound: Duration,
     stop: CancellationToken,
 ) {
     let probe = async {
@@ -77,6 +78,8 @@ pub async fn supervise(
             )
             .await;
             health.set_database_reachable(matches!(ping, Ok(Ok(_))));
+            let ready = health.ready(flush_bound).is_ok();
+            metrics::gauge!(super::READY).set(if ready { 1.0 } else { 0.0 });
             if let Some(m) = &metrics {
                 m.run_upkeep();
             }

@@ -20,7 +20,7 @@ use bson::{doc, Bson, Document};
 use futures_util::TryStreamExt;
 use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
 
-pub const INSTALL_HINT: &str = "run `scripts/install-test-services` (installs Mosquitto from Debian and SecantusDB from crates.io)";
+pub const INSTALL_HINT: &str = "run `scripts/install-test-services` (installs Mosquitto, Chromium, promtool and lintian from Debian and SecantusDB from crates.io)";
 
 pub const HOUR_MS: i64 = 3_600_000;
 
@@ -35,7 +35,7 @@ pub fn free_port() -> u16 {
         .expect("no free local port")
 }
 
-fn find_binary(env: &str, names: &[&str], extra: &[PathBuf]) -> PathBuf {
+pub fn find_binary(env: &str, names: &[&str], extra: &[PathBuf]) -> PathBuf {
     if let Some(p) = std::env::var_os(env) {
         return PathBuf::from(p);
     }

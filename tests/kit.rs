@@ -1,0 +1,322 @@
+//! The operator's kit: the status page in a real browser (Chromium,
+//! headless), the Debian package and what lintian says of it, the
+//! Prometheus rules and Grafana dashboard, and the command line's
+//! `--version`, completions and man page.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn tool(names: &[&str]) -> PathBuf {
+    find_binary("PALLETD_NO_SUCH_VARIABLE", names, &[])
+}
+
+fn run(cmd: &mut Command) -> (bool, String, String) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// The text of the element with this id (`<x id="..." ...>text<`).
+fn element(dom: &str, id: &str) -> Option<String> {
+    let at = dom.find(&format!("id=\"{id}\""))?;
+    let rest = &dom[at..];
+    let start = rest.find('>')? + 1;
+    let end = rest[start..].find('<')?;
+    Some(rest[start..start + end].trim().to_string())
+}
+
+fn chromium(args: &[&str]) -> (String, String) {
+    let browser = tool(&["chromium", "chromium-browser"]);
+    let profile = tempfile::tempdir().unwrap();
+    let (ok, out, err) = run(Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(args));
+    assert!(ok, "chromium failed: {err}");
+    (out, err)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_renders_in_a_browser_with_the_figures_of_metrics() {
+    let mut stack = Stack::start("statuspage", |c| c).await;
+    let mut publisher = stack.publisher().await;
+    for seq in 0..20i64 {
+        publisher
+            .json(
+                &format!("st-{}", seq % 4),
+                serde_json::json!({ "seq": seq, "v": 1.5 }),
+            )
+            .await;
+    }
+    publisher
+        .publish("sensors/broken/telemetry", "not json {")
+        .await;
+    publisher.flush().await;
+    stack.wait_stored(20).await;
+    stack
+        .palletd
+        .wait_until(
+            Duration::from_secs(30),
+            "the dead letter counted, the quiet sensors told",
+            |p| {
+                p.metric("palletd_dead_letters_total", None) >= 1.0
+                    && http_get(p.http_port, "/").1.contains("st-3")
+            },
+        )
+        .await;
+    let url = format!("http://127.0.0.1:{}/", stack.palletd.http_port);
+    let (dom, log) = chromium(&["--dump-dom", &url]);
+    let metrics = &stack.palletd;
+
+    // The figures are those of /metrics at the same moment (nothing moves:
+    // every reading is stored).
+    assert_eq!(element(&dom, "ready").as_deref(), Some("Ready"), "{dom}");
+    assert_eq!(element(&dom, "broker").as_deref(), Some("connected"));
+    assert_eq!(element(&dom, "database").as_deref(), Some("reachable"));
+    let stored: f64 = element(&dom, "stored").unwrap().parse().unwrap();
+    assert_eq!(stored, metrics.metric("palletd_samples_stored_total", None));
+    assert_eq!(stored, 20.0);
+    let backlog: f64 = element(&dom, "backlog").unwrap().parse().unwrap();
+    assert_eq!(backlog, metrics.metric("palletd_backlog_readings", None));
+    let scrape = metrics.scrape();
+    let mut causes = 0;
+    for sample in scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "palletd_dead_letters_total")
+    {
+        let cause = sample.labels.get("cause").unwrap();
+        let value = match sample.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+            _ => continue,
+        };
+        if value > 0.0 {
+            causes += 1;
+            let shown: f64 = element(&dom, &format!("dead-{cause}"))
+                .unwrap_or_else(|| panic!("dead letters of {cause} not shown: {dom}"))
+                .parse()
+                .unwrap();
+            assert_eq!(shown, value, "{cause}");
+        }
+    }
+    assert!(causes >= 1, "{dom}");
+    for s in ["st-0", "st-1", "st-2", "st-3"] {
+        assert!(
+            dom.contains(&format!("<td>{s}</td>")),
+            "{s} among the quiet sensors: {dom}"
+        );
+    }
+    let version = run(Command::new(env!("CARGO_BIN_EXE_palletd")).arg("--version")).1;
+    assert_eq!(
+        Some(version.trim().trim_start_matches("palletd ").to_string()),
+        element(&dom, "version")
+    );
+    // No script errors, no failed loads (Chromium logs console messages).
+    let console: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("CONSOLE") || l.contains("Uncaught") || l.contains("Failed to load"))
+        .collect();
+    assert!(console.is_empty(), "console: {console:?}");
+
+    // And a screenshot, as in the README.
+    let shot = stack.palletd.dir.path().join("status.png");
+    chromium(&[
+        &format!("--screenshot={}", shot.display()),
+        "--window-size=1000,1000",
+        "--hide-scrollbars",
+        &url,
+    ]);
+    let png = std::fs::read(&shot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+    if let Some(keep) = std::env::var_os("PALLETD_KEEP_SCREENSHOT") {
+        std::fs::copy(&shot, keep).unwrap();
+    }
+    stack.stop();
+}
+
+#[test]
+fn version_completions_and_man_page_come_from_the_command_line() {
+    let palletd = env!("CARGO_BIN_EXE_palletd");
+    let (ok, version, _) = run(Command::new(palletd).arg("--version"));
+    assert!(ok);
+    let re =
+        regex::Regex::new(r"^palletd \d+\.\d+\.\d+ \(commit ([0-9a-f]{12}|unknown)\)\n$").unwrap();
+    assert!(re.is_match(&version), "{version:?}");
+    let (ok, bash, _) = run(Command::new(palletd).args(["completions", "bash"]));
+    assert!(ok && bash.contains("check-config") && bash.contains("--shutdown-timeout"));
+    let (ok, man, _) = run(Command::new(palletd).arg("manpage"));
+    assert!(
+        ok && man.contains(".TH palletd") && man.contains("simulate"),
+        "{man}"
+    );
+}
+
+/// Every `palletd_*` metric name palletd defines.
+fn metric_names() -> Vec<String> {
+    let src = std::fs::read_to_string(repo().join("src/telemetry/mod.rs")).unwrap();
+    let re = regex::Regex::new(r#""(palletd_[a-z_]+)""#).unwrap();
+    re.captures_iter(&src).map(|c| c[1].to_string()).collect()
+}
+
+/// The names of palletd metrics a PromQL text uses, each checked to exist
+/// (a histogram's series end in _bucket).
+fn assert_known_metrics(text: &str, what: &str) {
+    let known = metric_names();
+    let re = regex::Regex::new(r"palletd_[a-z_]+").unwrap();
+    for m in re.find_iter(text) {
+        let name = m.as_str();
+        let base = name.strip_suffix("_bucket").unwrap_or(name);
+        assert!(
+            known.iter().any(|k| k == name || k == base),
+            "{what} uses {name}, which palletd does not export"
+        );
+    }
+}
+
+#[test]
+fn alerting_rules_pass_promtool_and_their_unit_tests() {
+    let promtool = tool(&["promtool"]);
+    let dir = repo().join("deploy/prometheus");
+    let (ok, out, err) = run(Command::new(&promtool)
+        .args(["check", "rules", "palletd.rules.yml"])
+        .current_dir(&dir));
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = run(Command::new(&promtool)
+        .args(["test", "rules", "palletd.rules.test.yml"])
+        .current_dir(&dir));
+    assert!(ok && out.contains("SUCCESS"), "{out}{err}");
+    let rules = std::fs::read_to_string(dir.join("palletd.rules.yml")).unwrap();
+    assert_known_metrics(&rules, "the alerting rules");
+    for alert in [
+        "PalletdNotReady",
+        "PalletdBacklogGrowing",
+        "PalletdDeadLettersRising",
+        "PalletdSpoolNearlyFull",
+        "PalletdNothingStored",
+    ] {
+        let tests = std::fs::read_to_string(dir.join("palletd.rules.test.yml")).unwrap();
+        assert!(
+            tests.contains(&format!("alertname: {alert}")),
+            "{alert} untested"
+        );
+    }
+}
+
+#[test]
+fn the_dashboard_queries_parse_and_use_metrics_palletd_exports() {
+    let text =
+        std::fs::read_to_string(repo().join("deploy/grafana/palletd-dashboard.json")).unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut exprs = Vec::new();
+    for panel in dash["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().unwrap() {
+            exprs.push(t["expr"].as_str().unwrap().replace("$instance", ".*"));
+        }
+    }
+    assert!(exprs.len() >= 10);
+    for wanted in [
+        "palletd_samples_stored_total",
+        "palletd_sample_age_at_write_seconds",
+        "palletd_backlog_readings",
+        "palletd_flush_duration_seconds",
+        "palletd_dead_letters_total",
+        "palletd_broker_reconnects_total",
+    ] {
+        assert!(
+            exprs.iter().any(|e| e.contains(wanted)),
+            "no panel shows {wanted}"
+        );
+    }
+    assert_known_metrics(&exprs.join("\n"), "the dashboard");
+    // promtool parses each query as a recording rule.
+    let dir = tempfile::tempdir().unwrap();
+    let rules: Vec<serde_json::Value> = exprs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| serde_json::json!({ "record": format!("dashboard:query_{i}"), "expr": e }))
+        .collect();
+    let file = dir.path().join("queries.yml");
+    // JSON is YAML.
+    std::fs::write(
+        &file,
+        serde_json::json!({ "groups": [{ "name": "dashboard", "rules": rules }] }).to_string(),
+    )
+    .unwrap();
+    let (ok, out, err) = run(Command::new(tool(&["promtool"]))
+        .args(["check", "rules"])
+        .arg(&file));
+    assert!(ok, "{out}{err}");
+}
+
+#[test]
+fn the_debian_package_holds_the_kit_and_lintian_finds_no_errors() {
+    let (ok, out, err) = run(Command::new(repo().join("scripts/package"))
+        .env("PALLETD_PACKAGE_PROFILE", "dev")
+        .current_dir(repo()));
+    assert!(ok, "scripts/package failed:\n{out}\n{err}");
+    let deb = PathBuf::from(out.lines().last().unwrap().trim());
+    assert!(deb.is_file(), "{deb:?}");
+    let (ok, contents, err) = run(Command::new("dpkg-deb").arg("--contents").arg(&deb));
+    assert!(ok, "{err}");
+    for path in [
+        "./usr/bin/palletd",
+        "./etc/palletd/config.toml",
+        "/palletd.service",
+        "./usr/share/man/man1/palletd.1.gz",
+        "./usr/share/bash-completion/completions/palletd",
+        "./usr/share/doc/palletd/README.md",
+        "./usr/share/doc/palletd/copyright",
+        "./usr/share/palletd/prometheus/palletd.rules.yml",
+        "./usr/share/palletd/grafana/palletd-dashboard.json",
+    ] {
+        assert!(contents.contains(path), "{path} missing:\n{contents}");
+    }
+    let (_, conffiles, _) = run(Command::new("dpkg-deb")
+        .args(["--info"])
+        .arg(&deb)
+        .arg("conffiles"));
+    assert_eq!(conffiles.trim(), "/etc/palletd/config.toml");
+    // The unit runs the packaged binary.
+    let x = tempfile::tempdir().unwrap();
+    assert!(run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(x.path())).0);
+    let unit = [
+        "lib/systemd/system/palletd.service",
+        "usr/lib/systemd/system/palletd.service",
+    ]
+    .iter()
+    .map(|p| x.path().join(p))
+    .find(|p| p.is_file())
+    .expect("the unit is in the package");
+    let unit = std::fs::read_to_string(unit).unwrap();
+    assert!(unit.contains("ExecStart=/usr/bin/palletd run"), "{unit}");
+    let config = std::fs::read_to_string(x.path().join("etc/palletd/config.toml")).unwrap();
+    assert_eq!(config, palletd::config::EXAMPLE);
+    let (ok, out, err) = run(Command::new(tool(&["lintian"]))
+        .args(["--fail-on", "error", "--tag-display-limit", "0"])
+        .arg(&deb));
+    eprintln!("lintian:\n{out}{err}");
+    assert!(ok, "lintian found errors:\n{out}{err}");
+}
