@@ -630,6 +630,38 @@ mod tests {
         );
     }
 
+    /// MongoDB's rules for a collection sharded on `{sensorId, startTs}`
+    /// (hashed or not): an upsert (`updateOne`, `upsert: true`) needs every
+    /// shard key field as an equality in its filter, and no statement may
+    /// change a shard key field. Then each statement goes to one shard.
+    #[test]
+    fn every_statement_targets_one_shard_of_a_collection_sharded_on_sensor_and_window() {
+        let samples = owned([sample(100, 1, 0), sample(900, 2, 0), sample(1500, 3, 0)]);
+        let mut fills = Fills::default();
+        let plan = plan(&samples, &mut fills, &SHAPE);
+        assert!(plan.len() >= 2, "two windows");
+        for st in &plan {
+            let d = bson::Document::try_from(
+                st.to_bson("s-1", &samples, &SHAPE, &lsns_field(1)).as_ref(),
+            )
+            .unwrap();
+            assert_eq!(d.get_bool("upsert"), Ok(true));
+            assert!(!d.get_bool("multi").unwrap_or(false), "updateOne");
+            let q = d.get_document("q").unwrap();
+            assert_eq!(q.get("sensorId"), Some(&bson::Bson::String("s-1".into())));
+            assert!(
+                matches!(q.get("startTs"), Some(bson::Bson::DateTime(_))),
+                "startTs an equality, not an operator: {q}"
+            );
+            for (op, fields) in d.get_document("u").unwrap() {
+                let fields = fields.as_document().unwrap();
+                for key in ["sensorId", "startTs"] {
+                    assert!(!fields.contains_key(key), "{op} writes {key}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn statement_bson_has_caps_and_rollups() {
         let samples = owned([sample(1, 4, 0), sample(2, 2, 0)]);

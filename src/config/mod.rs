@@ -178,6 +178,9 @@ pub struct MqttSettings {
     pub max_packet_size: usize,
     /// Payloads larger than this go to the dead letter.
     pub max_payload_size: usize,
+    /// Subscribe as `$share/<group>/<filter>`: the broker spreads messages
+    /// over every client of the group (several palletd instances).
+    pub share_group: Option<String>,
     /// TLS for `mqtts://` URLs.
     pub tls: Option<MqttTls>,
 }
@@ -575,6 +578,14 @@ impl Validator {
         } else if m.client_id.len() > 65535 {
             self.err("mqtt.client_id", "is too long");
         }
+        if let Some(g) = &m.share_group {
+            if g.is_empty() || g.contains(['/', '+', '#']) {
+                self.err(
+                    "mqtt.share_group",
+                    "must be a non-empty name without '/', '+' or '#'",
+                );
+            }
+        }
         let tls = match (tls_url, m.tls) {
             (true, raw) => Some(self.mqtt_tls(raw.unwrap_or_default(), base)),
             (false, Some(_)) => {
@@ -655,6 +666,7 @@ impl Validator {
             max_inflight,
             max_packet_size: max_packet_size as usize,
             max_payload_size: max_payload_size as usize,
+            share_group: m.share_group,
             tls,
         })
     }

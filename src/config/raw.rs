@@ -34,6 +34,7 @@ pub struct RawMqtt {
     pub max_inflight: Option<i64>,
     pub max_packet_size: Option<RawSize>,
     pub max_payload_size: Option<RawSize>,
+    pub share_group: Option<String>,
     pub tls: Option<RawMqttTls>,
 }
 

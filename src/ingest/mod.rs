@@ -212,7 +212,14 @@ impl Connection {
         let (client, eventloop) = AsyncClient::new(opts, REQUEST_CAPACITY);
         let filters = subscriptions
             .iter()
-            .map(|s| (s.pattern.filter(), qos(s.qos)))
+            .map(|s| {
+                let filter = s.pattern.filter();
+                let filter = match &mqtt.share_group {
+                    Some(group) => format!("$share/{group}/{filter}"),
+                    None => filter,
+                };
+                (filter, qos(s.qos))
+            })
             .collect();
         Ok(Connection {
             client,

@@ -659,3 +659,32 @@ fn legacy_seal_statements(cutoff: bson::DateTime, now: bson::DateTime) -> Vec<Do
         },
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a sharded collection a multi-document update needs no shard key
+    /// (MongoDB routes it to every shard); it must not change one.
+    #[test]
+    fn the_seal_is_an_update_many_that_leaves_the_shard_key_alone() {
+        let cutoff = bson::DateTime::from_millis(3_600_000);
+        let mut statements = vec![seal_statement(cutoff)];
+        statements.extend(legacy_seal_statements(cutoff, cutoff));
+        for st in statements {
+            assert_eq!(st.get_bool("multi"), Ok(true), "{st}");
+            assert!(!st.get_bool("upsert").unwrap_or(false));
+            let sets: Vec<&Document> = match st.get("u").unwrap() {
+                Bson::Array(stages) => stages
+                    .iter()
+                    .filter_map(|s| s.as_document()?.get_document("$set").ok())
+                    .collect(),
+                Bson::Document(u) => u.values().filter_map(|v| v.as_document()).collect(),
+                other => panic!("{other}"),
+            };
+            for set in sets {
+                assert!(!set.contains_key("sensorId") && !set.contains_key("startTs"));
+            }
+        }
+    }
+}
