@@ -12,12 +12,15 @@
 //! behind on: it reads an LSN range of the log, `[back_from, back_to)`, in
 //! order, and is written oldest first in flushes sized to take about a
 //! second. When the live lane falls behind (across an outage its oldest
-//! sample waited [`Config::behind`], or more unread records piled up than
-//! half of memory), memory lets go of the live lane's samples, the backlog range
-//! grows to take them and everything on disk up to the durable end, and
-//! the live lane starts again at the newest records: live readings are
-//! written with their normal lag while the backlog drains with the
-//! capacity left. When both lanes have work, the backlog gets
+//! sample, in memory or unread on disk, waited [`Config::behind`], or more
+//! unread records piled up than half of memory), memory lets go of the live
+//! lane's samples, the backlog range grows to take them and everything on
+//! disk up to the durable end, and the live lane starts again at the newest
+//! records: live readings are written with their normal lag while the
+//! backlog drains with the capacity left. Of the part of that range the
+//! live lane had read, only the samples it still held are read again (the
+//! others are in MongoDB or dead letters), and only those whose write had
+//! an unknown outcome are uncertain; what it had not read is certain. When both lanes have work, the backlog gets
 //! [`Config::backfill_share`] of the database's time (recent flush time,
 //! halving every 10 s); when the live lane has nothing due, all of it.
 //!
@@ -256,6 +259,10 @@ pub struct Core {
     /// Samples in the unread backlog that were refused and wait in memory
     /// as dead letters: not read again.
     refused: std::collections::HashSet<u64>,
+    /// Parts of the unread backlog the live lane had read: `[from, to)`
+    /// and the LSNs in it that were still pending then. The others were
+    /// stored (or dead-lettered) and are not read again.
+    reread: Vec<(u64, u64, std::collections::HashSet<u64>)>,
     /// Everything below this LSN is durable in the spool.
     durable: u64,
     checkpoint_sent: u64,
@@ -277,6 +284,9 @@ pub struct Core {
     backlog_batch: usize,
     /// The last write had to wait for the database (an outage).
     outage: bool,
+    /// When the live lane had last read everything durable (mono ms): what
+    /// waits on disk unread is at most this old.
+    caught_up_ms: i64,
     /// Samples per record read back (to estimate the backlog on disk).
     samples_per_record: f64,
     /// The core's monotonic clock starts here (deadlines never follow a
@@ -308,6 +318,7 @@ impl Core {
             back_to: cursor,
             unread: config.replay_records,
             refused: Default::default(),
+            reread: Vec::new(),
             durable: cursor,
             checkpoint_sent: config.from,
             checkpoint_due: None,
@@ -324,6 +335,7 @@ impl Core {
             },
             backlog_batch: BACKLOG_FLUSH_MIN,
             outage: false,
+            caught_up_ms: 0,
             samples_per_record: 0.5,
             epoch: now,
             now,
@@ -472,6 +484,8 @@ impl Core {
             if self.back_from >= self.back_to {
                 self.refused = Default::default();
             }
+            let read_to = self.back_from;
+            self.reread.retain(|r| r.1 > read_to);
         }
         self.update_checkpoint();
     }
@@ -547,7 +561,12 @@ impl Core {
             self.hold_deadletter((sample.lsn, doc), now);
             return;
         }
-        if lane == Lane::Backlog && self.refused.contains(&sample.lsn) {
+        if lane == Lane::Backlog
+            && (self.refused.contains(&sample.lsn)
+                || self.reread.iter().any(|(from, to, pending)| {
+                    (*from..*to).contains(&sample.lsn) && !pending.contains(&sample.lsn)
+                }))
+        {
             return;
         }
         let mono = self.mono(now);
@@ -560,11 +579,17 @@ impl Core {
     /// merely slow makes sensors wait longer and statements larger; that
     /// pacing is not falling behind.)
     fn live_behind(&self, mono: i64) -> bool {
+        let behind = self.config.behind.as_millis() as i64;
+        // The oldest waiting sample: in memory, or on disk unread since the
+        // live lane last caught up (across an outage nothing is read).
+        let unread_since = (self.cursor < self.durable).then_some(self.caught_up_ms);
         let old = self.outage
             && self
                 .live
                 .oldest_since_ms()
-                .is_some_and(|t| mono - t >= self.config.behind.as_millis() as i64);
+                .into_iter()
+                .chain(unread_since)
+                .any(|t| mono - t >= behind);
         let far = self.durable.saturating_sub(self.cursor) > (self.config.max_pending / 2) as u64;
         old || far
     }
@@ -575,14 +600,25 @@ impl Core {
     fn fall_back(&mut self) {
         let live_low = self.live.min_lsn().unwrap_or(self.cursor);
         // The backlog range stays one range: it continues where the unread
-        // one is, or starts at the live lane's oldest sample. (This run's
-        // LSNs are consecutive: a difference counts records.)
-        if self.back_from >= self.back_to {
+        // one is, or starts at the live lane's oldest sample.
+        let from = if self.back_from >= self.back_to {
             self.back_from = live_low;
-            self.unread = self.durable.saturating_sub(live_low);
+            self.unread = 0;
+            live_low
         } else {
-            self.unread += self.durable.saturating_sub(self.back_to);
+            self.back_to
+        };
+        // What the live lane read of it and no longer holds is in MongoDB
+        // (or a dead letter): only its pending samples are read again, and
+        // only those it did not know the fate of are uncertain. What it had
+        // not read yet is certainly not in MongoDB. (This run's LSNs are
+        // consecutive: a difference counts records.)
+        let (pending, uncertain) = self.live.held_lsns();
+        self.unread += pending.len() as u64 + self.durable.saturating_sub(self.cursor);
+        if from < self.cursor {
+            self.reread.push((from, self.cursor, pending));
         }
+        self.backlog.mark_uncertain(uncertain);
         let dropped = self.live.evict();
         self.outage = false;
         let from = self.back_from;
@@ -590,8 +626,6 @@ impl Core {
             .extend(self.deadletters.iter().map(|d| d.0).filter(|l| *l >= from));
         self.back_to = self.durable;
         self.cursor = self.durable;
-        // Some of what is read again may be in MongoDB already.
-        self.backlog.raise_uncertain_below(self.durable);
         tracing::info!(
             samples = dropped,
             records = self.back_to.saturating_sub(self.back_from),
@@ -636,6 +670,9 @@ impl Core {
             }
         }
         let mono = self.mono(now);
+        if self.cursor >= self.durable {
+            self.caught_up_ms = mono;
+        }
         if live_durable && self.live_behind(mono) {
             self.fall_back();
             if let Some(lsn) = self.checkpoint_due.take() {

@@ -68,6 +68,8 @@ pub struct Pending {
     shape: Shape,
     /// Samples read with a lower LSN may already be in MongoDB.
     uncertain_below: u64,
+    /// Samples that are uncertain when pushed, whatever their LSN.
+    uncertain_lsns: HashSet<u64>,
     /// Whether sensors fall due by age and fill (the live lane); the
     /// backlog is taken oldest first ([`Pending::oldest`]) instead.
     timed: bool,
@@ -90,6 +92,7 @@ impl Pending {
         Pending {
             shape,
             uncertain_below,
+            uncertain_lsns: HashSet::new(),
             timed: true,
             max_delay_ms,
             names: HashMap::new(),
@@ -118,6 +121,27 @@ impl Pending {
     /// MongoDB (memory let them go after some were written).
     pub fn raise_uncertain_below(&mut self, lsn: u64) {
         self.uncertain_below = self.uncertain_below.max(lsn);
+    }
+
+    /// These samples, when pushed, are uncertain (with everything before
+    /// them in their sensor's queue, so uncertain samples stay a prefix).
+    pub fn mark_uncertain(&mut self, lsns: impl IntoIterator<Item = u64>) {
+        self.uncertain_lsns.extend(lsns);
+    }
+
+    /// The LSNs held, and those of them that are uncertain.
+    pub fn held_lsns(&self) -> (HashSet<u64>, Vec<u64>) {
+        let mut held = HashSet::with_capacity(self.count);
+        let mut uncertain = Vec::new();
+        for s in self.slots.iter().flatten() {
+            for (i, (lsn, _)) in s.samples.keys().enumerate() {
+                held.insert(lsn);
+                if i < s.uncertain {
+                    uncertain.push(lsn);
+                }
+            }
+        }
+        (held, uncertain)
     }
 
     /// Samples held.
@@ -184,7 +208,8 @@ impl Pending {
     /// comes after every sample of the sensor already read.
     pub fn push(&mut self, sensor: &str, sample: SampleRef<'_>, now_ms: i64) {
         let id = self.id(sensor);
-        let uncertain = sample.lsn < self.uncertain_below;
+        let uncertain = sample.lsn < self.uncertain_below
+            || (!self.uncertain_lsns.is_empty() && self.uncertain_lsns.remove(&sample.lsn));
         let Some(s) = self.state_mut(id) else {
             return;
         };
