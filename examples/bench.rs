@@ -99,6 +99,11 @@ struct WanArgs {
     /// The longest wait for the backlog to drain, seconds.
     #[arg(long, default_value_t = 1800)]
     drain_limit_secs: u64,
+    /// Seconds after the link returns before live lag is counted: the write
+    /// that waited out the cut (readings from before it) and the first
+    /// flushes of readings that waited for the link land in this time.
+    #[arg(long, default_value_t = 30)]
+    settle_secs: u64,
     /// Storage mode: buckets or timeseries.
     #[arg(long, default_value = "buckets")]
     mode: String,
@@ -299,9 +304,13 @@ fn wan(args: WanArgs) -> anyhow::Result<()> {
         let mut peak_backlog: f64 = 0.0;
         let mut drained = None;
         let mut s3 = s2.clone();
+        let mut settled = None;
         while restored.elapsed() < Duration::from_secs(args.drain_limit_secs) {
             std::thread::sleep(Duration::from_secs(1));
             s3 = sink.scrape()?;
+            if settled.is_none() && restored.elapsed() >= Duration::from_secs(args.settle_secs) {
+                settled = Some(s3.clone());
+            }
             peak_backlog = peak_backlog.max(s3.backlog_readings);
             let caught_up = s3.stored >= decoded(&sink) - args.rate * 15.0;
             if restored.elapsed() > Duration::from_secs(5)
@@ -315,8 +324,13 @@ fn wan(args: WanArgs) -> anyhow::Result<()> {
         out["backlog_readings_peak"] = json!(peak_backlog);
         out["drained_after_s"] = json!(drained);
         out["drain_per_s"] = json!(drained.map(|d| peak_backlog / d));
-        out["live_lag_p50_while_draining_s"] = json!(quantile(&s2.live_age, &s3.live_age, 0.5));
-        out["live_lag_p99_while_draining_s"] = json!(quantile(&s2.live_age, &s3.live_age, 0.99));
+        out["live_lag_p50_from_restore_s"] = json!(quantile(&s2.live_age, &s3.live_age, 0.5));
+        out["live_lag_p99_from_restore_s"] = json!(quantile(&s2.live_age, &s3.live_age, 0.99));
+        out["settle_s"] = json!(args.settle_secs);
+        if let Some(s) = &settled {
+            out["live_lag_p50_while_draining_s"] = json!(quantile(&s.live_age, &s3.live_age, 0.5));
+            out["live_lag_p99_while_draining_s"] = json!(quantile(&s.live_age, &s3.live_age, 0.99));
+        }
     }
     let _ = sim.kill();
     let _ = sim.wait();
