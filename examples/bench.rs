@@ -382,7 +382,7 @@ fn query_rss(args: QueryRssArgs) -> anyhow::Result<()> {
     std::fs::write(
         &cfg,
         format!(
-            "[mqtt]\nurl = \"mqtt://127.0.0.1:{}\"\n[mongodb]\nuri = \"{}\"\ndatabase = \"bench\"\n\
+            "[mqtt]\nurl = \"mqtt://127.0.0.1:{}\"\nclient_id = \"bench-query\"\n[mongodb]\nuri = \"{}\"\ndatabase = \"bench\"\n\
              collection = \"readings\"\n[spool]\ndir = \"{}\"\n[[subscription]]\ntopic = \"q/{{sensor}}\"\n",
             svc.broker_port,
             svc.mongodb_uri(),
