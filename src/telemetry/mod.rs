@@ -142,7 +142,7 @@ pub fn describe() {
     );
     describe_counter!(
         SPOOL_DROPPED,
-        "Readings deleted from a full spool before they were in MongoDB (spool.when_full = \"drop_oldest\")."
+        "Readings deleted from a full spool before they were confirmed in MongoDB (spool.when_full = \"drop_oldest\"); those the pipeline still held in memory are written anyway, so this bounds the loss from above."
     );
     describe_gauge!(
         BACKLOG_READINGS,
