@@ -19,8 +19,12 @@
 //! records: live readings are written with their normal lag while the
 //! backlog drains with the capacity left. Of the part of that range the
 //! live lane had read, only the samples it still held are read again (the
-//! others are in MongoDB or dead letters), and only those whose write had
-//! an unknown outcome are uncertain; what it had not read is certain. When both lanes have work, the backlog gets
+//! others are in MongoDB or dead letters), and what it had not read is
+//! certainly not in MongoDB. (Samples whose last write had an unknown
+//! outcome are resolved and written before memory lets them go: read again
+//! they could be found deleted from a full spool, fate unknown.) A sample's
+//! wait counts from when it was spooled, however late memory takes it in.
+//! When both lanes have work, the backlog gets
 //! [`Config::backfill_share`] of the database's time (recent flush time,
 //! halving every 10 s); when the live lane has nothing due, all of it.
 //!
@@ -271,6 +275,8 @@ pub struct Core {
     /// The lane and sensors of the flush being prepared (resolved, then
     /// written).
     flushing: Option<(Lane, Vec<SensorId>)>,
+    /// The resolve in progress is for a fall-back, not a flush.
+    resolving_to_fall_back: bool,
     /// The time (ms) of the seal being prepared, and how many flushes of
     /// the sensors holding windows it closes were made for it.
     seal_at: Option<(i64, u32)>,
@@ -324,6 +330,7 @@ impl Core {
             checkpoint_due: None,
             busy: None,
             flushing: None,
+            resolving_to_fall_back: false,
             seal_at: None,
             sealed_until: None,
             stopping: false,
@@ -445,25 +452,33 @@ impl Core {
         if f.first != self.cursor || f.records > self.live_room() {
             return;
         }
-        self.hold_records(Lane::Live, &f.bytes, now, now_ms);
+        self.hold_records(Lane::Live, &f.bytes, f.spooled.min(now), now_ms);
         self.cursor = f.end;
         self.update_checkpoint();
     }
 
     /// Records read back from the spool for an [`Action::Read`] (as
-    /// written, `n` of them; `max`, `limit` as asked).
+    /// written, `n` of them; `max`, `limit` as asked), and the sample LSNs
+    /// of the range read that `spool.when_full = "drop_oldest"` deleted.
+    /// Returns those of them that were still needed, in order: lost (the
+    /// spool is to forget them, see [`crate::spool::Spool::forget_lost`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn records(
         &mut self,
         bytes: &[u8],
         n: usize,
         max: usize,
         limit: u64,
+        missing: &[u64],
         now: Instant,
         now_ms: i64,
-    ) {
+    ) -> Vec<u64> {
         let Some(Busy::Read(lane)) = self.busy.take() else {
-            return;
+            return Vec::new();
         };
+        let lost: Vec<u64> = (missing.iter().copied())
+            .filter(|lsn| lane == Lane::Live || !self.not_needed_again(*lsn))
+            .collect();
         let last = self.hold_records(lane, bytes, now, now_ms);
         let position = match lane {
             Lane::Live => &mut self.cursor,
@@ -488,6 +503,7 @@ impl Core {
             self.reread.retain(|r| r.1 > read_to);
         }
         self.update_checkpoint();
+        lost
     }
 
     /// A read failed: nothing changes, it is asked again.
@@ -561,16 +577,22 @@ impl Core {
             self.hold_deadletter((sample.lsn, doc), now);
             return;
         }
-        if lane == Lane::Backlog
-            && (self.refused.contains(&sample.lsn)
-                || self.reread.iter().any(|(from, to, pending)| {
-                    (*from..*to).contains(&sample.lsn) && !pending.contains(&sample.lsn)
-                }))
-        {
+        if lane == Lane::Backlog && self.not_needed_again(sample.lsn) {
             return;
         }
         let mono = self.mono(now);
         self.lane(lane).push(sensor, sample, mono);
+    }
+
+    /// Whether the backlog, reading a sample again, skips it: it was
+    /// refused and waits as a dead letter, or the live lane had read it and
+    /// no longer held it (it is in MongoDB).
+    fn not_needed_again(&self, lsn: u64) -> bool {
+        self.refused.contains(&lsn)
+            || self
+                .reread
+                .iter()
+                .any(|(from, to, pending)| (*from..*to).contains(&lsn) && !pending.contains(&lsn))
     }
 
     /// Whether the live lane fell behind: its oldest sample waited
@@ -649,9 +671,12 @@ impl Core {
         // Nothing reaches MongoDB before it is durable in the spool (the
         // backlog lane reads only durable records).
         let live_durable = self.durable >= self.cursor;
-        // A flush being prepared goes on (its samples were resolved).
+        // A flush being prepared goes on (its samples were resolved); a
+        // resolve before a fall-back goes on to the fall-back.
         if let Some((lane, ids)) = self.flushing.take() {
-            return self.flush_or_wait(lane, ids, live_durable || lane == Lane::Backlog, now);
+            if !std::mem::take(&mut self.resolving_to_fall_back) {
+                return self.flush_or_wait(lane, ids, live_durable || lane == Lane::Backlog, now);
+            }
         }
         if self.stopping {
             if self.held() == 0 {
@@ -674,6 +699,17 @@ impl Core {
             self.caught_up_ms = mono;
         }
         if live_durable && self.live_behind(mono) {
+            // The samples whose last write had an unknown outcome are
+            // resolved before memory lets them go: read again they could be
+            // found deleted from a full spool, fate unknown.
+            let ids = self.live.all();
+            let resolve = self.resolves(Lane::Live, &ids);
+            if !resolve.is_empty() {
+                self.busy = Some(Busy::Resolve);
+                self.flushing = Some((Lane::Live, ids));
+                self.resolving_to_fall_back = true;
+                return Some(Action::Resolve(resolve));
+            }
             self.fall_back();
             if let Some(lsn) = self.checkpoint_due.take() {
                 self.checkpoint_sent = lsn;
@@ -786,17 +822,7 @@ impl Core {
     /// uncertain samples first, then write them with the dead letters in
     /// memory.
     fn flush(&mut self, lane: Lane, ids: Vec<SensorId>, now: Instant) -> Action {
-        let pending = self.lane(lane);
-        let resolve: Vec<Resolve> = ids
-            .iter()
-            .filter_map(|id| {
-                let samples = pending.uncertain(*id);
-                (!samples.is_empty()).then(|| Resolve {
-                    sensor: pending.name(*id).to_string(),
-                    samples,
-                })
-            })
-            .collect();
+        let resolve = self.resolves(lane, &ids);
         if !resolve.is_empty() {
             self.busy = Some(Busy::Resolve);
             self.flushing = Some((lane, ids));
@@ -822,6 +848,24 @@ impl Core {
             started: now,
         });
         Action::Write(batch)
+    }
+
+    /// What to ask the store about the uncertain samples of a lane's
+    /// sensors `ids`.
+    fn resolves(&self, lane: Lane, ids: &[SensorId]) -> Vec<Resolve> {
+        let pending = match lane {
+            Lane::Live => &self.live,
+            Lane::Backlog => &self.backlog,
+        };
+        ids.iter()
+            .filter_map(|id| {
+                let samples = pending.uncertain(*id);
+                (!samples.is_empty()).then(|| Resolve {
+                    sensor: pending.name(*id).to_string(),
+                    samples,
+                })
+            })
+            .collect()
     }
 
     /// The store's answer to an [`Action::Resolve`]; returns how many

@@ -165,11 +165,26 @@ pub async fn run(
                     Some(r) if r.next() == from => r,
                     _ => spool.reader(from),
                 };
-                let (r, records) = spool::read(r, max, limit).await;
+                let (mut r, records) = spool::read(r, max, limit).await;
                 match records {
                     Ok((bytes, n)) => {
                         metrics::counter!(telemetry::SPOOL_REPLAYED).increment(n as u64);
-                        core.records(&bytes, n, max, limit, Instant::now(), now_ms());
+                        let missing = r.take_missing();
+                        let lost =
+                            core.records(&bytes, n, max, limit, &missing, Instant::now(), now_ms());
+                        if let (Some(first), Some(last)) = (lost.first(), lost.last()) {
+                            metrics::counter!(telemetry::SPOOL_DROPPED)
+                                .increment(lost.len() as u64);
+                            error!(
+                                readings = lost.len(),
+                                first_lsn = first,
+                                last_lsn = last,
+                                "Readings deleted from the full spool (spool.when_full = \"drop_oldest\") before they reached MongoDB are lost."
+                            );
+                            if let Err(e) = spool.forget_lost(&lost) {
+                                error!(error = %e, "Cannot update the spool's record of deleted readings; they may be counted again after a restart.");
+                            }
+                        }
                         *reader = Some(r);
                     }
                     Err(e) => {
@@ -271,6 +286,7 @@ fn record(report: &Flushed, took: Duration) {
     }
     metrics::counter!(STATEMENTS).increment(report.statements);
     metrics::counter!(SAMPLES_STORED).increment(report.samples_stored);
+    metrics::counter!(BACKLOG_STORED).increment(report.backlog_stored);
     metrics::counter!(BUCKETS_CREATED).increment(report.buckets_created);
     metrics::counter!(BYTES_REWRITTEN).increment(report.bytes_rewritten);
     metrics::counter!(SAMPLES_LATE_INTO_SEALED).increment(report.late_into_sealed);

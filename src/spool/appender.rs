@@ -23,7 +23,7 @@ use super::log::{
     census, compress_segment, compressed_name, list_segments, segment_name, sync_dir,
     write_checkpoint,
 };
-use super::{Fsync, Shared, WhenFull};
+use super::{tombstone, Fsync, Shared, WhenFull};
 
 /// Under load, group commits are at least this far apart.
 const COMMIT_GAP: Duration = Duration::from_millis(5);
@@ -228,6 +228,7 @@ impl Appender {
                 self.remove(path)?;
             }
         }
+        tombstone::prune(&self.dir, lsn)?;
         // The open segment too, once everything in it is confirmed: else a
         // segment that grew past `spool.max_size` by itself would keep the
         // spool full for ever (no new append would ever rotate it away).
@@ -272,10 +273,13 @@ impl Appender {
             let Some((first, path)) = segments.into_iter().find(|(f, _)| Some(*f) != open) else {
                 break;
             };
-            // What lies below the checkpoint is in MongoDB already.
+            // What lies below the checkpoint is in MongoDB already. What
+            // lies above it and the pipeline does not hold in memory is
+            // lost: its tombstone says which, for the reader that finds
+            // them missing (the pipeline counts them then).
             let c = census(&path, self.checkpoint)?;
+            tombstone::write(&self.dir, &c.sample_lsns)?;
             self.remove(&path)?;
-            self.shared.dropped.fetch_add(c.samples, Ordering::Relaxed);
             error!(
                 segment = first,
                 readings = c.samples,
@@ -286,7 +290,7 @@ impl Appender {
                 received_from = %c.first_ms.map(crate::clock::iso).unwrap_or_default(),
                 received_to = %c.last_ms.map(crate::clock::iso).unwrap_or_default(),
                 confirmed_below = self.checkpoint,
-                "Spool is full (spool.when_full = \"drop_oldest\"): deleted its oldest segment; these readings, not yet in MongoDB, are lost."
+                "Spool is full (spool.when_full = \"drop_oldest\"): deleted its oldest segment. Of these readings, not yet confirmed in MongoDB, those palletd does not hold in memory are lost; each is counted in palletd_spool_dropped_readings_total and logged when palletd finds it missing."
             );
         }
         self.shared.stuck.store(

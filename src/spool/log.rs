@@ -330,7 +330,7 @@ pub(super) fn compress_segment(path: &Path) -> io::Result<(PathBuf, u64)> {
 }
 
 /// What a segment holds (before it is dropped to make room).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Census {
     pub records: u64,
     pub samples: u64,
@@ -341,6 +341,8 @@ pub struct Census {
     /// When the first and last record were received (ms).
     pub first_ms: Option<i64>,
     pub last_ms: Option<i64>,
+    /// The LSNs of its sample records (its tombstone).
+    pub sample_lsns: roaring::RoaringTreemap,
 }
 
 /// Counts what a segment holds from LSN `from` on (up to damage).
@@ -361,7 +363,10 @@ pub(super) fn census(path: &Path, from: u64) -> io::Result<Census> {
             c.first_ms.get_or_insert(rec.received_ms);
             c.last_ms = Some(rec.received_ms);
             match rec.entry {
-                EntryRef::Sample { .. } => c.samples += 1,
+                EntryRef::Sample { .. } => {
+                    c.samples += 1;
+                    c.sample_lsns.insert(rec.lsn);
+                }
                 EntryRef::DeadLetter { .. } => c.dead_letters += 1,
                 EntryRef::MessageId { .. } => c.messages += 1,
             }
@@ -435,6 +440,7 @@ pub fn recover(dir: &Path) -> io::Result<Recovery> {
         }
     };
     let checkpoint = read_checkpoint(dir);
+    super::tombstone::clean(dir)?;
     // A compression cut short: its temporary file goes, and a plain
     // segment whose compressed form is in place goes.
     for e in fs::read_dir(dir)? {
@@ -542,6 +548,8 @@ pub struct Reader {
     stash: Vec<u8>,
     /// Next LSN wanted.
     next: u64,
+    /// Sample LSNs the reads stepped over that `drop_oldest` deleted.
+    missing: Vec<u64>,
 }
 
 impl Reader {
@@ -551,6 +559,7 @@ impl Reader {
             file: None,
             stash: Vec::new(),
             next: from_lsn,
+            missing: Vec::new(),
         }
     }
 
@@ -559,9 +568,28 @@ impl Reader {
         self.next
     }
 
+    /// The sample LSNs the reads so far stepped over because
+    /// `spool.when_full = "drop_oldest"` deleted them (see
+    /// [`super::tombstone`]; reported again until [`super::Spool::forget_lost`]).
+    pub fn take_missing(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.missing)
+    }
+
     /// Up to `max` records with `next <= lsn < limit`, in order, as written
-    /// (see [`parse`]), and how many. Blocking.
+    /// (see [`parse`]), and how many. Blocking. Fewer than `max` means the
+    /// whole range up to `limit` was read: the sample LSNs deleted from it
+    /// are then in [`Reader::take_missing`] (else those up to the last
+    /// record read).
     pub fn read(&mut self, max: usize, limit: u64) -> io::Result<(Vec<u8>, usize)> {
+        let start = self.next;
+        let (out, n) = self.read_records_in(max, limit)?;
+        let end = if n < max { limit } else { self.next };
+        let gone = super::tombstone::find(&self.dir, start, end)?;
+        self.missing.extend(gone);
+        Ok((out, n))
+    }
+
+    fn read_records_in(&mut self, max: usize, limit: u64) -> io::Result<(Vec<u8>, usize)> {
         let mut out = Vec::new();
         let mut n = 0;
         while n < max && self.next < limit {

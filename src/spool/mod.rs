@@ -26,8 +26,9 @@
 //! `spool.when_full = "stop"` (the default): at `spool.max_size` the
 //! spooler stops taking messages, so the broker keeps them (up to its own
 //! limit per client). `"drop_oldest"`: the appender deletes the oldest
-//! segment instead and logs exactly what it held; the newest readings are
-//! kept.
+//! segment instead (the newest readings are kept) and leaves a tombstone
+//! of it ([`tombstone`]), so the pipeline counts and logs exactly the
+//! readings it needed and found gone.
 //!
 //! # Checkpoint
 //! The pipeline reports the lowest LSN it still needs (everything below is
@@ -44,6 +45,7 @@
 
 mod appender;
 pub mod log;
+mod tombstone;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -97,8 +99,6 @@ struct Shared {
     fsyncs: AtomicU64,
     /// The highest checkpoint asked for; the appender stores it.
     requested: AtomicU64,
-    /// Readings deleted unconfirmed to make room (`drop_oldest`).
-    dropped: AtomicU64,
     /// `drop_oldest` could not get the spool under its size (only the open
     /// segment is left).
     stuck: std::sync::atomic::AtomicBool,
@@ -270,14 +270,15 @@ impl Spool {
         }
     }
 
-    /// Readings deleted before they were in MongoDB (`drop_oldest`).
-    pub fn dropped(&self) -> u64 {
-        self.shared.dropped.load(Ordering::Relaxed)
-    }
-
     /// fsync calls so far.
     pub fn fsyncs(&self) -> u64 {
         self.shared.fsyncs.load(Ordering::Relaxed)
+    }
+
+    /// The pipeline counted these sample LSNs (in order) as lost: readers
+    /// no longer report them missing.
+    pub fn forget_lost(&self, lsns: &[u64]) -> io::Result<()> {
+        tombstone::forget(&self.dir, lsns)
     }
 
     /// A reader of the records from `lsn` on.
@@ -511,7 +512,7 @@ mod tests {
     }
 
     #[test]
-    fn drop_oldest_deletes_the_oldest_segments_and_counts_what_was_lost() {
+    fn drop_oldest_deletes_the_oldest_segments_and_a_reader_finds_exactly_what_was_lost() {
         let dir = tempfile::tempdir().unwrap();
         let base = recover(dir.path()).unwrap().next_lsn;
         let records: Vec<Record> = (base..base + 20_000).map(reading).collect();
@@ -533,18 +534,24 @@ mod tests {
         }
         assert!(!spool.is_full(), "it made room");
         let bytes = spool.bytes();
-        let dropped = spool.dropped();
-        thread.finish();
         assert!(bytes <= max_size, "{bytes}");
-        let kept = Reader::new(dir.path(), base)
-            .read_records(100_000, u64::MAX)
-            .unwrap();
+        let mut reader = Reader::new(dir.path(), base);
+        let kept = reader.read_records(100_000, u64::MAX).unwrap();
         assert_eq!(kept, records[20_000 - kept.len()..], "the newest are kept");
+        let missing = reader.take_missing();
         assert_eq!(
-            dropped,
-            (20_000 - kept.len() - 100) as u64,
-            "every lost reading counted, the confirmed ones not"
+            missing,
+            (base + 100..base + 20_000 - kept.len() as u64).collect::<Vec<u64>>(),
+            "a reader finds every deleted reading missing, the confirmed ones not"
         );
+        spool.forget_lost(&missing).unwrap();
+        let mut again = Reader::new(dir.path(), base);
+        again.read_records(100_000, u64::MAX).unwrap();
+        assert!(
+            again.take_missing().is_empty(),
+            "counted ones are forgotten"
+        );
+        thread.finish();
     }
 
     fn append(spool: &Spool, r: &Record) {

@@ -47,6 +47,10 @@ pub struct Feed {
     pub records: usize,
     /// The records as written (see [`crate::spool::parse`]).
     pub bytes: bytes::Bytes,
+    /// When they were spooled: their wait counts from here, however late
+    /// the pipeline takes them in (it takes nothing while a write waits out
+    /// an outage).
+    pub spooled: Instant,
 }
 
 /// Messages handled together: one spool append and one feed for all.
@@ -240,7 +244,6 @@ impl Spooler {
         metrics::gauge!(telemetry::SPOOL_OLDEST_SECONDS)
             .set(oldest.map_or(0.0, |m| (now_ms() - m.1).max(0) as f64 / 1000.0));
         metrics::counter!(telemetry::SPOOL_FSYNCS).absolute(self.spool.fsyncs());
-        metrics::counter!(telemetry::SPOOL_DROPPED).absolute(self.spool.dropped());
         let oldest = acks
             .oldest()
             .map_or(0.0, |u| (now_ms() - u.received_ms).max(0) as f64 / 1000.0);
@@ -259,6 +262,7 @@ impl Spooler {
             end: self.next_lsn,
             records: batch.samples + batch.deadletters,
             bytes: batch.bytes.into(),
+            spooled: Instant::now(),
         };
         if self
             .spool

@@ -60,6 +60,7 @@ pub const SPOOL_REPLAYED: &str = "palletd_spool_replayed_records_total";
 /// Readings behind: what the live lane gave up on (after an outage, or
 /// when it fell behind) and what a restart left, not yet in MongoDB.
 pub const BACKLOG_READINGS: &str = "palletd_backlog_readings";
+pub const BACKLOG_STORED: &str = "palletd_backlog_samples_stored_total";
 pub const BACKLOG_DRAIN_RATE: &str = "palletd_backlog_drain_readings_per_second";
 pub const BACKLOG_ETA_SECONDS: &str = "palletd_backlog_drain_eta_seconds";
 pub const SPOOL_FSYNCS: &str = "palletd_spool_fsyncs_total";
@@ -142,7 +143,11 @@ pub fn describe() {
     );
     describe_counter!(
         SPOOL_DROPPED,
-        "Readings deleted from a full spool before they were confirmed in MongoDB (spool.when_full = \"drop_oldest\"); those the pipeline still held in memory are written anyway, so this bounds the loss from above."
+        "Readings lost because a full spool deleted them before they reached MongoDB (spool.when_full = \"drop_oldest\"), counted when palletd finds them missing (readings of a deleted segment it still held in memory are written, not counted)."
+    );
+    describe_counter!(
+        BACKLOG_STORED,
+        "Samples written from the backlog (of palletd_samples_stored_total)."
     );
     describe_gauge!(
         BACKLOG_READINGS,
