@@ -11,6 +11,13 @@
 //! time series mode applies any subset of an interrupted insert and
 //! resolves LSN by LSN. A statement holding a sample whose value is
 //! negative is refused for good by the database, every time it is sent.
+//!
+//! Two instances ([`Fleet`]) share one model database: each has its own
+//! spool id and its LSNs coincide with the other's, so a rule that let one
+//! instance's ranges stand for the other's would lose samples (a mutant
+//! keying the ranges without the spool id fails). A full spool's
+//! `drop_oldest` is modelled with its tombstone: the core must count
+//! exactly the readings it never wrote.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -111,6 +118,25 @@ fn step_dropping() -> impl Strategy<Value = Step> {
     ]
 }
 
+/// A sample or dead letter in the database: (spool id, LSN). Two writers'
+/// LSNs may be equal; their spool ids are not.
+type Key = (u32, u64);
+
+/// The database.
+#[derive(Default)]
+struct Db {
+    /// How many times each sample was stored, and when (model ms).
+    stored: HashMap<Key, usize>,
+    stored_at: HashMap<Key, i64>,
+    /// Per spool id, sensor and window, the first and last LSN of each
+    /// statement applied (bucket mode; the `lsns.<spool id>` field).
+    ranges: HashMap<(u32, String, i64), Vec<u64>>,
+    dead: HashSet<Key>,
+    /// Samples of a statement the database refused (they go to the dead
+    /// letter, never into a bucket).
+    refused: HashSet<Key>,
+}
+
 /// The spool, the database and the pipeline core of one process.
 struct World {
     mode: Mode,
@@ -119,11 +145,10 @@ struct World {
     next_lsn: u64,
     durable: u64,
     checkpoint: u64,
-    /// LSN -> how many times stored; per sensor and window, the LSN ranges
-    /// of the statements applied (bucket mode).
-    stored: HashMap<u64, usize>,
-    ranges: HashMap<(String, i64), Vec<u64>>,
-    dead: HashSet<u64>,
+    /// This process's spool id (the core's `tag`).
+    tag: u32,
+    /// The database (several writers share one: see [`Fleet`]).
+    db: Db,
     fate: Fate,
     max_pending: usize,
     core: Core,
@@ -134,11 +159,6 @@ struct World {
     unsynced: Vec<(usize, bool)>,
     /// How long a write takes per sample (time passes during writes).
     write_cost: Duration,
-    /// When each LSN was stored (model ms).
-    stored_at: HashMap<u64, i64>,
-    /// Samples of a statement the database refused (they go to the dead
-    /// letter, never into a bucket).
-    refused: HashSet<u64>,
     /// Records `drop_oldest` deleted; the sample LSNs of them no read has
     /// stepped over yet (the tombstone files); the readings the core
     /// counted as lost; whether a run found missing a reading an earlier
@@ -195,6 +215,11 @@ fn poisoned(s: SampleRef<'_>) -> bool {
 
 impl World {
     fn new(mode: Mode, max_pending: usize) -> World {
+        World::of_spool(1, mode, max_pending)
+    }
+
+    /// A process whose spool id is `tag`.
+    fn of_spool(tag: u32, mode: Mode, max_pending: usize) -> World {
         let t0 = Instant::now();
         World {
             mode,
@@ -202,19 +227,22 @@ impl World {
             next_lsn: 1000,
             durable: 1000,
             checkpoint: 1000,
-            stored: HashMap::new(),
-            ranges: HashMap::new(),
-            dead: HashSet::new(),
+            tag,
+            db: Db::default(),
             fate: Fate::Fine,
             max_pending,
-            core: Core::new(config(mode, 1000, 1000, max_pending), t0),
+            core: Core::new(
+                Config {
+                    tag,
+                    ..config(mode, 1000, 1000, max_pending)
+                },
+                t0,
+            ),
             t0,
             now: t0,
             now_ms: 1_800_000_000_000,
             unsynced: Vec::new(),
             write_cost: Duration::ZERO,
-            stored_at: HashMap::new(),
-            refused: HashSet::new(),
             deleted: HashSet::new(),
             tombstone: Default::default(),
             lost: 0,
@@ -329,13 +357,16 @@ impl World {
         self.run_from = self.next_lsn;
         let replay = self.log.iter().filter(|r| r.lsn >= self.checkpoint).count();
         self.core = Core::new(
-            config_replaying(
-                self.mode,
-                self.checkpoint,
-                self.next_lsn,
-                self.max_pending,
-                replay as u64,
-            ),
+            Config {
+                tag: self.tag,
+                ..config_replaying(
+                    self.mode,
+                    self.checkpoint,
+                    self.next_lsn,
+                    self.max_pending,
+                    replay as u64,
+                )
+            },
             self.now,
         );
         self.core.set_durable(self.durable);
@@ -358,9 +389,10 @@ impl World {
                     let done = self.deleted.contains(&rec.lsn)
                         || match &rec.entry {
                             Entry::Sample { .. } => {
-                                self.stored.contains_key(&rec.lsn) || self.dead.contains(&rec.lsn)
+                                self.db.stored.contains_key(&(self.tag, rec.lsn))
+                                    || self.db.dead.contains(&(self.tag, rec.lsn))
                             }
-                            Entry::DeadLetter { .. } => self.dead.contains(&rec.lsn),
+                            Entry::DeadLetter { .. } => self.db.dead.contains(&(self.tag, rec.lsn)),
                             Entry::MessageId { .. } => true,
                         };
                     prop_assert!(
@@ -459,12 +491,12 @@ impl World {
                         let sample = SampleRef::from_doc(d, r.lsn).unwrap();
                         let ts = sample.ts_ms;
                         let closed = !poisoned(sample)
-                            && !self.refused.contains(&r.lsn)
+                            && !self.db.refused.contains(&(self.tag, r.lsn))
                             && SHAPE.window_start(ts) + SHAPE.window_ms <= now_ms - 5_000;
                         prop_assert!(
                             !closed
-                                || self.stored.contains_key(&r.lsn)
-                                || self.dead.contains(&r.lsn)
+                                || self.db.stored.contains_key(&(self.tag, r.lsn))
+                                || self.db.dead.contains(&(self.tag, r.lsn))
                                 || self.deleted.contains(&r.lsn)
                                 || r.lsn >= self.core.cursor(),
                             "sealing a window while holding its sample {}",
@@ -485,12 +517,13 @@ impl World {
             for &(lsn, ts) in &r.samples {
                 let held = match self.mode {
                     Mode::Buckets => self
+                        .db
                         .ranges
-                        .get(&(r.sensor.clone(), SHAPE.window_start(ts)))
+                        .get(&(self.tag, r.sensor.clone(), SHAPE.window_start(ts)))
                         .is_some_and(|pairs| bucket::ranges_hold(pairs, lsn)),
-                    Mode::Timeseries => self.stored.contains_key(&lsn),
+                    Mode::Timeseries => self.db.stored.contains_key(&(self.tag, lsn)),
                 };
-                if held || self.dead.contains(&lsn) {
+                if held || self.db.dead.contains(&(self.tag, lsn)) {
                     out.applied.insert(lsn);
                 }
             }
@@ -503,14 +536,15 @@ impl World {
         let (mut lo, mut hi) = (u64::MAX, 0);
         for i in range.clone() {
             let s = run.samples.get(i);
-            *self.stored.entry(s.lsn).or_default() += 1;
-            self.stored_at.insert(s.lsn, self.now_ms);
+            *self.db.stored.entry((self.tag, s.lsn)).or_default() += 1;
+            self.db.stored_at.insert((self.tag, s.lsn), self.now_ms);
             lo = lo.min(s.lsn);
             hi = hi.max(s.lsn);
         }
         let start = SHAPE.window_start(run.samples.get(range.start).ts_ms);
-        self.ranges
-            .entry((run.sensor.clone(), start))
+        self.db
+            .ranges
+            .entry((self.tag, run.sensor.clone(), start))
             .or_default()
             .extend([lo, hi]);
     }
@@ -526,7 +560,7 @@ impl World {
             return None;
         }
         for d in &batch.deadletters {
-            self.dead.insert(d.0);
+            self.db.dead.insert((self.tag, d.0));
         }
         let mut written = Written::default();
         // Statements in order: the real planner's in bucket mode, one per
@@ -576,9 +610,10 @@ impl World {
                 }
             }
             let outcome = if poison(batch, st) {
-                let run = &batch.runs[st.0];
-                self.refused
-                    .extend(st.1.clone().map(|i| run.samples.get(i).lsn));
+                let (run, tag) = (&batch.runs[st.0], self.tag);
+                self.db
+                    .refused
+                    .extend(st.1.clone().map(|i| (tag, run.samples.get(i).lsn)));
                 Outcome::Rejected("poison".into())
             } else {
                 self.apply(&batch.runs[st.0], st.1.clone());
@@ -623,9 +658,14 @@ impl World {
         let mut deleted_and_done = 0;
         for rec in self.log.iter().filter(|r| self.deleted.contains(&r.lsn)) {
             if let Entry::Sample { .. } = rec.entry {
-                let stored = self.stored.get(&rec.lsn).copied().unwrap_or(0);
+                let stored = self
+                    .db
+                    .stored
+                    .get(&(self.tag, rec.lsn))
+                    .copied()
+                    .unwrap_or(0);
                 prop_assert!(stored <= 1, "deleted sample {} stored twice", rec.lsn);
-                match stored == 1 || self.dead.contains(&rec.lsn) {
+                match stored == 1 || self.db.dead.contains(&(self.tag, rec.lsn)) {
                     true => deleted_and_done += 1,
                     false => lost += 1,
                 }
@@ -649,27 +689,29 @@ impl World {
                     let s = SampleRef::from_doc(d, rec.lsn).unwrap();
                     if poisoned(s) {
                         prop_assert!(
-                            self.dead.contains(&rec.lsn),
+                            self.db.dead.contains(&(self.tag, rec.lsn)),
                             "poisoned {} dead-lettered",
                             rec.lsn
                         );
-                        prop_assert!(!self.stored.contains_key(&rec.lsn));
-                    } else if !self.dead.contains(&rec.lsn) {
+                        prop_assert!(!self.db.stored.contains_key(&(self.tag, rec.lsn)));
+                    } else if !self.db.dead.contains(&(self.tag, rec.lsn)) {
                         prop_assert_eq!(
-                            self.stored.get(&rec.lsn).copied(),
+                            self.db.stored.get(&(self.tag, rec.lsn)).copied(),
                             Some(1),
                             "sample {} stored once",
                             rec.lsn
                         );
                     } else {
                         prop_assert!(
-                            !self.stored.contains_key(&rec.lsn),
+                            !self.db.stored.contains_key(&(self.tag, rec.lsn)),
                             "sample {} dead-lettered and stored",
                             rec.lsn
                         );
                     }
                 }
-                Entry::DeadLetter { .. } => prop_assert!(self.dead.contains(&rec.lsn)),
+                Entry::DeadLetter { .. } => {
+                    prop_assert!(self.db.dead.contains(&(self.tag, rec.lsn)))
+                }
                 Entry::MessageId { .. } => {}
             }
         }
@@ -688,6 +730,52 @@ fn run(mode: Mode, max_pending: usize, steps: &[Step]) -> Result<(), TestCaseErr
     w.drain()?;
     w.check()?;
     let _ = w.t0;
+    Ok(())
+}
+
+/// Two palletd instances, each with its own spool, spool id and core,
+/// writing the same sensors into one database, their LSNs alike (both
+/// spools start at the same LSN and the same time): one instance's replay
+/// must skip exactly what it applied, nothing the other applied.
+struct Fleet {
+    worlds: [World; 2],
+    /// The database, lent to the instance taking a step.
+    db: Db,
+}
+
+impl Fleet {
+    fn new(mode: Mode, max_pending: usize) -> Fleet {
+        let mut worlds = [1, 2].map(|tag| World::of_spool(tag, mode, max_pending));
+        for w in &mut worlds {
+            w.write_cost = Duration::from_millis(40);
+        }
+        Fleet {
+            worlds,
+            db: Db::default(),
+        }
+    }
+
+    /// Runs `f` on instance `i`, with the database.
+    fn on<R>(&mut self, i: usize, f: impl FnOnce(&mut World) -> R) -> R {
+        let w = &mut self.worlds[i];
+        std::mem::swap(&mut w.db, &mut self.db);
+        let r = f(w);
+        std::mem::swap(&mut w.db, &mut self.db);
+        r
+    }
+}
+
+fn run_fleet(mode: Mode, max_pending: usize, steps: &[(bool, Step)]) -> Result<(), TestCaseError> {
+    let mut fleet = Fleet::new(mode, max_pending);
+    for (second, s) in steps {
+        fleet.on(*second as usize, |w| w.step(s))?;
+    }
+    for i in 0..2 {
+        fleet.on(i, |w| w.drain())?;
+    }
+    for i in 0..2 {
+        fleet.on(i, |w| w.check())?;
+    }
     Ok(())
 }
 
@@ -712,6 +800,11 @@ fn no_poison(steps: Vec<Step>) -> Vec<Step> {
         .collect()
 }
 
+fn no_poison_pairs(steps: Vec<(bool, Step)>) -> Vec<(bool, Step)> {
+    let (who, steps): (Vec<bool>, Vec<Step>) = steps.into_iter().unzip();
+    who.into_iter().zip(no_poison(steps)).collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -728,6 +821,16 @@ proptest! {
     #[test]
     fn timeseries_store_every_sample_exactly_once_through_everything(max_pending in 2usize..16, steps in proptest::collection::vec(step(), 1..150)) {
         run(Mode::Timeseries, max_pending, &steps)?;
+    }
+
+    #[test]
+    fn two_instances_writing_the_same_sensors_store_each_sample_exactly_once(max_pending in 2usize..16, steps in proptest::collection::vec((any::<bool>(), step()), 1..200)) {
+        run_fleet(Mode::Buckets, max_pending, &no_poison_pairs(steps))?;
+    }
+
+    #[test]
+    fn two_instances_in_time_series_mode_store_each_sample_exactly_once(max_pending in 2usize..16, steps in proptest::collection::vec((any::<bool>(), step()), 1..200)) {
+        run_fleet(Mode::Timeseries, max_pending, &steps)?;
     }
 
     #[test]
@@ -774,7 +877,7 @@ fn a_restart_finds_what_was_written_past_the_checkpoint_in_every_replayed_batch(
         w.step(s).unwrap();
     }
     assert_eq!(
-        w.stored.len(),
+        w.db.stored.len(),
         16,
         "sensor 0 was written past the checkpoint"
     );
@@ -820,7 +923,7 @@ fn readings_left_on_disk_across_an_outage_become_backlog() {
     );
     w.drain().unwrap();
     w.check().unwrap();
-    assert_eq!(w.stored.len(), 10);
+    assert_eq!(w.db.stored.len(), 10);
 }
 
 #[test]
@@ -843,7 +946,7 @@ fn after_a_restart_live_readings_go_first_while_the_backlog_drains() {
     // backlog, and readings arriving from then on are live.
     w.step(&Step::Restart).unwrap();
     assert!(w.core.backlog_status().readings > 0);
-    let backlog = 30_000 - w.stored.len();
+    let backlog = 30_000 - w.db.stored.len();
     let live_lsn = w.next_lsn;
     let arrived = w.now_ms;
     w.step(&Step::Sample {
@@ -860,14 +963,14 @@ fn after_a_restart_live_readings_go_first_while_the_backlog_drains() {
             w.now += Duration::from_millis(100);
             w.now_ms += 100;
         }
-        if backlog_left_when_live_stored.is_none() && w.stored.contains_key(&live_lsn) {
-            backlog_left_when_live_stored = Some(30_000 - (w.stored.len() - 1));
+        if backlog_left_when_live_stored.is_none() && w.db.stored.contains_key(&(w.tag, live_lsn)) {
+            backlog_left_when_live_stored = Some(30_000 - (w.db.stored.len() - 1));
             assert!(
                 w.core.backlog_status().readings > 0,
                 "the backlog is reported"
             );
         }
-        if w.stored.len() == 30_001 {
+        if w.db.stored.len() == 30_001 {
             break;
         }
     }
@@ -876,7 +979,7 @@ fn after_a_restart_live_readings_go_first_while_the_backlog_drains() {
         left >= backlog / 2,
         "the live reading went first: {left} of {backlog} backlog readings left"
     );
-    let lag = w.stored_at[&live_lsn] - arrived;
+    let lag = w.db.stored_at[&(w.tag, live_lsn)] - arrived;
     assert!(
         lag <= 3_500,
         "live lag {lag} ms: max_delay (1 s) plus about one backlog flush (1 s) and its own"
