@@ -6,6 +6,9 @@
 //! Scenarios (each a separate process, so CPU and memory are its own):
 //! - `ceiling`: a subscriber that decodes and acknowledges, no database.
 //! - `buckets`, `timeseries`: palletd (release build) in each storage mode.
+//! - `buckets-x2` (not in the default list): two palletd instances on one
+//!   shared subscription (`[mqtt] share_group`), each with its own spool,
+//!   into the same collection; their figures are summed (CPU, peak RSS).
 //! - `batched`: what a careful Telegraf user runs (`mqtt_consumer` with
 //!   acknowledgement after delivery and `outputs.mongodb`): one document per
 //!   reading, one unordered `insert_many` of a batch as large as the
@@ -249,7 +252,7 @@ fn wan(args: WanArgs) -> anyhow::Result<()> {
         .stderr(Stdio::null())
         .spawn()?;
     let decoded = |s: &Sink| -> f64 {
-        http_get(s.metrics_port, "/metrics")
+        http_get(s.procs[0].1, "/metrics")
             .ok()
             .and_then(|b| {
                 b.lines()
@@ -811,13 +814,26 @@ impl Services {
 }
 
 /// The process under test, with its metrics endpoint.
+/// A sink: one process, or several palletd instances sharing the load
+/// (`buckets-x2`: two, on one `$share/bench/...` subscription); its
+/// figures are their sums.
 struct Sink {
-    proc: Proc,
-    metrics_port: u16,
+    /// Each process and its metrics port.
+    procs: Vec<(Proc, u16)>,
 }
 
 fn start_sink(args: &RunArgs, kind: &str, svc: &Services) -> anyhow::Result<Sink> {
     start_sink_with(args, kind, svc, &svc.mongodb_uri(), "", "")
+}
+
+/// A palletd scenario's storage mode and number of instances:
+/// `buckets` is one instance, `buckets-x2` two.
+fn palletd_kind(kind: &str) -> Option<(&str, usize)> {
+    let (mode, n) = match kind.split_once("-x") {
+        Some((mode, n)) => (mode, n.parse().ok()?),
+        None => (kind, 1),
+    };
+    matches!(mode, "buckets" | "timeseries").then_some((mode, n))
 }
 
 /// [`start_sink`] with palletd's database at `uri` and more settings in
@@ -830,21 +846,26 @@ fn start_sink_with(
     mongodb_extra: &str,
     spool_extra: &str,
 ) -> anyhow::Result<Sink> {
-    let metrics_port = free_port();
-    let mut child = match kind {
-        "buckets" | "timeseries" => {
-            let cfg = format!(
-                r#"[mqtt]
+    let mut procs = Vec::new();
+    let instances = palletd_kind(kind).map_or(1, |k| k.1);
+    for i in 0..instances {
+        let metrics_port = free_port();
+        let mut child = match palletd_kind(kind) {
+            Some((mode, n)) => {
+                let share = if n > 1 { "share_group = \"bench\"" } else { "" };
+                let cfg = format!(
+                    r#"[mqtt]
 url = "mqtt://127.0.0.1:{broker}"
-client_id = "bench-palletd"
+client_id = "bench-palletd-{i}"
 max_inflight = {inflight}
+{share}
 [mongodb]
 uri = "{uri}"
 database = "bench"
 collection = "readings"
 {mongodb_extra}
 [storage]
-mode = "{kind}"
+mode = "{mode}"
 [spool]
 dir = "{spool}"
 {spool_extra}
@@ -855,52 +876,50 @@ max_sensors = 200000
 [[subscription]]
 topic = "bench/{{sensor}}/data"
 "#,
-                broker = svc.broker_port,
-                inflight = args.inflight,
-                spool = svc.dir.path().join("spool").display(),
-            );
-            // BENCH_PALLETD_EXTRA: more TOML for experiments (not used by
-            // scripts/bench's published runs).
-            let cfg = cfg + &std::env::var("BENCH_PALLETD_EXTRA").unwrap_or_default();
-            let path = svc.dir.path().join("palletd.toml");
-            std::fs::write(&path, cfg)?;
-            Command::new(&args.palletd)
-                .arg("run")
-                .arg("--config")
-                .arg(&path)
-                .env("RUST_LOG", "info")
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()?
-        }
-        _ => Command::new(std::env::current_exe()?)
-            .args(["sink", "--kind", kind, "--broker-port"])
-            .arg(svc.broker_port.to_string())
-            .args(["--mongodb", uri, "--metrics-port"])
-            .arg(metrics_port.to_string())
-            .arg("--inflight")
-            .arg(args.inflight.to_string())
-            .arg("--batch")
-            .arg(args.batch.unwrap_or(args.inflight as usize).to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()?,
-    };
-    let ready = if kind == "buckets" || kind == "timeseries" {
-        "Subscribed."
-    } else {
-        "sink ready"
-    };
-    wait_for_line(
-        &mut child,
-        ready,
-        svc.dir.path().join(format!("{kind}.log")),
-    )?;
-    let sink = Sink {
-        proc: Proc(child),
-        metrics_port,
-    };
-    // Subscribed and its metrics endpoint answers.
+                    broker = svc.broker_port,
+                    inflight = args.inflight,
+                    spool = svc.dir.path().join(format!("spool-{i}")).display(),
+                );
+                // BENCH_PALLETD_EXTRA: more TOML for experiments (not used by
+                // scripts/bench's published runs).
+                let cfg = cfg + &std::env::var("BENCH_PALLETD_EXTRA").unwrap_or_default();
+                let path = svc.dir.path().join(format!("palletd-{i}.toml"));
+                std::fs::write(&path, cfg)?;
+                Command::new(&args.palletd)
+                    .arg("run")
+                    .arg("--config")
+                    .arg(&path)
+                    .env("RUST_LOG", "info")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()?
+            }
+            None => Command::new(std::env::current_exe()?)
+                .args(["sink", "--kind", kind, "--broker-port"])
+                .arg(svc.broker_port.to_string())
+                .args(["--mongodb", uri, "--metrics-port"])
+                .arg(metrics_port.to_string())
+                .arg("--inflight")
+                .arg(args.inflight.to_string())
+                .arg("--batch")
+                .arg(args.batch.unwrap_or(args.inflight as usize).to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()?,
+        };
+        let ready = match palletd_kind(kind) {
+            Some(_) => "Subscribed.",
+            None => "sink ready",
+        };
+        wait_for_line(
+            &mut child,
+            ready,
+            svc.dir.path().join(format!("{kind}-{i}.log")),
+        )?;
+        procs.push((Proc(child), metrics_port));
+    }
+    let sink = Sink { procs };
+    // Subscribed and its metrics endpoints answer.
     let deadline = Instant::now() + Duration::from_secs(30);
     while sink.scrape().is_err() {
         anyhow::ensure!(Instant::now() < deadline, "{kind}: no /metrics");
@@ -939,65 +958,85 @@ fn add_histogram(into: &mut Vec<(f64, f64)>, h: &[(f64, f64)]) {
 }
 
 impl Sink {
+    /// The sum of what every process reports.
     fn scrape(&self) -> anyhow::Result<Scrape> {
-        let body = http_get(self.metrics_port, "/metrics")?;
-        let lines = body.lines().map(|l| Ok(l.to_string()));
-        let parsed = prometheus_parse::Scrape::parse(lines)?;
         let mut out = Scrape::default();
-        for s in parsed.samples {
-            if s.metric == palletd::telemetry::SAMPLES_STORED {
-                if let prometheus_parse::Value::Counter(v) = s.value {
-                    out.stored = v;
-                }
-            } else if s.metric == palletd::telemetry::BYTES_REWRITTEN {
-                if let prometheus_parse::Value::Counter(v) = s.value {
-                    out.rewritten = v;
-                }
-            } else if s.metric == palletd::telemetry::SAMPLE_AGE_SECONDS {
-                if let prometheus_parse::Value::Histogram(h) = &s.value {
-                    let h: Vec<(f64, f64)> = h.iter().map(|b| (b.less_than, b.count)).collect();
-                    add_histogram(&mut out.age, &h);
-                    if s.labels.get("lane") == Some("live") {
-                        out.live_age = h;
-                    }
-                }
-            } else if s.metric == palletd::telemetry::BACKLOG_READINGS {
-                if let prometheus_parse::Value::Gauge(v) = s.value {
-                    out.backlog_readings = v;
-                }
-            } else if s.metric == palletd::telemetry::BACKLOG_DRAIN_RATE {
-                if let prometheus_parse::Value::Gauge(v) = s.value {
-                    out.drain_rate = v;
-                }
-            }
+        for (_, port) in &self.procs {
+            let one = scrape_one(*port)?;
+            out.stored += one.stored;
+            out.rewritten += one.rewritten;
+            add_histogram(&mut out.age, &one.age);
+            add_histogram(&mut out.live_age, &one.live_age);
+            out.backlog_readings += one.backlog_readings;
+            out.drain_rate += one.drain_rate;
         }
         Ok(out)
     }
 
-    fn pid(&self) -> u32 {
-        self.proc.0.id()
+    fn pids(&self) -> Vec<u32> {
+        self.procs.iter().map(|p| p.0 .0.id()).collect()
     }
 
-    /// User + system CPU time so far.
+    /// User + system CPU time so far, of all processes.
     fn cpu(&self) -> Duration {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
-        // Fields after the command name (which may hold spaces): state is
-        // field 3, utime and stime are fields 14 and 15 (proc(5)).
-        let rest = stat.rsplit_once(')').map_or("", |r| r.1);
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let field = |n: usize| {
-            f.get(n - 3)
-                .and_then(|x| x.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let ticks = field(14) + field(15);
-        Duration::from_secs_f64(ticks as f64 / clock_ticks())
+        self.pids().into_iter().map(cpu_of).sum()
     }
 
+    /// The processes' peak RSS, summed (each process's own peak).
     fn peak_rss(&self) -> u64 {
-        peak_rss_of(self.pid())
+        self.pids().into_iter().map(peak_rss_of).sum()
     }
+}
+
+fn scrape_one(port: u16) -> anyhow::Result<Scrape> {
+    let body = http_get(port, "/metrics")?;
+    let lines = body.lines().map(|l| Ok(l.to_string()));
+    let parsed = prometheus_parse::Scrape::parse(lines)?;
+    let mut out = Scrape::default();
+    for s in parsed.samples {
+        if s.metric == palletd::telemetry::SAMPLES_STORED {
+            if let prometheus_parse::Value::Counter(v) = s.value {
+                out.stored = v;
+            }
+        } else if s.metric == palletd::telemetry::BYTES_REWRITTEN {
+            if let prometheus_parse::Value::Counter(v) = s.value {
+                out.rewritten = v;
+            }
+        } else if s.metric == palletd::telemetry::SAMPLE_AGE_SECONDS {
+            if let prometheus_parse::Value::Histogram(h) = &s.value {
+                let h: Vec<(f64, f64)> = h.iter().map(|b| (b.less_than, b.count)).collect();
+                add_histogram(&mut out.age, &h);
+                if s.labels.get("lane") == Some("live") {
+                    out.live_age = h;
+                }
+            }
+        } else if s.metric == palletd::telemetry::BACKLOG_READINGS {
+            if let prometheus_parse::Value::Gauge(v) = s.value {
+                out.backlog_readings = v;
+            }
+        } else if s.metric == palletd::telemetry::BACKLOG_DRAIN_RATE {
+            if let prometheus_parse::Value::Gauge(v) = s.value {
+                out.drain_rate = v;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// User + system CPU time of a process so far.
+fn cpu_of(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces): state is
+    // field 3, utime and stime are fields 14 and 15 (proc(5)).
+    let rest = stat.rsplit_once(')').map_or("", |r| r.1);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| {
+        f.get(n - 3)
+            .and_then(|x| x.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let ticks = field(14) + field(15);
+    Duration::from_secs_f64(ticks as f64 / clock_ticks())
 }
 
 /// Peak resident set size (VmHWM) of a process, in bytes.
@@ -1355,7 +1394,7 @@ fn measure(
         lag_p99_s: quantile(&m.before.age, &m.after.age, 0.99),
         db_write_commands_per_reading: db.then(|| (after.0 - before.0) / n),
         db_write_ops_per_reading: db.then(|| (after.1 - before.1) / n),
-        bytes_rewritten_per_reading: (kind == "buckets")
+        bytes_rewritten_per_reading: (palletd_kind(kind).is_some_and(|k| k.0 == "buckets"))
             .then(|| (m.after.rewritten - m.before.rewritten) / n),
         cpu_us_per_reading: m.cpu.as_secs_f64() * 1e6 / n,
         peak_rss_mb: sink.peak_rss() as f64 / 1e6,
@@ -1369,7 +1408,7 @@ fn fixed_rates(args: &RunArgs, kind: &str, sensors: usize) -> anyhow::Result<()>
     eprintln!("== {kind}, {sensors} sensors");
     let svc = Services::start(args)?;
     let sink = start_sink(args, kind, &svc)?;
-    eprintln!("  {kind} pid {}", sink.pid());
+    eprintln!("  {kind} pids {:?}", sink.pids());
     for &rate in &args.rates {
         let m = step(args, &svc, &sink, sensors, rate, args.step_secs)?;
         eprintln!(
