@@ -944,6 +944,8 @@ struct Scrape {
     /// palletd's backlog gauges.
     backlog_readings: f64,
     drain_rate: f64,
+    /// palletd's spool fsyncs (group commits).
+    fsyncs: f64,
 }
 
 /// Adds histogram `h` (cumulative buckets) into `into`.
@@ -969,6 +971,7 @@ impl Sink {
             add_histogram(&mut out.live_age, &one.live_age);
             out.backlog_readings += one.backlog_readings;
             out.drain_rate += one.drain_rate;
+            out.fsyncs += one.fsyncs;
         }
         Ok(out)
     }
@@ -1017,6 +1020,10 @@ fn scrape_one(port: u16) -> anyhow::Result<Scrape> {
         } else if s.metric == palletd::telemetry::BACKLOG_DRAIN_RATE {
             if let prometheus_parse::Value::Gauge(v) = s.value {
                 out.drain_rate = v;
+            }
+        } else if s.metric == palletd::telemetry::SPOOL_FSYNCS {
+            if let prometheus_parse::Value::Counter(v) = s.value {
+                out.fsyncs = v;
             }
         }
     }
@@ -1101,7 +1108,11 @@ fn quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option<f64> 
 }
 
 /// Database write commands and write operations so far, from serverStatus.
-async fn db_writes(uri: &str) -> anyhow::Result<(f64, f64)> {
+/// The database's write counters: (write commands, write operations as
+/// `opcounters` counts them (an `insert_many` is one, each update
+/// statement one), documents written (`metrics.document`: inserted,
+/// updated, deleted)).
+async fn db_writes(uri: &str) -> anyhow::Result<(f64, f64, f64)> {
     let client = mongodb::Client::with_uri_str(uri).await?;
     let s = client
         .database("admin")
@@ -1129,7 +1140,15 @@ async fn db_writes(uri: &str) -> anyhow::Result<(f64, f64)> {
         .iter()
         .map(|c| ops.map_or(0.0, |o| num(o.get(*c))))
         .sum();
-    Ok((commands, operations))
+    let docs = s
+        .get_document("metrics")
+        .and_then(|m| m.get_document("document"))
+        .ok();
+    let documents: f64 = ["inserted", "updated", "deleted"]
+        .iter()
+        .map(|c| docs.map_or(0.0, |d| num(d.get(*c))))
+        .sum();
+    Ok((commands, operations, documents))
 }
 
 /// Asks the database for a checkpoint, then sums its data directory.
@@ -1356,6 +1375,9 @@ struct Figures {
     lag_p99_s: Option<f64>,
     db_write_commands_per_reading: Option<f64>,
     db_write_ops_per_reading: Option<f64>,
+    /// Documents inserted, updated or deleted per reading: the database's
+    /// write work whatever the batching.
+    db_documents_written_per_reading: Option<f64>,
     /// Bucket bytes the database rewrote per stored reading (palletd,
     /// bucket mode).
     bytes_rewritten_per_reading: Option<f64>,
@@ -1379,13 +1401,13 @@ fn measure(
     let before = if db {
         rt.block_on(db_writes(&uri))?
     } else {
-        (0.0, 0.0)
+        (0.0, 0.0, 0.0)
     };
     let m = step(args, svc, sink, sensors, rate, args.step_secs)?;
     let after = if db {
         rt.block_on(db_writes(&uri))?
     } else {
-        (0.0, 0.0)
+        (0.0, 0.0, 0.0)
     };
     let n = m.step.durable.max(1) as f64;
     let fig = Figures {
@@ -1394,6 +1416,7 @@ fn measure(
         lag_p99_s: quantile(&m.before.age, &m.after.age, 0.99),
         db_write_commands_per_reading: db.then(|| (after.0 - before.0) / n),
         db_write_ops_per_reading: db.then(|| (after.1 - before.1) / n),
+        db_documents_written_per_reading: db.then(|| (after.2 - before.2) / n),
         bytes_rewritten_per_reading: (palletd_kind(kind).is_some_and(|k| k.0 == "buckets"))
             .then(|| (m.after.rewritten - m.before.rewritten) / n),
         cpu_us_per_reading: m.cpu.as_secs_f64() * 1e6 / n,
@@ -1411,10 +1434,13 @@ fn fixed_rates(args: &RunArgs, kind: &str, sensors: usize) -> anyhow::Result<()>
     eprintln!("  {kind} pids {:?}", sink.pids());
     for &rate in &args.rates {
         let m = step(args, &svc, &sink, sensors, rate, args.step_secs)?;
+        let fsyncs = m.after.fsyncs - m.before.fsyncs;
         eprintln!(
-            "    cpu {:.1} µs/reading, peak RSS {:.0} MB",
+            "    cpu {:.1} µs/reading, peak RSS {:.0} MB, {:.0} spool fsyncs/s, {:.1} readings per fsync",
             m.cpu.as_secs_f64() * 1e6 / m.step.durable.max(1) as f64,
-            sink.peak_rss() as f64 / 1e6
+            sink.peak_rss() as f64 / 1e6,
+            fsyncs / m.step.seconds,
+            m.step.durable as f64 / fsyncs.max(1.0)
         );
     }
     Ok(())
@@ -1524,13 +1550,13 @@ fn fmt(x: Option<f64>, digits: usize) -> String {
 
 fn table(results: &[ScenarioResult]) -> String {
     let mut t = String::from(
-        "| scenario | sensors | max sustained readings/s | lag p50 / p99 at 80% | DB write cmds / reading | DB write ops / reading | bytes rewritten / reading | data bytes / reading | CPU µs / reading at 80% | peak RSS MB at 80% (whole run) |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| scenario | sensors | max sustained readings/s | lag p50 / p99 at 80% | DB write cmds / reading | DB write ops / reading | DB docs written / reading | bytes rewritten / reading | data bytes / reading | CPU µs / reading at 80% | peak RSS MB at 80% (whole run) |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in results {
         let f = r.at_80.as_ref();
         t += &format!(
-            "| {} | {} | {:.0} | {} / {} s | {} | {} | {} | {} | {} | {} ({:.0}) |\n",
+            "| {} | {} | {:.0} | {} / {} s | {} | {} | {} | {} | {} | {} | {} ({:.0}) |\n",
             r.scenario,
             r.sensors,
             r.max_sustained_per_s,
@@ -1538,6 +1564,7 @@ fn table(results: &[ScenarioResult]) -> String {
             fmt(f.and_then(|f| f.lag_p99_s), 2),
             fmt(f.and_then(|f| f.db_write_commands_per_reading), 4),
             fmt(f.and_then(|f| f.db_write_ops_per_reading), 3),
+            fmt(f.and_then(|f| f.db_documents_written_per_reading), 3),
             fmt(f.and_then(|f| f.bytes_rewritten_per_reading), 0),
             fmt(r.data_bytes_per_reading, 0),
             fmt(f.map(|f| f.cpu_us_per_reading), 1),
