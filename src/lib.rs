@@ -19,13 +19,15 @@
 //! - [`spooler`]: decodes each message, appends it to the [`spool`],
 //!   releases PUBACKs in arrival order once durable ([`spooler::acks`]).
 //! - [`spool`]: the crash-safe local log behind one [`spool::Spool`] handle
-//!   (its appender thread, segments, checkpoint, reading back).
+//!   (its appender thread, segments, checkpoint, reading back, tombstones
+//!   of segments a full spool deleted).
 //! - [`pipeline`]: a sans-IO core ([`pipeline::core`]) with its flush
 //!   policy ([`pipeline::policy`]), and the task that carries out what it
 //!   decides ([`pipeline::task`]).
 //! - [`store`]: one file per storage mode (schema, resolving what a replay
 //!   already applied, write, seal, read) and their MongoDB plumbing.
-//! - [`telemetry`]: metrics, `/metrics` `/healthz` `/readyz`, systemd.
+//! - [`telemetry`]: metrics, the status page, `/metrics` `/healthz`
+//!   `/readyz`, systemd.
 //! - [`simulate`] and [`query`]: the `palletd simulate` load generator and
 //!   `palletd query` to read back what was stored.
 //! - [`shutdown`]: signals and the shutdown order.
