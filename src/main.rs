@@ -110,6 +110,10 @@ struct QueryArgs {
     /// Per-window rollups from the bucket fields, without reading samples.
     #[arg(long, conflicts_with_all = ["summary", "buckets"])]
     stats: bool,
+    /// With --stats: the closer's rollups of this interval (a [[rollup]]
+    /// interval, e.g. "1h" or "1d") instead of per-window ones.
+    #[arg(long, value_name = "INTERVAL", requires = "stats")]
+    rollup: Option<String>,
     /// Print how many buckets, samples, sensors and dead letters are stored.
     #[arg(long, conflicts_with = "buckets")]
     summary: bool,
@@ -320,7 +324,20 @@ fn query(args: &QueryArgs, settings: &palletd::config::Settings) -> anyhow::Resu
                 .sensor
                 .as_deref()
                 .context("--sensor ID is needed (or --summary, or --buckets N)")?;
-            if args.stats {
+            if let Some(interval) = &args.rollup {
+                let spec = (settings.rollups.iter())
+                    .find(|r| {
+                        r.name == *interval
+                            || humantime::parse_duration(interval).ok() == Some(r.interval)
+                    })
+                    .with_context(|| {
+                        let names: Vec<&str> =
+                            settings.rollups.iter().map(|r| r.name.as_str()).collect();
+                        format!("no [[rollup]] of {interval} is configured (configured: {names:?})")
+                    })?;
+                let rows = store.rollups(&spec.name, sensor, range).await?;
+                query::print_rollups(sensor, &rows, format, &mut out)?;
+            } else if args.stats {
                 let stats = store.window_stats(sensor, range).await?;
                 query::print_stats(sensor, &stats, format, &mut out)?;
             } else {

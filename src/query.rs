@@ -169,6 +169,61 @@ pub fn print_stats(
     Ok(())
 }
 
+/// Prints the closer's rollups of one interval.
+pub fn print_rollups(
+    sensor: &str,
+    rows: &[crate::store::rollup::RollupRow],
+    format: Format,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    const PARTS: [&str; 7] = ["sum", "n", "min", "max", "avg", "first", "last"];
+    if format == Format::Csv {
+        writeln!(
+            out,
+            "sensorId,start,count,partial,field,sum,n,min,max,avg,first,last"
+        )?;
+    }
+    for r in rows {
+        match format {
+            Format::Jsonl => {
+                let fields: serde_json::Map<String, serde_json::Value> = r
+                    .fields
+                    .iter()
+                    .map(|(k, v)| {
+                        let parts: serde_json::Map<String, serde_json::Value> = PARTS
+                            .iter()
+                            .zip(v)
+                            .map(|(p, x)| (p.to_string(), serde_json::json!(x)))
+                            .collect();
+                        (k.clone(), serde_json::Value::Object(parts))
+                    })
+                    .collect();
+                let line = serde_json::json!({
+                    "sensorId": sensor, "start": iso(r.start_ms), "count": r.count,
+                    "partial": r.partial, "fields": fields,
+                });
+                writeln!(out, "{line}")?;
+            }
+            Format::Csv => {
+                for (k, v) in &r.fields {
+                    let values: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+                    writeln!(
+                        out,
+                        "{},{},{},{},{},{}",
+                        csv_field(&sensor.into()),
+                        iso(r.start_ms),
+                        r.count,
+                        r.partial,
+                        csv_field(&k.as_str().into()),
+                        values.join(",")
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Prints how much is stored: buckets, sensors, samples, dead letters.
 pub fn print_summary(s: &Summary, out: &mut impl Write) -> std::io::Result<()> {
     match s.buckets {

@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use crate::decode::{Limits, PayloadFormat, Subscription, TopicPattern};
 use raw::{
     RawBucket, RawCloser, RawFlush, RawHttp, RawLimits, RawMongo, RawMqtt, RawMqttTls,
-    RawRetention, RawSize, RawSpool, RawStorage, RawSubscription, RawWriteConcern,
+    RawRetention, RawRollup, RawSize, RawSpool, RawStorage, RawSubscription, RawWriteConcern,
 };
 
 /// The annotated example configuration; `palletd print-config` prints it and
@@ -116,6 +116,8 @@ pub struct Settings {
     pub spool: crate::spool::SpoolSettings,
     pub limits: LimitSettings,
     pub subscriptions: Vec<Subscription>,
+    /// `[[rollup]]`: summaries per sensor and interval, kept by the closer.
+    pub rollups: Vec<RollupSettings>,
     /// Not errors, but worth the operator's attention: printed by
     /// `check-config`, logged at start.
     pub warnings: Vec<String>,
@@ -297,6 +299,48 @@ pub struct CloserSettings {
     pub grace: Duration,
 }
 
+/// One `[[rollup]]`: per sensor and interval (aligned to the Unix epoch,
+/// UTC), the count and per numeric field sum, n, min, max, avg, first and
+/// last, in `<collection>_<name>`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RollupSettings {
+    /// `1h`, `1d`, `15m`...: the collection's suffix.
+    pub name: String,
+    /// A whole number of `bucket.window`.
+    pub interval: Duration,
+    /// TTL on the interval start; `None` keeps them forever.
+    pub expire_after: Option<Duration>,
+    /// Keep the current interval's document up to date (`partial: true`).
+    pub partial: bool,
+}
+
+impl RollupSettings {
+    pub fn interval_ms(&self) -> i64 {
+        self.interval.as_millis() as i64
+    }
+
+    /// The start of the interval holding `ts_ms`.
+    pub fn start_of(&self, ts_ms: i64) -> i64 {
+        ts_ms.div_euclid(self.interval_ms()) * self.interval_ms()
+    }
+}
+
+/// `1d`, `6h`, `15m`, `30s`, `500ms`: the largest unit that divides.
+fn interval_name(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, name) in [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1000, "s"),
+    ] {
+        if ms.is_multiple_of(unit) {
+            return format!("{}{name}", ms / unit);
+        }
+    }
+    format!("{ms}ms")
+}
+
 #[derive(Debug, Clone)]
 pub struct RetentionSettings {
     /// Buckets are deleted this long after their window ended (TTL index on
@@ -326,6 +370,7 @@ const SECTIONS: &[&str] = &[
     "spool",
     "limits",
     "subscription",
+    "rollup",
 ];
 
 /// Reads and validates a configuration file.
@@ -372,6 +417,18 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     let http: RawHttp = v.section(&table, "http", false).unwrap_or_default();
     let spool: RawSpool = v.section(&table, "spool", false).unwrap_or_default();
     let limits: RawLimits = v.section(&table, "limits", false).unwrap_or_default();
+    let mut raw_rollups: Vec<RawRollup> = Vec::new();
+    match table.get("rollup") {
+        None => {}
+        Some(toml::Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                if let Some(r) = v.value(item, &format!("rollup[{i}]")) {
+                    raw_rollups.push(r);
+                }
+            }
+        }
+        Some(_) => v.err("rollup", "must be an array of tables ([[rollup]])"),
+    }
     let mut subs: Vec<RawSubscription> = Vec::new();
     match table.get("subscription") {
         None => v.err("subscription", "at least one [[subscription]] is required"),
@@ -406,6 +463,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
         .enumerate()
         .filter_map(|(i, s)| v.subscription(s, &format!("subscription[{i}]")))
         .collect();
+    let rollups = v.rollups(raw_rollups, bucket.window);
 
     match (mqtt, mongodb) {
         (Some(mqtt), Some(mongodb)) if v.errors.is_empty() => Ok(Settings {
@@ -420,6 +478,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
             spool,
             limits,
             subscriptions,
+            rollups,
             warnings: v.warnings,
         }),
         _ => Err(v.errors),
@@ -957,6 +1016,52 @@ impl Validator {
         Some(d)
     }
 
+    /// `[[rollup]]`s: an interval that is not a whole number of windows
+    /// would cut a window (a bucket's samples) in two, so it is an error;
+    /// two with the same interval too.
+    fn rollups(&mut self, raw: Vec<RawRollup>, window: Duration) -> Vec<RollupSettings> {
+        let mut out: Vec<RollupSettings> = Vec::new();
+        for (i, r) in raw.into_iter().enumerate() {
+            let path = format!("rollup[{i}]");
+            let interval =
+                self.positive_duration(&format!("{path}.interval"), Some(&r.interval), "1h");
+            if interval.is_zero() {
+                continue;
+            }
+            if window.is_zero() || !interval.as_millis().is_multiple_of(window.as_millis()) {
+                self.err(
+                    format!("{path}.interval"),
+                    format!(
+                        "{} is not a whole number of bucket.window ({}): a window's buckets must fall in one interval",
+                        r.interval,
+                        interval_name(window)
+                    ),
+                );
+                continue;
+            }
+            let name = interval_name(interval);
+            if out.iter().any(|o| o.name == name) {
+                self.err(
+                    format!("{path}.interval"),
+                    format!("a rollup of {name} is configured twice"),
+                );
+                continue;
+            }
+            let expire_after = self.retention_value(
+                &format!("{path}.expire_after"),
+                r.expire_after.as_deref(),
+                None,
+            );
+            out.push(RollupSettings {
+                name,
+                interval,
+                expire_after,
+                partial: r.partial.unwrap_or(false),
+            });
+        }
+        out
+    }
+
     fn retention(&mut self, r: RawRetention) -> RetentionSettings {
         RetentionSettings {
             expire_after: self.retention_value(
@@ -1335,6 +1440,37 @@ mod tests {
             errors(&(MINIMAL.to_string() + "[flush]\ninterval = \"3s\"\nmax_delay = \"2s\"\n"))
                 .join("\n");
         assert!(joined.contains("flush.interval:"), "{joined}");
+    }
+
+    #[test]
+    fn rollups_are_whole_numbers_of_windows_each_once() {
+        let text = MINIMAL.to_string()
+            + "[[rollup]]\ninterval = \"1h\"\nexpire_after = \"400d\"\n[[rollup]]\ninterval = \"1d\"\npartial = true\n";
+        let s = parse(&text, None).unwrap();
+        let names: Vec<&str> = s.rollups.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["1h", "1d"]);
+        assert_eq!(
+            s.rollups[0].expire_after,
+            Some(Duration::from_secs(400 * 86400))
+        );
+        assert!(s.rollups[1].partial && !s.rollups[0].partial);
+        assert_eq!(s.rollups[1].start_of(86_400_000 * 3 + 5), 86_400_000 * 3);
+        assert_eq!(
+            s.rollups[0].start_of(-1),
+            -3_600_000,
+            "aligned to the epoch"
+        );
+        let bad = MINIMAL.to_string()
+            + "[[rollup]]\ninterval = \"90m\"\n[[rollup]]\ninterval = \"60m\"\n[[rollup]]\ninterval = \"1h\"\n";
+        let joined = errors(&bad).join("\n");
+        assert!(
+            joined.contains("rollup[0].interval: 90m is not a whole number of bucket.window (1h)"),
+            "{joined}"
+        );
+        assert!(
+            joined.contains("rollup[2].interval: a rollup of 1h is configured twice"),
+            "{joined}"
+        );
     }
 
     #[test]

@@ -138,3 +138,11 @@ pub struct RawSubscription {
     pub field: Option<String>,
     pub qos: Option<i64>,
 }
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRollup {
+    pub interval: String,
+    pub expire_after: Option<String>,
+    pub partial: Option<bool>,
+}

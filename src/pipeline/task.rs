@@ -254,7 +254,11 @@ pub async fn run(
                 );
             }
             Action::Seal { now_ms } => {
-                let cutoff = match store.seal(now_ms).await {
+                let started = Instant::now();
+                let sealed = store.seal(now_ms).await;
+                metrics::histogram!(telemetry::CLOSER_SECONDS)
+                    .record(started.elapsed().as_secs_f64());
+                let cutoff = match sealed {
                     Ok(sealed) => {
                         if sealed > 0 {
                             metrics::counter!(telemetry::BUCKETS_SEALED).increment(sealed);

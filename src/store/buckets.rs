@@ -316,15 +316,7 @@ impl Buckets {
                 "writeConcern": { "w": "majority" },
             })
             .await?;
-        if let Ok(errors) = reply.get_array("writeErrors") {
-            if let Some(Bson::Document(e)) = errors.first() {
-                return Err(mongodb::error::Error::custom(format!(
-                    "seal rejected (code {}): {}",
-                    e.get_i32("code").unwrap_or(-1),
-                    e.get_str("errmsg").unwrap_or("")
-                )));
-            }
-        }
+        mongo::no_write_errors(&reply, "seal")?;
         // In the legacy form the second statement touches the same buckets.
         Ok(reply.get_i32("nModified").unwrap_or(0).max(0) as u64 / if legacy { 2 } else { 1 })
     }

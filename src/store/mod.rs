@@ -6,6 +6,8 @@
 //! - [`mongo`]: running commands, reading replies, the typed retry
 //!   decision, outage logging, dead letters, TTL indexes.
 //! - [`read`]: what the readers return to `palletd query`.
+//! - [`rollup`]: `[[rollup]]` summaries per sensor and interval, kept by
+//!   the closer in every mode.
 //!
 //! Every mode answers the same five questions: its **schema** (what to set
 //! up at start), how to **resolve** samples that may already be in MongoDB
@@ -20,6 +22,7 @@
 pub mod buckets;
 pub mod mongo;
 pub mod read;
+pub mod rollup;
 pub mod timeseries;
 
 use std::io::Write;
@@ -62,6 +65,7 @@ pub struct Store {
     schema_ready: bool,
     /// The spool whose samples this store writes (its dead letters' ids).
     spool_tag: u32,
+    rollups: Option<rollup::Rollups>,
 }
 
 impl Store {
@@ -77,6 +81,7 @@ impl Store {
             deadletter_expire_after: settings.retention.deadletter_expire_after,
             schema_ready: false,
             spool_tag: 0,
+            rollups: rollup::Rollups::new(settings),
         }
     }
 
@@ -118,6 +123,10 @@ impl Store {
         let mode = match &self.mode {
             Mode::Buckets(m) => m.schema(&db).await,
             Mode::Timeseries(m) => m.schema(&db).await,
+        };
+        let mode = match (mode, &self.rollups) {
+            (Ok(()), Some(r)) => r.schema(&db).await.map_err(SchemaError::from),
+            (other, _) => other,
         };
         let result = match mode {
             Ok(()) => mongo::sync_ttl(
@@ -204,10 +213,21 @@ impl Store {
         self.mongo
             .insert_deadletters(&self.deadletters, &batch.deadletters, abort)
             .await?;
+        let keys = match &mut self.rollups {
+            Some(r) => {
+                r.before_write(&mut self.mongo, batch, crate::clock::now_ms(), abort)
+                    .await?
+            }
+            None => Vec::new(),
+        };
         let mut written = match &self.mode {
             Mode::Buckets(m) => m.write(&mut self.mongo, batch, abort).await?,
             Mode::Timeseries(m) => m.write(&mut self.mongo, batch, abort).await?,
         };
+        if let Some(r) = &mut self.rollups {
+            r.after_write(&mut self.mongo, &keys, crate::clock::now_ms(), abort)
+                .await?;
+        }
         written.met_errors |= self.mongo.failures() != failures;
         Ok(written)
     }
@@ -224,16 +244,32 @@ impl Store {
     }
 
     /// One closer run at `now_ms` (after one attempt at the schema, which
-    /// the seal's index hint needs). `Ok(sealed buckets)`.
+    /// the seal's index hint needs): seals what is over, then writes the
+    /// rollups that are due. `Ok(sealed buckets)`.
     pub async fn seal(&mut self, now_ms: i64) -> Result<u64, String> {
         if !self.try_ensure_schema().await {
             return Err("the schema is not in place".into());
         }
         let db = self.mongo.db.clone();
-        match &mut self.mode {
-            Mode::Buckets(m) => m.seal(&db, now_ms).await.map_err(|e| e.to_string()),
-            Mode::Timeseries(_) => Ok(0),
+        let sealed = match &mut self.mode {
+            Mode::Buckets(m) => m.seal(&db, now_ms).await.map_err(|e| e.to_string())?,
+            Mode::Timeseries(_) => 0,
+        };
+        if let Some(r) = &mut self.rollups {
+            r.pass(&db, now_ms).await.map_err(|e| e.to_string())?;
         }
+        Ok(sealed)
+    }
+
+    /// A sensor's rollups of interval `name` (`1h`, ...).
+    pub async fn rollups(
+        &self,
+        name: &str,
+        sensor: &str,
+        range: Range,
+    ) -> read::Result<Vec<rollup::RollupRow>> {
+        let coll = format!("{}_{name}", self.collection());
+        rollup::read_rollups(&self.mongo.db, &coll, sensor, range).await
     }
 
     /// Windows ending at or before this are sealed by a seal at `now_ms`.

@@ -438,6 +438,19 @@ impl Mongo {
     }
 }
 
+/// A reply's first write error as an error (`what` rejected, with its
+/// code and message); `Ok` when there is none.
+pub fn no_write_errors(reply: &Document, what: &str) -> mongodb::error::Result<()> {
+    match reply.get_array("writeErrors").ok().and_then(|e| e.first()) {
+        Some(bson::Bson::Document(e)) => Err(mongodb::error::Error::custom(format!(
+            "{what} rejected (code {}): {}",
+            e.get_i32("code").unwrap_or(-1),
+            e.get_str("errmsg").unwrap_or("")
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Name of the TTL index on the dead letters' `receivedAt`.
 pub const DEADLETTER_TTL_INDEX: &str = "receivedAt_ttl";
 

@@ -60,6 +60,9 @@ pub const SPOOL_REPLAYED: &str = "palletd_spool_replayed_records_total";
 /// Readings behind: what the live lane gave up on (after an outage, or
 /// when it fell behind) and what a restart left, not yet in MongoDB.
 pub const BACKLOG_READINGS: &str = "palletd_backlog_readings";
+pub const ROLLUPS_WRITTEN: &str = "palletd_rollups_written_total";
+pub const ROLLUP_STATEMENTS: &str = "palletd_rollup_statements_total";
+pub const CLOSER_SECONDS: &str = "palletd_closer_seconds";
 pub const BACKLOG_STORED: &str = "palletd_backlog_samples_stored_total";
 pub const BACKLOG_DRAIN_RATE: &str = "palletd_backlog_drain_readings_per_second";
 pub const BACKLOG_ETA_SECONDS: &str = "palletd_backlog_drain_eta_seconds";
@@ -146,6 +149,18 @@ pub fn describe() {
         "Readings lost because a full spool deleted them before they reached MongoDB (spool.when_full = \"drop_oldest\"), counted when palletd finds them missing (readings of a deleted segment it still held in memory are written, not counted)."
     );
     describe_counter!(
+        ROLLUPS_WRITTEN,
+        "Rollup documents the closer wrote ([[rollup]]; final and partial)."
+    );
+    describe_counter!(
+        ROLLUP_STATEMENTS,
+        "Write statements rollups cost: keys recorded at flushes, rollup upserts and keys deleted by the closer."
+    );
+    describe_histogram!(
+        CLOSER_SECONDS,
+        "How long one closer run took: sealing and rollups."
+    );
+    describe_counter!(
         BACKLOG_STORED,
         "Samples written from the backlog (of palletd_samples_stored_total)."
     );
@@ -178,15 +193,17 @@ pub fn describe() {
     );
 }
 
+/// Buckets of the durations of flushes and closer runs (seconds).
+const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
 /// Installs the Prometheus recorder behind the `metrics` facade.
 pub fn install() -> Option<PrometheusHandle> {
     let builder = PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full(FLUSH_SECONDS.to_string()),
-            &[
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-            ],
-        )
+        .set_buckets_for_metric(Matcher::Full(FLUSH_SECONDS.to_string()), SECONDS_BUCKETS)
+        .ok()?
+        .set_buckets_for_metric(Matcher::Full(CLOSER_SECONDS.to_string()), SECONDS_BUCKETS)
         .ok()?
         .set_buckets_for_metric(
             Matcher::Full(SAMPLE_AGE_SECONDS.to_string()),

@@ -460,6 +460,21 @@ format = "number"
         self
     }
 
+    /// Adds a `[[rollup]]` of `interval`.
+    pub fn rollup(mut self, interval: &str, partial: bool) -> Config {
+        let mut r = toml::Table::new();
+        r.insert("interval".into(), interval.into());
+        r.insert("partial".into(), partial.into());
+        let rollups = self
+            .table
+            .entry("rollup")
+            .or_insert_with(|| toml::Value::Array(Vec::new()));
+        if let toml::Value::Array(items) = rollups {
+            items.push(toml::Value::Table(r));
+        }
+        self
+    }
+
     pub fn window(self, window: &str) -> Config {
         self.set("bucket.window", window)
     }

@@ -1,0 +1,501 @@
+//! Rollups (`[[rollup]]`): per sensor and interval (`1h`, `1d`...,
+//! aligned to the Unix epoch, UTC), the count of readings and, per numeric
+//! field, `sum`, `n`, `min`, `max`, `avg`, `first` and `last` (by reading
+//! time; of readings with the same time, the smallest value is first and
+//! the largest last), in `<collection>_<interval>`, one document per sensor
+//! and interval start, with `computedAt` and `partial`.
+//!
+//! # When a rollup is written
+//! Every flush, before its write, records the (rollup, sensor, interval)
+//! keys it touches in `<collection>_rollup_due` (an upsert per key, once
+//! per key and run while the interval is open, so about one statement per
+//! sensor and interval), with `due` = the interval's end plus
+//! `closer.grace`: when its last window is sealed. A key touched by a
+//! write whose interval is already due (late data) is recorded again after
+//! the write too, bumping its version. Each closer pass then computes the
+//! due keys' rollups from the stored readings (an aggregation on the
+//! server; only the results travel), upserts them, and deletes each key
+//! unless its version changed meanwhile. So a late reading makes its
+//! intervals be computed again, a crash anywhere leaves the key for the
+//! next pass, and computing twice gives the same document. With
+//! `partial = true` the pass also computes the open intervals' keys, marked
+//! `partial: true`, and keeps them.
+//!
+//! Both storage modes compute from the readings: the samples of the
+//! interval's buckets, or the time series documents of the interval.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use bson::{doc, rawdoc, Bson, Document, RawDocumentBuf};
+use futures_util::TryStreamExt;
+use mongodb::options::IndexOptions;
+use mongodb::{Database, IndexModel};
+use tokio_util::sync::CancellationToken;
+
+use super::mongo::{self, Mongo};
+use super::read::{self, Range};
+use crate::config::{RollupSettings, Settings, StorageMode};
+use crate::flush::Batch;
+use crate::retry::{Aborted, Backoff};
+use crate::telemetry;
+
+/// Sensors one aggregation takes at most.
+const SENSORS_PER_QUERY: usize = 500;
+
+/// Due keys one pass takes at most (the rest wait for the next pass).
+const KEYS_PER_PASS: i64 = 20_000;
+
+/// (rollup index, sensor, interval start ms).
+type Key = (usize, String, i64);
+
+/// A queue entry read back: (sensor, version, `_id`).
+type Entry = (String, i64, Document);
+
+/// Where the readings are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Buckets,
+    Timeseries,
+}
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Pass {
+    /// Rollup documents written (final and partial).
+    pub written: u64,
+    /// Write statements sent (rollup upserts and queue deletes).
+    pub statements: u64,
+}
+
+pub struct Rollups {
+    specs: Vec<RollupSettings>,
+    /// The readings' collection.
+    base: String,
+    /// `<collection>_rollup_due`.
+    queue: String,
+    grace_ms: i64,
+    source: Source,
+    /// Keys this run recorded whose interval is not due yet.
+    recorded: HashSet<Key>,
+}
+
+impl Rollups {
+    /// `None` without `[[rollup]]`s.
+    pub fn new(settings: &Settings) -> Option<Rollups> {
+        if settings.rollups.is_empty() {
+            return None;
+        }
+        let base = settings.mongodb.collection.clone();
+        Some(Rollups {
+            specs: settings.rollups.clone(),
+            queue: format!("{base}_rollup_due"),
+            base,
+            grace_ms: settings.closer.grace.as_millis() as i64,
+            source: match settings.storage.mode {
+                StorageMode::Buckets => Source::Buckets,
+                StorageMode::Timeseries => Source::Timeseries,
+            },
+            recorded: HashSet::new(),
+        })
+    }
+
+    /// The collection of a rollup (`<collection>_<interval>`).
+    pub fn collection_of(base: &str, spec: &RollupSettings) -> String {
+        format!("{base}_{}", spec.name)
+    }
+
+    /// Indexes: `{sensorId, start}` (unique; what a dashboard reads), the
+    /// TTL on `start` per rollup, and `due` on the queue.
+    pub async fn schema(&self, db: &Database) -> mongodb::error::Result<()> {
+        for spec in &self.specs {
+            let coll = Rollups::collection_of(&self.base, spec);
+            let index = IndexModel::builder()
+                .keys(doc! { "sensorId": 1, "start": 1 })
+                .options(IndexOptions::builder().unique(true).build())
+                .build();
+            db.collection::<Document>(&coll).create_index(index).await?;
+            mongo::sync_ttl(db, &coll, "start", "start_ttl", spec.expire_after).await?;
+        }
+        let due = IndexModel::builder().keys(doc! { "due": 1 }).build();
+        db.collection::<Document>(&self.queue)
+            .create_index(due)
+            .await?;
+        Ok(())
+    }
+
+    fn due_ms(&self, key: &Key) -> i64 {
+        key.2 + self.specs[key.0].interval_ms() + self.grace_ms
+    }
+
+    /// The keys a flush touches.
+    fn keys(&self, batch: &Batch) -> Vec<Key> {
+        let mut keys: HashSet<Key> = HashSet::new();
+        for run in &batch.runs {
+            for (i, spec) in self.specs.iter().enumerate() {
+                let mut last = None;
+                for s in run.samples.iter() {
+                    let start = spec.start_of(s.ts_ms);
+                    if last != Some(start) {
+                        keys.insert((i, run.sensor.clone(), start));
+                        last = Some(start);
+                    }
+                }
+            }
+        }
+        keys.into_iter().collect()
+    }
+
+    /// Before a flush's write: records the keys it touches that this run
+    /// has not recorded, and those already due (late data). Returns the
+    /// keys, for [`Rollups::after_write`].
+    pub async fn before_write(
+        &mut self,
+        m: &mut Mongo,
+        batch: &Batch,
+        now_ms: i64,
+        abort: &CancellationToken,
+    ) -> Result<Vec<Key>, Aborted> {
+        let keys = self.keys(batch);
+        self.recorded
+            .retain(|k| k.2 + self.specs[k.0].interval_ms() + self.grace_ms > now_ms);
+        let new: Vec<Key> = keys
+            .iter()
+            .filter(|k| self.due_ms(k) <= now_ms || !self.recorded.contains(*k))
+            .cloned()
+            .collect();
+        self.record(m, &new, abort).await?;
+        for k in new {
+            if self.due_ms(&k) > now_ms {
+                self.recorded.insert(k);
+            }
+        }
+        Ok(keys)
+    }
+
+    /// After a flush's write: the keys that are due by now are recorded
+    /// again, so a pass that computed them while the write was in flight
+    /// keeps them for the next pass.
+    pub async fn after_write(
+        &mut self,
+        m: &mut Mongo,
+        keys: &[Key],
+        now_ms: i64,
+        abort: &CancellationToken,
+    ) -> Result<(), Aborted> {
+        let due: Vec<Key> = (keys.iter())
+            .filter(|k| self.due_ms(k) <= now_ms)
+            .cloned()
+            .collect();
+        self.record(m, &due, abort).await
+    }
+
+    /// Upserts queue entries for `keys` (bumping their version), retrying
+    /// until answered (idempotent: sent again whatever happened).
+    async fn record(
+        &self,
+        m: &mut Mongo,
+        keys: &[Key],
+        abort: &CancellationToken,
+    ) -> Result<(), Aborted> {
+        let mut backoff = Backoff::default();
+        let mut rest = keys;
+        while !rest.is_empty() {
+            let (len, reply) = m
+                .write_until_answered("record rollups to compute", &mut backoff, abort, |m| {
+                    let statements = rest.iter().map(|k| {
+                        let due = bson::DateTime::from_millis(self.due_ms(k));
+                        rawdoc! {
+                            "q": { "_id": self.queue_id(k) },
+                            "u": { "$set": { "due": due }, "$inc": { "v": 1_i64 } },
+                            "upsert": true,
+                        }
+                    });
+                    m.batch_command("update", &self.queue, "updates", statements, false)
+                })
+                .await?;
+            match reply {
+                Some(reply) => {
+                    for (index, code, msg) in reply.write_errors {
+                        tracing::error!(index, code, error = %msg, "The database refused a rollup key; that interval's rollup may be missing.");
+                    }
+                    metrics::counter!(telemetry::ROLLUP_STATEMENTS).increment(len as u64);
+                    rest = &rest[len..];
+                    backoff.reset();
+                }
+                None => m.wait(&mut backoff, abort).await?,
+            }
+        }
+        Ok(())
+    }
+
+    fn queue_id(&self, k: &Key) -> RawDocumentBuf {
+        rawdoc! {
+            "r": self.specs[k.0].name.as_str(),
+            "s": k.1.as_str(),
+            "t": bson::DateTime::from_millis(k.2),
+        }
+    }
+
+    /// One closer pass: computes and writes the due rollups (and the
+    /// partial ones), deleting the keys done.
+    pub async fn pass(&mut self, db: &Database, now_ms: i64) -> mongodb::error::Result<Pass> {
+        let mut out = Pass::default();
+        let now = bson::DateTime::from_millis(now_ms);
+        let due: Vec<Document> = db
+            .collection::<Document>(&self.queue)
+            .find(doc! { "due": { "$lte": now } })
+            .sort(doc! { "due": 1 })
+            .limit(KEYS_PER_PASS)
+            .await?
+            .try_collect()
+            .await?;
+        self.compute_keys(db, due, now_ms, false, &mut out).await?;
+        for spec in self.specs.iter().filter(|s| s.partial) {
+            let open: Vec<Document> = db
+                .collection::<Document>(&self.queue)
+                .find(doc! { "due": { "$gt": now }, "_id.r": spec.name.as_str() })
+                .limit(KEYS_PER_PASS)
+                .await?
+                .try_collect()
+                .await?;
+            self.compute_keys(db, open, now_ms, true, &mut out).await?;
+        }
+        metrics::counter!(telemetry::ROLLUPS_WRITTEN).increment(out.written);
+        metrics::counter!(telemetry::ROLLUP_STATEMENTS).increment(out.statements);
+        Ok(out)
+    }
+
+    /// Computes the rollups of queue entries `entries`, grouped by rollup
+    /// and interval; deletes the entries (unless `partial`).
+    async fn compute_keys(
+        &self,
+        db: &Database,
+        entries: Vec<Document>,
+        now_ms: i64,
+        partial: bool,
+        out: &mut Pass,
+    ) -> mongodb::error::Result<()> {
+        // (rollup name, start) -> [(sensor, version, _id)]
+        let mut groups: BTreeMap<(String, i64), Vec<Entry>> = BTreeMap::new();
+        for e in entries {
+            let Ok(id) = e.get_document("_id") else {
+                continue;
+            };
+            let (Ok(r), Ok(s), Ok(t)) = (id.get_str("r"), id.get_str("s"), id.get_datetime("t"))
+            else {
+                continue;
+            };
+            let v = read::number(e.get("v")).unwrap_or(0.0) as i64;
+            groups
+                .entry((r.to_string(), t.timestamp_millis()))
+                .or_default()
+                .push((s.to_string(), v, id.clone()));
+        }
+        for ((name, start), keys) in groups {
+            let spec = self.specs.iter().find(|s| s.name == name);
+            for chunk in keys.chunks(SENSORS_PER_QUERY) {
+                if let Some(spec) = spec {
+                    let sensors: Vec<&str> = chunk.iter().map(|k| k.0.as_str()).collect();
+                    let docs = self
+                        .compute(db, spec, start, &sensors, now_ms, partial)
+                        .await?;
+                    if !docs.is_empty() {
+                        let updates: Vec<Document> = docs
+                            .into_iter()
+                            .map(|d| {
+                                let q = doc! { "sensorId": d.get("sensorId").cloned().unwrap_or(Bson::Null), "start": d.get("start").cloned().unwrap_or(Bson::Null) };
+                                doc! { "q": q, "u": d, "upsert": true }
+                            })
+                            .collect();
+                        out.written += updates.len() as u64;
+                        out.statements += updates.len() as u64;
+                        write(
+                            db,
+                            &Rollups::collection_of(&self.base, spec),
+                            "update",
+                            "updates",
+                            updates,
+                        )
+                        .await?;
+                    }
+                }
+                // A rollup no longer configured: its keys just go.
+                if !partial {
+                    let deletes: Vec<Document> = chunk
+                        .iter()
+                        .map(|(_, v, id)| doc! { "q": { "_id": id, "v": v }, "limit": 1 })
+                        .collect();
+                    out.statements += deletes.len() as u64;
+                    write(db, &self.queue, "delete", "deletes", deletes).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The rollup documents of `sensors` for the interval at `start`,
+    /// computed from their readings on the server.
+    async fn compute(
+        &self,
+        db: &Database,
+        spec: &RollupSettings,
+        start: i64,
+        sensors: &[&str],
+        now_ms: i64,
+        partial: bool,
+    ) -> mongodb::error::Result<Vec<Document>> {
+        let from = bson::DateTime::from_millis(start);
+        let to = bson::DateTime::from_millis(start + spec.interval_ms());
+        let coll = db.collection::<Document>(&self.base);
+        // The readings as {sensorId, ts, <fields>}, and their count.
+        let (mut readings, count) = match self.source {
+            Source::Buckets => (
+                vec![
+                    doc! { "$match": { "sensorId": { "$in": sensors }, "startTs": { "$gte": from, "$lt": to } } },
+                    doc! { "$unwind": "$samples" },
+                    doc! { "$replaceWith": { "$mergeObjects": [ { "sensorId": "$sensorId" }, "$samples" ] } },
+                ],
+                doc! { "$sum": { "$size": "$samples" } },
+            ),
+            Source::Timeseries => (
+                vec![
+                    doc! { "$match": { "sensorId": { "$in": sensors }, "ts": { "$gte": from, "$lt": to } } },
+                ],
+                doc! { "$sum": 1 },
+            ),
+        };
+        let mut counts: HashMap<String, i64> = HashMap::new();
+        let mut pipeline = vec![readings[0].clone()];
+        pipeline.push(doc! { "$group": { "_id": "$sensorId", "count": count } });
+        let mut cursor = coll.aggregate(pipeline).await?;
+        while let Some(row) = cursor.try_next().await? {
+            if let Ok(s) = row.get_str("_id") {
+                counts.insert(
+                    s.to_string(),
+                    read::number(row.get("count")).unwrap_or(0.0) as i64,
+                );
+            }
+        }
+        readings.extend([
+            doc! { "$project": { "sensorId": 1, "ts": 1, "kv": { "$objectToArray": "$$ROOT" } } },
+            doc! { "$unwind": "$kv" },
+            doc! { "$match": {
+                "kv.k": { "$nin": ["_id", "sensorId", "ts", "lsn"] },
+                "$expr": { "$isNumber": "$kv.v" },
+            } },
+            doc! { "$sort": { "ts": 1, "kv.v": 1 } },
+            doc! { "$group": {
+                "_id": { "s": "$sensorId", "f": "$kv.k" },
+                "sum": { "$sum": "$kv.v" },
+                "n": { "$sum": 1 },
+                "min": { "$min": "$kv.v" },
+                "max": { "$max": "$kv.v" },
+                "first": { "$first": "$kv.v" },
+                "last": { "$last": "$kv.v" },
+            } },
+        ]);
+        let mut docs: BTreeMap<String, Document> = BTreeMap::new();
+        for (sensor, n) in &counts {
+            let mut d = doc! {
+                "sensorId": sensor.as_str(),
+                "start": from,
+                "end": to,
+                "count": *n,
+            };
+            for part in ["sum", "n", "min", "max", "avg", "first", "last"] {
+                d.insert(part, Document::new());
+            }
+            d.insert("computedAt", bson::DateTime::from_millis(now_ms));
+            d.insert("partial", partial);
+            docs.insert(sensor.clone(), d);
+        }
+        let mut cursor = coll.aggregate(readings).await?;
+        while let Some(row) = cursor.try_next().await? {
+            let Ok(id) = row.get_document("_id") else {
+                continue;
+            };
+            let (Ok(sensor), Ok(field)) = (id.get_str("s"), id.get_str("f")) else {
+                continue;
+            };
+            let Some(d) = docs.get_mut(sensor) else {
+                continue;
+            };
+            let sum = read::number(row.get("sum")).unwrap_or(0.0);
+            let n = read::number(row.get("n")).unwrap_or(0.0) as i64;
+            for (part, value) in [
+                ("sum", Bson::Double(sum)),
+                ("n", Bson::Int64(n)),
+                ("min", row.get("min").cloned().unwrap_or(Bson::Null)),
+                ("max", row.get("max").cloned().unwrap_or(Bson::Null)),
+                (
+                    "avg",
+                    Bson::Double(if n > 0 { sum / n as f64 } else { 0.0 }),
+                ),
+                ("first", row.get("first").cloned().unwrap_or(Bson::Null)),
+                ("last", row.get("last").cloned().unwrap_or(Bson::Null)),
+            ] {
+                if let Ok(p) = d.get_document_mut(part) {
+                    p.insert(field, value);
+                }
+            }
+        }
+        Ok(docs.into_values().collect())
+    }
+}
+
+/// Sends one write command (`update` or `delete`) and fails on any
+/// statement error (the pass is tried again at the closer's next run).
+async fn write(
+    db: &Database,
+    coll: &str,
+    name: &str,
+    field: &str,
+    statements: Vec<Document>,
+) -> mongodb::error::Result<()> {
+    let reply = db
+        .run_command(doc! { name: coll, field: statements, "ordered": false })
+        .await?;
+    mongo::no_write_errors(&reply, &format!("rollup {name}"))
+}
+
+/// One rollup document as `palletd query --stats --rollup` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RollupRow {
+    pub start_ms: i64,
+    pub count: i64,
+    pub partial: bool,
+    /// field -> (sum, n, min, max, avg, first, last)
+    pub fields: BTreeMap<String, [f64; 7]>,
+}
+
+/// A sensor's rollups of one interval, in time order.
+pub async fn read_rollups(
+    db: &Database,
+    collection: &str,
+    sensor: &str,
+    range: Range,
+) -> read::Result<Vec<RollupRow>> {
+    let mut cursor = db
+        .collection::<Document>(collection)
+        .find(read::filter(sensor, "start", range))
+        .sort(doc! { "start": 1 })
+        .await?;
+    let mut out = Vec::new();
+    let empty = Document::new();
+    while let Some(d) = cursor.try_next().await? {
+        let part = |name: &str| d.get_document(name).unwrap_or(&empty).clone();
+        let parts = ["sum", "n", "min", "max", "avg", "first", "last"].map(part);
+        let mut fields = BTreeMap::new();
+        for (field, _) in &parts[0] {
+            let v = |i: usize| read::number(parts[i].get(field)).unwrap_or(f64::NAN);
+            fields.insert(field.clone(), [v(0), v(1), v(2), v(3), v(4), v(5), v(6)]);
+        }
+        out.push(RollupRow {
+            start_ms: d.get_datetime("start")?.timestamp_millis(),
+            count: read::number(d.get("count")).unwrap_or(0.0) as i64,
+            partial: d.get_bool("partial").unwrap_or(false),
+            fields,
+        });
+    }
+    Ok(out)
+}
