@@ -77,6 +77,23 @@ enum Cli {
     /// backlog drains, the drain rate, bytes on the wire and spool bytes
     /// per reading.
     Wan(WanArgs),
+    /// The closer's cost per sealed bucket with rollups off and on: palletd
+    /// (buckets) with short windows, so windows close during the run.
+    Closer(CloserArgs),
+}
+
+#[derive(clap::Args)]
+struct CloserArgs {
+    #[arg(long, default_value_t = 1000)]
+    sensors: usize,
+    /// Readings per second, all sensors together.
+    #[arg(long, default_value_t = 2000.0)]
+    rate: f64,
+    /// Seconds of load per variant.
+    #[arg(long, default_value_t = 120)]
+    secs: u64,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(clap::Args)]
@@ -211,6 +228,7 @@ fn main() -> anyhow::Result<()> {
         Cli::Sink(args) => tokio::runtime::Runtime::new()?.block_on(sink(args)),
         Cli::QueryRss(args) => query_rss(args),
         Cli::Wan(args) => wan(args),
+        Cli::Closer(args) => closer(args),
     }
 }
 
@@ -236,6 +254,7 @@ fn wan(args: WanArgs) -> anyhow::Result<()> {
         &proxy.mongodb_uri(""),
         &compressors,
         "max_size = \"8GiB\"",
+        "",
     )?;
     let total_secs = 30 + args.before_secs + args.cut_secs + args.drain_limit_secs + 60;
     let mut sim = Command::new(&args.run.palletd)
@@ -367,6 +386,122 @@ fn spool_sizes(dir: &Path) -> anyhow::Result<(u64, u64)> {
         }
     }
     Ok((disk, plain))
+}
+
+// --------------------------------------------------------------- closer
+
+/// What the closer did, from palletd's metrics (`seconds` from the
+/// histogram's `_sum`, read separately).
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+struct CloserFigures {
+    runs: f64,
+    seconds: f64,
+    sealed: f64,
+    rollup_statements: f64,
+    rollups_written: f64,
+    stored: f64,
+}
+
+fn closer_figures(sink: &Sink) -> anyhow::Result<CloserFigures> {
+    let body = http_get(sink.procs[0].1, "/metrics")?;
+    let parsed = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))?;
+    let mut f = CloserFigures::default();
+    for s in parsed.samples {
+        let counter = match &s.value {
+            prometheus_parse::Value::Counter(v) => Some(*v),
+            _ => None,
+        };
+        match s.metric.as_str() {
+            m if m == palletd::telemetry::CLOSER_SECONDS => {
+                if let prometheus_parse::Value::Histogram(h) = &s.value {
+                    f.runs = h.iter().map(|b| b.count).fold(0.0, f64::max);
+                }
+            }
+            m if m == palletd::telemetry::BUCKETS_SEALED => f.sealed = counter.unwrap_or(0.0),
+            m if m == palletd::telemetry::ROLLUP_STATEMENTS => {
+                f.rollup_statements = counter.unwrap_or(0.0)
+            }
+            m if m == palletd::telemetry::ROLLUPS_WRITTEN => {
+                f.rollups_written = counter.unwrap_or(0.0)
+            }
+            m if m == palletd::telemetry::SAMPLES_STORED => f.stored = counter.unwrap_or(0.0),
+            _ => {}
+        }
+    }
+    Ok(f)
+}
+
+/// The histogram's sum is not in prometheus_parse's histogram value:
+/// read it from the text.
+fn histogram_sum(port: u16, name: &str) -> anyhow::Result<f64> {
+    let body = http_get(port, "/metrics")?;
+    let line = body
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}_sum")))
+        .unwrap_or_default();
+    Ok(line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0))
+}
+
+fn closer(args: CloserArgs) -> anyhow::Result<()> {
+    // Windows of 10 s sealed 2 s after they end, the closer every 5 s;
+    // rollups of 30 s and 1 min, so both fall due during the run.
+    let common = "[bucket]\nwindow = \"10s\"\n[closer]\ninterval = \"5s\"\ngrace = \"2s\"\n[flush]\nmax_delay = \"2s\"\n";
+    let rollups = "[[rollup]]\ninterval = \"30s\"\n[[rollup]]\ninterval = \"1m\"\n";
+    let mut rows = Vec::new();
+    for (label, tail) in [
+        ("rollups off", common.to_string()),
+        ("rollups 30s + 1m", format!("{common}{rollups}")),
+    ] {
+        eprintln!("== closer, {label}");
+        let svc = Services::start(&args.run)?;
+        let sink = start_sink_with(
+            &args.run,
+            "buckets",
+            &svc,
+            &svc.mongodb_uri(),
+            "",
+            "",
+            &tail,
+        )?;
+        let before = closer_figures(&sink)?;
+        let before_sum = histogram_sum(sink.procs[0].1, palletd::telemetry::CLOSER_SECONDS)?;
+        let m = step(&args.run, &svc, &sink, args.sensors, args.rate, args.secs)?;
+        // The windows of the last readings close too.
+        std::thread::sleep(Duration::from_secs(20));
+        let mut after = closer_figures(&sink)?;
+        after.seconds = histogram_sum(sink.procs[0].1, palletd::telemetry::CLOSER_SECONDS)?;
+        let d = CloserFigures {
+            runs: after.runs - before.runs,
+            seconds: after.seconds - before_sum,
+            sealed: after.sealed - before.sealed,
+            rollup_statements: after.rollup_statements - before.rollup_statements,
+            rollups_written: after.rollups_written - before.rollups_written,
+            stored: after.stored - before.stored,
+        };
+        eprintln!("  {d:?} ({:.0}/s durable)", m.step.achieved_per_s);
+        rows.push((label, d));
+    }
+    println!("| closer | runs | sealed buckets | closer ms / sealed bucket | statements / sealed bucket | rollups written | readings stored |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (label, d) in &rows {
+        let sealed = d.sealed.max(1.0);
+        // The seal is one update statement per run; rollups add theirs.
+        let statements = d.runs + d.rollup_statements;
+        println!(
+            "| {label} | {:.0} | {:.0} | {:.3} | {:.3} | {:.0} | {:.0} |",
+            d.runs,
+            d.sealed,
+            d.seconds * 1000.0 / sealed,
+            statements / sealed,
+            d.rollups_written,
+            d.stored
+        );
+    }
+    Ok(())
 }
 
 // ------------------------------------------------------------ query RSS
@@ -823,7 +958,7 @@ struct Sink {
 }
 
 fn start_sink(args: &RunArgs, kind: &str, svc: &Services) -> anyhow::Result<Sink> {
-    start_sink_with(args, kind, svc, &svc.mongodb_uri(), "", "")
+    start_sink_with(args, kind, svc, &svc.mongodb_uri(), "", "", "")
 }
 
 /// A palletd scenario's storage mode and number of instances:
@@ -845,6 +980,7 @@ fn start_sink_with(
     uri: &str,
     mongodb_extra: &str,
     spool_extra: &str,
+    tail: &str,
 ) -> anyhow::Result<Sink> {
     let mut procs = Vec::new();
     let instances = palletd_kind(kind).map_or(1, |k| k.1);
@@ -875,6 +1011,7 @@ listen = "127.0.0.1:{metrics_port}"
 max_sensors = 200000
 [[subscription]]
 topic = "bench/{{sensor}}/data"
+{tail}
 "#,
                     broker = svc.broker_port,
                     inflight = args.inflight,
