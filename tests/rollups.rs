@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bson::{Bson, Document};
 use common::*;
+use futures_util::TryStreamExt;
 
 /// One reading as published: (sensor, ts ms, fields).
 type Reading = (String, i64, Vec<(&'static str, serde_json::Value)>);
@@ -148,8 +149,8 @@ async fn rollups_equal_the_raw_readings(name: &str, timeseries: bool) {
             .window("1s")
             .closer("200ms", "1s")
             .max_delay("200ms")
-            .rollup("2s", false)
-            .rollup("4s", false);
+            .rollup("2s", false, None)
+            .rollup("4s", false, None);
         if timeseries {
             c.timeseries()
         } else {
@@ -256,7 +257,7 @@ async fn a_partial_rollup_follows_the_open_interval() {
         c.window("1s")
             .closer("200ms", "1s")
             .max_delay("200ms")
-            .rollup("1d", true)
+            .rollup("1d", true, Some("400d"))
     })
     .await;
     let now = now_ms();
@@ -279,6 +280,30 @@ async fn a_partial_rollup_follows_the_open_interval() {
     .await;
     let docs = stack.docs("readings_1d").await;
     assert!(docs[0].get_bool("partial").unwrap(), "{}", docs[0]);
+    // Its retention: a TTL index on the interval start.
+    let indexes: Vec<mongodb::IndexModel> = stack
+        .client
+        .database("partial")
+        .collection::<Document>("readings_1d")
+        .list_indexes()
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let ttl = indexes
+        .iter()
+        .filter_map(|i| {
+            i.options
+                .as_ref()?
+                .expire_after
+                .map(|e| (i.keys.clone(), e))
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(
+        ttl,
+        vec![(bson::doc! { "start": 1 }, Duration::from_secs(400 * 86400))]
+    );
     let (_, want) = want.into_iter().next().unwrap();
     assert_eq!(
         number(docs[0].get_document("sum").unwrap().get("temp")),

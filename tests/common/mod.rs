@@ -461,10 +461,13 @@ format = "number"
     }
 
     /// Adds a `[[rollup]]` of `interval`.
-    pub fn rollup(mut self, interval: &str, partial: bool) -> Config {
+    pub fn rollup(mut self, interval: &str, partial: bool, expire_after: Option<&str>) -> Config {
         let mut r = toml::Table::new();
         r.insert("interval".into(), interval.into());
         r.insert("partial".into(), partial.into());
+        if let Some(e) = expire_after {
+            r.insert("expire_after".into(), e.into());
+        }
         let rollups = self
             .table
             .entry("rollup")
