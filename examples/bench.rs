@@ -396,6 +396,9 @@ fn spool_sizes(dir: &Path) -> anyhow::Result<(u64, u64)> {
 struct CloserFigures {
     runs: f64,
     seconds: f64,
+    /// Rollup passes (on their own task) and their time.
+    passes: f64,
+    pass_seconds: f64,
     sealed: f64,
     rollup_statements: f64,
     rollups_written: f64,
@@ -415,6 +418,11 @@ fn closer_figures(sink: &Sink) -> anyhow::Result<CloserFigures> {
             m if m == palletd::telemetry::CLOSER_SECONDS => {
                 if let prometheus_parse::Value::Histogram(h) = &s.value {
                     f.runs = h.iter().map(|b| b.count).fold(0.0, f64::max);
+                }
+            }
+            m if m == palletd::telemetry::ROLLUP_PASS_SECONDS => {
+                if let prometheus_parse::Value::Histogram(h) = &s.value {
+                    f.passes = h.iter().map(|b| b.count).fold(0.0, f64::max);
                 }
             }
             m if m == palletd::telemetry::BUCKETS_SEALED => f.sealed = counter.unwrap_or(0.0),
@@ -467,38 +475,50 @@ fn closer(args: CloserArgs) -> anyhow::Result<()> {
             "",
             &tail,
         )?;
-        let before = closer_figures(&sink)?;
-        let before_sum = histogram_sum(sink.procs[0].1, palletd::telemetry::CLOSER_SECONDS)?;
+        let port = sink.procs[0].1;
+        let mut before = closer_figures(&sink)?;
+        before.seconds = histogram_sum(port, palletd::telemetry::CLOSER_SECONDS)?;
+        before.pass_seconds = histogram_sum(port, palletd::telemetry::ROLLUP_PASS_SECONDS)?;
         let m = step(&args.run, &svc, &sink, args.sensors, args.rate, args.secs)?;
         // The windows of the last readings close too.
         std::thread::sleep(Duration::from_secs(20));
         let mut after = closer_figures(&sink)?;
-        after.seconds = histogram_sum(sink.procs[0].1, palletd::telemetry::CLOSER_SECONDS)?;
+        after.seconds = histogram_sum(port, palletd::telemetry::CLOSER_SECONDS)?;
+        after.pass_seconds = histogram_sum(port, palletd::telemetry::ROLLUP_PASS_SECONDS)?;
         let d = CloserFigures {
             runs: after.runs - before.runs,
-            seconds: after.seconds - before_sum,
+            seconds: after.seconds - before.seconds,
+            passes: after.passes - before.passes,
+            pass_seconds: after.pass_seconds - before.pass_seconds,
             sealed: after.sealed - before.sealed,
             rollup_statements: after.rollup_statements - before.rollup_statements,
             rollups_written: after.rollups_written - before.rollups_written,
             stored: after.stored - before.stored,
         };
         eprintln!("  {d:?} ({:.0}/s durable)", m.step.achieved_per_s);
-        rows.push((label, d));
+        rows.push((label, d, m.step));
     }
-    println!("| closer | runs | sealed buckets | closer ms / sealed bucket | statements / sealed bucket | rollups written | readings stored |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    for (label, d) in &rows {
+    println!("| closer | runs | sealed buckets | seal ms / sealed bucket | rollup pass ms / sealed bucket | statements / sealed bucket | rollups written | offered / durable readings/s |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (label, d, step) in &rows {
         let sealed = d.sealed.max(1.0);
         // The seal is one update statement per run; rollups add theirs.
         let statements = d.runs + d.rollup_statements;
         println!(
-            "| {label} | {:.0} | {:.0} | {:.3} | {:.3} | {:.0} | {:.0} |",
+            "| {label} | {:.0} | {:.0} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} / {:.0}{} |",
             d.runs,
             d.sealed,
             d.seconds * 1000.0 / sealed,
+            d.pass_seconds * 1000.0 / sealed,
             statements / sealed,
             d.rollups_written,
-            d.stored
+            step.target_per_s,
+            step.achieved_per_s,
+            if step.sustained {
+                ""
+            } else {
+                " (not sustained)"
+            }
         );
     }
     Ok(())

@@ -162,6 +162,7 @@ pub async fn run(
     let (spool, recovered, appender) = spool::open(&settings.spool).map_err(spool_error)?;
     metrics::gauge!(telemetry::SPOOL_MAX_BYTES).set(settings.spool.max_size as f64);
     store.set_spool(recovered.tag);
+    store.start_rollups();
     info!(
         dir = %settings.spool.dir.display(),
         bytes = recovered.bytes,

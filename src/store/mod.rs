@@ -66,8 +66,6 @@ pub struct Store {
     /// The spool whose samples this store writes (its dead letters' ids).
     spool_tag: u32,
     rollups: Option<rollup::Rollups>,
-    /// The last rollup pass failed (logged once until one works).
-    rollups_failing: bool,
 }
 
 impl Store {
@@ -84,7 +82,6 @@ impl Store {
             schema_ready: false,
             spool_tag: 0,
             rollups: rollup::Rollups::new(settings),
-            rollups_failing: false,
         }
     }
 
@@ -100,6 +97,15 @@ impl Store {
         self.spool_tag = tag;
         if let Mode::Buckets(b) = &mut self.mode {
             b.set_spool(tag);
+        }
+    }
+
+    /// Runs the rollup passes on a task of their own (see
+    /// [`rollup::Rollups::start_passes`]).
+    pub fn start_rollups(&mut self) {
+        let db = self.mongo.db.clone();
+        if let Some(r) = &mut self.rollups {
+            r.start_passes(db);
         }
     }
 
@@ -258,19 +264,8 @@ impl Store {
             Mode::Buckets(m) => m.seal(&db, now_ms).await.map_err(|e| e.to_string())?,
             Mode::Timeseries(_) => 0,
         };
-        // A failed rollup pass leaves its keys for the next run; the seal
-        // stands.
         if let Some(r) = &mut self.rollups {
-            match r.pass(&db, now_ms).await {
-                Ok(_) if std::mem::take(&mut self.rollups_failing) => {
-                    info!("Rollups are written again.")
-                }
-                Ok(_) => {}
-                Err(e) if !std::mem::replace(&mut self.rollups_failing, true) => {
-                    tracing::warn!(error = %e, "Could not write rollups; retrying at the closer's next run.")
-                }
-                Err(_) => {}
-            }
+            r.closer_ran(&db, now_ms).await;
         }
         Ok(sealed)
     }

@@ -23,6 +23,12 @@
 //!
 //! Both storage modes compute from the readings: the samples of the
 //! interval's buckets, or the time series documents of the interval.
+//!
+//! The passes run on a task of their own ([`Rollups::start_passes`]),
+//! woken by each closer run with its time: computing many sensors' rollups
+//! takes the database seconds, and flushes must not wait for it. A pass
+//! that is still running when the closer runs again is followed by one
+//! more; the queue's versions make a pass safe beside the writes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -69,14 +75,24 @@ pub struct Pass {
 
 pub struct Rollups {
     specs: Vec<RollupSettings>,
-    /// The readings' collection.
-    base: String,
     /// `<collection>_rollup_due`.
     queue: String,
     grace_ms: i64,
-    source: Source,
     /// Keys this run recorded whose interval is not due yet.
     recorded: HashSet<Key>,
+    passes: Passes,
+    /// Wakes the pass task with the closer's time.
+    wake: Option<tokio::sync::watch::Sender<i64>>,
+}
+
+/// What a pass needs (a copy lives on the pass task).
+#[derive(Clone)]
+struct Passes {
+    specs: Vec<RollupSettings>,
+    /// The readings' collection.
+    base: String,
+    queue: String,
+    source: Source,
 }
 
 impl Rollups {
@@ -86,17 +102,49 @@ impl Rollups {
             return None;
         }
         let base = settings.mongodb.collection.clone();
+        let queue = format!("{base}_rollup_due");
         Some(Rollups {
             specs: settings.rollups.clone(),
-            queue: format!("{base}_rollup_due"),
-            base,
+            queue: queue.clone(),
             grace_ms: settings.closer.grace.as_millis() as i64,
-            source: match settings.storage.mode {
-                StorageMode::Buckets => Source::Buckets,
-                StorageMode::Timeseries => Source::Timeseries,
-            },
             recorded: HashSet::new(),
+            passes: Passes {
+                specs: settings.rollups.clone(),
+                base,
+                queue,
+                source: match settings.storage.mode {
+                    StorageMode::Buckets => Source::Buckets,
+                    StorageMode::Timeseries => Source::Timeseries,
+                },
+            },
+            wake: None,
         })
+    }
+
+    /// Starts the task that runs the passes on `db` (needs a tokio
+    /// runtime); until then [`Rollups::closer_ran`] runs them inline.
+    pub fn start_passes(&mut self, db: Database) {
+        let (wake, mut woken) = tokio::sync::watch::channel(i64::MIN);
+        let passes = self.passes.clone();
+        tokio::spawn(async move {
+            let mut failing = false;
+            while woken.changed().await.is_ok() {
+                let now_ms = *woken.borrow_and_update();
+                passes.run(&db, now_ms, &mut failing).await;
+            }
+        });
+        self.wake = Some(wake);
+    }
+
+    /// The closer ran at `now_ms` (its time, held back while a backlog
+    /// drains): the pass task computes what is due by then.
+    pub async fn closer_ran(&mut self, db: &Database, now_ms: i64) {
+        match &self.wake {
+            Some(wake) => {
+                let _ = wake.send(now_ms);
+            }
+            None => self.passes.run(db, now_ms, &mut false).await,
+        }
     }
 
     /// The collection of a rollup (`<collection>_<interval>`).
@@ -108,7 +156,7 @@ impl Rollups {
     /// TTL on `start` per rollup, and `due` on the queue.
     pub async fn schema(&self, db: &Database) -> mongodb::error::Result<()> {
         for spec in &self.specs {
-            let coll = Rollups::collection_of(&self.base, spec);
+            let coll = Rollups::collection_of(&self.passes.base, spec);
             let index = IndexModel::builder()
                 .keys(doc! { "sensorId": 1, "start": 1 })
                 .options(IndexOptions::builder().unique(true).build())
@@ -235,10 +283,27 @@ impl Rollups {
             "t": bson::DateTime::from_millis(k.2),
         }
     }
+}
 
-    /// One closer pass: computes and writes the due rollups (and the
-    /// partial ones), deleting the keys done.
-    pub async fn pass(&mut self, db: &Database, now_ms: i64) -> mongodb::error::Result<Pass> {
+impl Passes {
+    /// One pass, timed and logged (a failure once until one works; its
+    /// keys stay for the next pass).
+    async fn run(&self, db: &Database, now_ms: i64, failing: &mut bool) {
+        let started = std::time::Instant::now();
+        match self.pass(db, now_ms).await {
+            Ok(_) if std::mem::take(failing) => tracing::info!("Rollups are written again."),
+            Ok(_) => {}
+            Err(e) if !std::mem::replace(failing, true) => {
+                tracing::warn!(error = %e, "Could not write rollups; retrying at the closer's next run.")
+            }
+            Err(_) => {}
+        }
+        metrics::histogram!(telemetry::ROLLUP_PASS_SECONDS).record(started.elapsed().as_secs_f64());
+    }
+
+    /// One pass: computes and writes the due rollups (and the partial
+    /// ones), deleting the keys done.
+    async fn pass(&self, db: &Database, now_ms: i64) -> mongodb::error::Result<Pass> {
         let mut out = Pass::default();
         let now = bson::DateTime::from_millis(now_ms);
         let due: Vec<Document> = db

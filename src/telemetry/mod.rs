@@ -63,6 +63,7 @@ pub const BACKLOG_READINGS: &str = "palletd_backlog_readings";
 pub const ROLLUPS_WRITTEN: &str = "palletd_rollups_written_total";
 pub const ROLLUP_STATEMENTS: &str = "palletd_rollup_statements_total";
 pub const CLOSER_SECONDS: &str = "palletd_closer_seconds";
+pub const ROLLUP_PASS_SECONDS: &str = "palletd_rollup_pass_seconds";
 pub const BACKLOG_STORED: &str = "palletd_backlog_samples_stored_total";
 pub const BACKLOG_DRAIN_RATE: &str = "palletd_backlog_drain_readings_per_second";
 pub const BACKLOG_ETA_SECONDS: &str = "palletd_backlog_drain_eta_seconds";
@@ -158,7 +159,11 @@ pub fn describe() {
     );
     describe_histogram!(
         CLOSER_SECONDS,
-        "How long one closer run took: sealing and rollups."
+        "How long one closer run took (sealing; the rollups are computed beside it)."
+    );
+    describe_histogram!(
+        ROLLUP_PASS_SECONDS,
+        "How long one rollup pass took (on its own task, woken by the closer)."
     );
     describe_counter!(
         BACKLOG_STORED,
@@ -204,6 +209,11 @@ pub fn install() -> Option<PrometheusHandle> {
         .set_buckets_for_metric(Matcher::Full(FLUSH_SECONDS.to_string()), SECONDS_BUCKETS)
         .ok()?
         .set_buckets_for_metric(Matcher::Full(CLOSER_SECONDS.to_string()), SECONDS_BUCKETS)
+        .ok()?
+        .set_buckets_for_metric(
+            Matcher::Full(ROLLUP_PASS_SECONDS.to_string()),
+            SECONDS_BUCKETS,
+        )
         .ok()?
         .set_buckets_for_metric(
             Matcher::Full(SAMPLE_AGE_SECONDS.to_string()),
