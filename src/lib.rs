@@ -307,6 +307,11 @@ pub async fn run(
         Ok(Err(n)) => left.unacknowledged = n,
         Err(e) => error!(error = %e, "Spooler task failed."),
     }
+    // Shut the driver down here: a client dropped while the runtime stops
+    // spawns a task that ends its sessions, and that task can panic inside
+    // the driver (mongodb 3.9's connection requester) after the last log
+    // line, on stderr.
+    client.shutdown().immediate(true).await;
     let result = if finished.is_ok() && left == Leftover::default() {
         Ok(())
     } else {

@@ -345,6 +345,9 @@ fn query(args: &QueryArgs, settings: &palletd::config::Settings) -> anyhow::Resu
             }
         }
         std::io::Write::flush(&mut out)?;
+        drop(store);
+        // (See palletd::run: a client dropped with the runtime can panic.)
+        client.shutdown().immediate(true).await;
         anyhow::Ok(())
     })
 }
