@@ -1,10 +1,14 @@
-//! Records the git commit palletd is built from, for `palletd --version`
-//! and the status page: `PALLETD_COMMIT` from the environment (a package
-//! built from a source tarball), else `git rev-parse`, else "unknown".
+//! Two things for the build:
+//! - the git commit palletd is built from, for `palletd --version` and the
+//!   status page: `PALLETD_COMMIT` from the environment (a package built
+//!   from a source tarball), else `git rev-parse`, else "unknown";
+//! - the Rust types of the Sparkplug B payload schema
+//!   (proto/sparkplug_b.proto), by prost-build. The schema is parsed by
+//!   protox, in Rust, so building palletd needs no `protoc`.
 
 use std::process::Command;
 
-fn main() {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-env-changed=PALLETD_COMMIT");
     for path in [".git/HEAD", ".git/refs/heads", ".git/packed-refs"] {
         if std::path::Path::new(path).exists() {
@@ -24,4 +28,9 @@ fn main() {
         "cargo:rustc-env=PALLETD_COMMIT={}",
         commit.unwrap_or_else(|| "unknown".into())
     );
+
+    println!("cargo:rerun-if-changed=proto/sparkplug_b.proto");
+    let files = protox::compile(["proto/sparkplug_b.proto"], ["proto"])?;
+    prost_build::Config::new().compile_fds(files)?;
+    Ok(())
 }

@@ -29,7 +29,7 @@ fn payload(i: usize) -> String {
 }
 
 fn decode(c: &mut Criterion) {
-    let d = decoder();
+    let mut d = decoder();
     let one = payload(7);
     let array = format!("[{}]", (0..10).map(payload).collect::<Vec<_>>().join(","));
     let mut g = c.benchmark_group("decode");
@@ -59,7 +59,7 @@ fn decode(c: &mut Criterion) {
 /// One flush of 1,000 sensors with 20 readings each: push into memory,
 /// take them, plan statements, encode each statement to BSON.
 fn statements(c: &mut Criterion) {
-    let d = decoder();
+    let mut d = decoder();
     let shape = Shape {
         window_ms: 3_600_000,
         max_samples: 200,

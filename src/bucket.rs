@@ -119,6 +119,7 @@ impl Sample {
                 FieldValue::Num(x) => doc.append(name, *x),
                 FieldValue::Str(s) => doc.append(name, s.as_str()),
                 FieldValue::Bool(b) => doc.append(name, *b),
+                FieldValue::Date(t) => doc.append(name, bson::DateTime::from_millis(*t)),
             }
         }
         Sample {

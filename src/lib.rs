@@ -155,7 +155,7 @@ pub async fn run(
     let db = client.database(&settings.mongodb.database);
     let mut store = store::Store::new(&settings, db.clone());
     store.observe(health.clone());
-    let decoder = Decoder::new(settings.subscriptions.clone(), settings.decode_limits());
+    let mut decoder = Decoder::new(settings.subscriptions.clone(), settings.decode_limits());
     let spool_error = |e: std::io::Error| {
         RunError::Spool(format!("{} (spool.dir): {e}", settings.spool.dir.display()))
     };
@@ -169,6 +169,11 @@ pub async fn run(
         records_to_replay = recovered.records,
         "Spool opened."
     );
+    let sparkplug = decoder.has_sparkplug().then(|| {
+        let file = spooler::sparkplug::StateFile::new(&settings.spool.dir);
+        decoder.set_sparkplug_state(file.load());
+        file
+    });
     let connection = ingest::Connection::new(&settings.mqtt, &settings.subscriptions)
         .map_err(|e| RunError::Config(e.to_string()))?;
     // Batches of messages on their way to the pipeline's memory; room for
@@ -188,6 +193,7 @@ pub async fn run(
             (settings.bucket.window + settings.closer.grace).as_millis() as i64,
         ),
         health: health.clone(),
+        sparkplug,
     };
     let core = pipeline::Core::new(
         pipeline::Config {

@@ -464,6 +464,19 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
         .filter_map(|(i, s)| v.subscription(s, &format!("subscription[{i}]")))
         .collect();
     let rollups = v.rollups(raw_rollups, bucket.window);
+    if let (Some(m), Some(i)) = (
+        &mqtt,
+        subscriptions
+            .iter()
+            .position(|s| s.format == PayloadFormat::SparkplugB),
+    ) {
+        if m.share_group.is_some() {
+            v.err(
+                format!("subscription[{i}].format"),
+                "\"sparkplug_b\" cannot be used with mqtt.share_group: an edge node's BIRTH and its DATA must reach the same palletd (give each instance its own groups or nodes instead)",
+            );
+        }
+    }
 
     match (mqtt, mongodb) {
         (Some(mqtt), Some(mongodb)) if v.errors.is_empty() => Ok(Settings {
@@ -1176,6 +1189,7 @@ impl Validator {
                 PayloadFormat::Json
             }
         };
+        let timestamp_field_set = s.timestamp_field.is_some();
         let timestamp_field = s.timestamp_field.unwrap_or_else(|| "ts".into());
         if let Err(e) = crate::decode::check_field_name(&timestamp_field) {
             self.err(format!("{path}.timestamp_field"), e.to_string());
@@ -1194,8 +1208,44 @@ impl Validator {
             }
         }
         let qos = self.int_in(&format!("{path}.qos"), s.qos, 1, 0, 2) as u8;
+        let rebirth_min_interval = self.positive_duration(
+            &format!("{path}.rebirth_min_interval"),
+            s.rebirth_min_interval.as_deref(),
+            "1m",
+        );
+        let sparkplug = format == PayloadFormat::SparkplugB;
+        let rebirth_min_interval = match s.request_rebirth {
+            Some(true) if sparkplug => Some(rebirth_min_interval),
+            Some(true) => {
+                self.err(
+                    format!("{path}.request_rebirth"),
+                    "needs format = \"sparkplug_b\"",
+                );
+                None
+            }
+            _ => None,
+        };
         let pattern = pattern?;
-        if s.sensor_field.is_none() && !pattern.has_sensor() {
+        if sparkplug {
+            for (key, set) in [
+                ("sensor_field", s.sensor_field.is_some()),
+                ("field", s.field.is_some()),
+                ("timestamp_field", timestamp_field_set),
+            ] {
+                if set {
+                    self.err(
+                        format!("{path}.{key}"),
+                        "does not apply to format = \"sparkplug_b\" (sensor ids, field names and times come from the Sparkplug topic and payload)",
+                    );
+                }
+            }
+            if pattern.has_sensor() || pattern.has_field() || !s.topic.starts_with("spBv1.0/") {
+                self.err(
+                    format!("{path}.topic"),
+                    "format = \"sparkplug_b\" needs an MQTT filter in the Sparkplug namespace without placeholders, e.g. \"spBv1.0/#\" or \"spBv1.0/Plant1/#\"",
+                );
+            }
+        } else if s.sensor_field.is_none() && !pattern.has_sensor() {
             self.err(
                 format!("{path}.topic"),
                 "needs a {sensor} placeholder, or set sensor_field to read the sensor id from the payload",
@@ -1214,6 +1264,7 @@ impl Validator {
             sensor_field: s.sensor_field,
             field: s.field,
             qos,
+            rebirth_min_interval,
         })
     }
 }

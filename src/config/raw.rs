@@ -137,6 +137,8 @@ pub struct RawSubscription {
     pub sensor_field: Option<String>,
     pub field: Option<String>,
     pub qos: Option<i64>,
+    pub request_rebirth: Option<bool>,
+    pub rebirth_min_interval: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -7,13 +7,15 @@
 //! field name, a clock far off) leaves the message's other samples intact.
 //!
 //! Each payload format is one file and one arm of [`PayloadFormat`]:
-//! [`json`] and [`number`]. Adding a format means a new file with a
+//! [`json`], [`number`] and [`sparkplug`] (the one with state: the alias
+//! maps of Sparkplug B edge nodes, kept in the [`Decoder`]). Adding a format means a new file with a
 //! `decode` function, its arm in the enum (its name in [`PayloadFormat::NAMES`]
 //! and in `FromStr`) and its arm in [`Decoder::decode`]; the configuration
 //! learns the name from here.
 
 mod json;
 mod number;
+pub mod sparkplug;
 mod topic;
 
 use std::fmt;
@@ -29,16 +31,19 @@ pub enum PayloadFormat {
     /// A bare number; its field name comes from `{field}` or `field`
     /// ([`number`]).
     Number,
+    /// Eclipse Sparkplug B protobuf under `spBv1.0/...` ([`sparkplug`]).
+    SparkplugB,
 }
 
 impl PayloadFormat {
     /// The names a subscription's `format` may take.
-    pub const NAMES: &'static [&'static str] = &["json", "number"];
+    pub const NAMES: &'static [&'static str] = &["json", "number", "sparkplug_b"];
 
     pub fn name(self) -> &'static str {
         match self {
             PayloadFormat::Json => "json",
             PayloadFormat::Number => "number",
+            PayloadFormat::SparkplugB => "sparkplug_b",
         }
     }
 }
@@ -50,6 +55,7 @@ impl std::str::FromStr for PayloadFormat {
         match s {
             "json" => Ok(PayloadFormat::Json),
             "number" => Ok(PayloadFormat::Number),
+            "sparkplug_b" => Ok(PayloadFormat::SparkplugB),
             other => Err(not_one_of(PayloadFormat::NAMES, other)),
         }
     }
@@ -75,6 +81,9 @@ pub struct Subscription {
     /// Field name for `format = "number"` when the topic has no `{field}`.
     pub field: Option<String>,
     pub qos: u8,
+    /// `format = "sparkplug_b"` with `request_rebirth = true`: ask an edge
+    /// node for a rebirth at most this often.
+    pub rebirth_min_interval: Option<std::time::Duration>,
 }
 
 /// A value of one field of a sample.
@@ -87,6 +96,9 @@ pub enum FieldValue {
     Str(String),
     /// Stored, not rolled up.
     Bool(bool),
+    /// A point in time, milliseconds since the Unix epoch (a BSON date).
+    /// Stored, not rolled up.
+    Date(i64),
 }
 
 /// One sample of one sensor: a timestamp in milliseconds since the Unix epoch
@@ -120,6 +132,9 @@ pub enum DecodeError {
     },
     #[error("sample {index}: {message}")]
     BadField { index: usize, message: String },
+    /// A Sparkplug B DATA metric that no BIRTH named.
+    #[error("unknown Sparkplug alias: {0}")]
+    UnknownAlias(String),
     /// A configured limit (`[limits]`) was exceeded; `cause` names which.
     #[error("{message}")]
     OverLimit {
@@ -138,6 +153,7 @@ impl DecodeError {
             DecodeError::BadTimestamp { .. } => "bad_timestamp",
             DecodeError::TimeOutOfRange { .. } => "time_out_of_range",
             DecodeError::BadField { .. } => "bad_field",
+            DecodeError::UnknownAlias(_) => "unknown_alias",
             DecodeError::OverLimit { cause, .. } => cause,
         }
     }
@@ -164,6 +180,8 @@ pub const MAX_SENSOR_ID_LEN: usize = 128;
 pub struct Decoded {
     pub readings: Vec<Reading>,
     pub errors: Vec<DecodeError>,
+    /// What a Sparkplug B message did besides (empty for other formats).
+    pub sparkplug: sparkplug::Outcome,
 }
 
 /// Time bounds and size limits the decoder applies.
@@ -185,6 +203,9 @@ pub struct Limits {
 pub struct Decoder {
     subscriptions: Vec<Subscription>,
     limits: Limits,
+    /// The Sparkplug B edge nodes heard from (empty without such a
+    /// subscription).
+    sparkplug: sparkplug::State,
 }
 
 impl Decoder {
@@ -192,11 +213,29 @@ impl Decoder {
         Decoder {
             subscriptions,
             limits,
+            sparkplug: sparkplug::State::default(),
         }
     }
 
+    /// Whether a subscription has `format = "sparkplug_b"`.
+    pub fn has_sparkplug(&self) -> bool {
+        self.subscriptions
+            .iter()
+            .any(|s| s.format == PayloadFormat::SparkplugB)
+    }
+
+    /// What Sparkplug B messages taught (to save: [`sparkplug::State`]).
+    pub fn sparkplug_state(&self) -> &sparkplug::State {
+        &self.sparkplug
+    }
+
+    /// Starts from a saved Sparkplug B state.
+    pub fn set_sparkplug_state(&mut self, state: sparkplug::State) {
+        self.sparkplug = state;
+    }
+
     /// Decodes one message received at `now_ms`.
-    pub fn decode(&self, topic: &str, payload: &[u8], now_ms: i64) -> Decoded {
+    pub fn decode(&mut self, topic: &str, payload: &[u8], now_ms: i64) -> Decoded {
         let mut out = Decoded::default();
         if payload.len() > self.limits.max_payload_size {
             out.errors.push(DecodeError::PayloadTooLarge {
@@ -219,6 +258,16 @@ impl Decoder {
             PayloadFormat::Json => {
                 json::decode(sub, m, payload, now_ms, &self.limits, &mut out.errors)
             }
+            PayloadFormat::SparkplugB => sparkplug::decode(
+                sub,
+                topic,
+                payload,
+                now_ms,
+                &self.limits,
+                &mut self.sparkplug,
+                &mut out.errors,
+                &mut out.sparkplug,
+            ),
         };
         match result {
             Ok(readings) => {
@@ -300,6 +349,7 @@ mod tests {
             sensor_field: None,
             field: None,
             qos: 1,
+            rebirth_min_interval: None,
         }
     }
 
@@ -444,7 +494,7 @@ mod tests {
 
     #[test]
     fn limits_reject_with_their_own_cause() {
-        let d = decoder();
+        let mut d = decoder();
         let many: Vec<serde_json::Value> = (0..11).map(|i| serde_json::json!({ "v": i })).collect();
         let cases: Vec<(&str, String, &str)> = vec![
             (

@@ -155,6 +155,14 @@ impl Acker {
         true
     }
 
+    /// Publishes a message at QoS 0 without waiting; false if the client's
+    /// queue is full (the message is not sent).
+    pub fn publish_nowait(&self, topic: String, payload: Vec<u8>) -> bool {
+        self.client
+            .try_publish(topic, QoS::AtMostOnce, false, payload)
+            .is_ok()
+    }
+
     /// Acknowledgements not yet handed to the event loop.
     pub fn waiting(&self) -> usize {
         self.waiting.len()

@@ -18,6 +18,7 @@
 
 pub mod acks;
 pub mod sensors;
+pub mod sparkplug;
 
 use std::time::{Duration, Instant};
 
@@ -103,6 +104,9 @@ pub struct Spooler {
     pub sensors: SensorLimit,
     /// Where the quietest sensors are told (the status page).
     pub health: std::sync::Arc<crate::telemetry::Health>,
+    /// Where the Sparkplug B state is saved (with a `sparkplug_b`
+    /// subscription).
+    pub sparkplug: Option<sparkplug::StateFile>,
 }
 
 impl Spooler {
@@ -253,6 +257,10 @@ impl Spooler {
 
     /// Appends a batch to the spool, then offers it to the pipeline.
     async fn send(&mut self, batch: Batch) {
+        // What a BIRTH taught is on disk before its acknowledgement can go.
+        if let Some(file) = &mut self.sparkplug {
+            file.save_if_changed(self.decoder.sparkplug_state()).await;
+        }
         if batch.bytes.is_empty() {
             return;
         }
@@ -278,6 +286,38 @@ impl Spooler {
         let _ = self.feed.try_send(feed);
     }
 
+    /// Counts what a Sparkplug B message did, notes a state to save and
+    /// sends a rebirth request.
+    fn sparkplug_outcome(&mut self, o: &crate::decode::sparkplug::Outcome, now_ms: i64) {
+        let Some(kind) = o.kind else { return };
+        metrics::counter!(telemetry::SPARKPLUG_MESSAGES, "type" => kind).increment(1);
+        if o.seq_gaps > 0 {
+            metrics::counter!(telemetry::SPARKPLUG_SEQ_GAPS).increment(u64::from(o.seq_gaps));
+        }
+        if o.out_of_order > 0 {
+            metrics::counter!(telemetry::SPARKPLUG_OUT_OF_ORDER)
+                .increment(u64::from(o.out_of_order));
+        }
+        for datatype in &o.skipped {
+            metrics::counter!(telemetry::SPARKPLUG_SKIPPED, "datatype" => *datatype).increment(1);
+        }
+        if o.stale_death {
+            metrics::counter!(telemetry::SPARKPLUG_STALE_DEATHS).increment(1);
+        }
+        if o.state_changed {
+            if let Some(file) = &mut self.sparkplug {
+                file.changed();
+            }
+        }
+        if let Some(topic) = &o.rebirth {
+            let payload = crate::decode::sparkplug::rebirth_payload(now_ms);
+            let sent = self.acker.publish_nowait(topic.clone(), payload);
+            let outcome = if sent { "sent" } else { "dropped" };
+            metrics::counter!(telemetry::SPARKPLUG_REBIRTHS, "outcome" => outcome).increment(1);
+            info!(topic = %topic, sent, "Asked a Sparkplug B edge node for a rebirth.");
+        }
+    }
+
     /// Decodes a message into `batch` and queues its acknowledgement (due
     /// once the batch is durable).
     fn receive(
@@ -300,6 +340,7 @@ impl Spooler {
             return;
         }
         let decoded = self.decoder.decode(&m.topic, &m.payload, m.received_ms);
+        self.sparkplug_outcome(&decoded.sparkplug, m.received_ms);
         batch.messages += 1;
         let bytes = &mut batch.bytes;
         let mut append = |lsn: u64, entry: EntryRef<'_>| {

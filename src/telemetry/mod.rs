@@ -71,6 +71,20 @@ pub const SPOOL_FSYNCS: &str = "palletd_spool_fsyncs_total";
 pub const SPOOL_DROPPED: &str = "palletd_spool_dropped_readings_total";
 pub const CLOCK_SYNCHRONIZED: &str = "palletd_clock_synchronized";
 pub const REDELIVERIES_SKIPPED: &str = "palletd_redeliveries_skipped_total";
+/// Sparkplug B messages decoded, by `type` (NBIRTH, DDATA, NCMD, STATE, ...).
+pub const SPARKPLUG_MESSAGES: &str = "palletd_sparkplug_messages_total";
+/// Sparkplug B sequence numbers that skipped ahead (messages lost or not
+/// yet arrived), and that arrived behind the last one (late).
+pub const SPARKPLUG_SEQ_GAPS: &str = "palletd_sparkplug_seq_gaps_total";
+pub const SPARKPLUG_OUT_OF_ORDER: &str = "palletd_sparkplug_out_of_order_total";
+/// Sparkplug B metrics of types palletd does not store, by `datatype`.
+pub const SPARKPLUG_SKIPPED: &str = "palletd_sparkplug_metrics_skipped_total";
+/// NDEATHs whose bdSeq is not the node's current one (a stale will).
+pub const SPARKPLUG_STALE_DEATHS: &str = "palletd_sparkplug_stale_deaths_total";
+/// Rebirth requests (NCMD) published, and not published for a full queue.
+pub const SPARKPLUG_REBIRTHS: &str = "palletd_sparkplug_rebirth_requests_total";
+/// Saves of the Sparkplug B state (sparkplug.json) that failed.
+pub const SPARKPLUG_SAVE_ERRORS: &str = "palletd_sparkplug_state_save_errors_total";
 
 /// Registers the descriptions shown in `/metrics`.
 pub fn describe() {
@@ -195,6 +209,34 @@ pub fn describe() {
     describe_counter!(
         REDELIVERIES_SKIPPED,
         "Messages the broker redelivered that were already spooled: acknowledged, not stored again."
+    );
+    describe_counter!(
+        SPARKPLUG_MESSAGES,
+        "Sparkplug B messages received, by type (NCMD, DCMD and STATE are counted and not stored)."
+    );
+    describe_counter!(
+        SPARKPLUG_SEQ_GAPS,
+        "Sparkplug B sequence numbers that skipped ahead of the edge node's last one."
+    );
+    describe_counter!(
+        SPARKPLUG_OUT_OF_ORDER,
+        "Sparkplug B messages whose sequence number is behind the edge node's last one (stored anyway)."
+    );
+    describe_counter!(
+        SPARKPLUG_SKIPPED,
+        "Sparkplug B metrics not stored for their datatype (datasets, templates, bytes, files, arrays), by datatype."
+    );
+    describe_counter!(
+        SPARKPLUG_STALE_DEATHS,
+        "Sparkplug B NDEATHs whose bdSeq is not the one of the node's last NBIRTH: not recorded."
+    );
+    describe_counter!(
+        SPARKPLUG_REBIRTHS,
+        "Sparkplug B rebirth requests (NCMD Node Control/Rebirth), by outcome (sent, or dropped for a full client queue)."
+    );
+    describe_counter!(
+        SPARKPLUG_SAVE_ERRORS,
+        "Failed saves of the Sparkplug B alias maps (sparkplug.json in the spool directory); retried with the next BIRTH or DEATH batch."
     );
 }
 
