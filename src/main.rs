@@ -59,6 +59,13 @@ enum Command {
     Manpage,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum SimFormatArg {
+    Json,
+    #[value(name = "sparkplug_b")]
+    SparkplugB,
+}
+
 #[derive(clap::Args, Debug)]
 struct SimulateArgs {
     /// Broker URL; defaults to [mqtt] url of --config, else mqtt://127.0.0.1:1883.
@@ -73,9 +80,20 @@ struct SimulateArgs {
     /// How long to publish.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
     duration: Duration,
-    /// Topic template with a {sensor} placeholder.
+    /// Topic template with a {sensor} placeholder (format json).
     #[arg(long, default_value = "sensors/{sensor}/telemetry")]
     topic: String,
+    /// What the sensors publish: JSON readings, or Sparkplug B edge nodes
+    /// whose devices are the sensors (BIRTH, DATA by alias, DEATH as the
+    /// last will, rebirth on request and after a reconnect).
+    #[arg(long, value_enum, default_value_t = SimFormatArg::Json)]
+    format: SimFormatArg,
+    /// Sparkplug B: devices per edge node (one MQTT connection each).
+    #[arg(long, default_value_t = 10)]
+    devices_per_node: usize,
+    /// Sparkplug B: the group id.
+    #[arg(long, default_value = "plant")]
+    group: String,
     /// QoS of the publishes (0 or 1).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     qos: u8,
@@ -228,9 +246,17 @@ fn simulate(
 ) -> anyhow::Result<()> {
     anyhow::ensure!(args.sensors > 0, "--sensors must be at least 1");
     anyhow::ensure!(args.rate > 0.0, "--rate must be positive");
+    let format = match args.format {
+        SimFormatArg::Json => palletd::simulate::SimFormat::Json,
+        SimFormatArg::SparkplugB => palletd::simulate::SimFormat::SparkplugB,
+    };
     anyhow::ensure!(
-        args.topic.contains("{sensor}"),
+        format != palletd::simulate::SimFormat::Json || args.topic.contains("{sensor}"),
         "--topic needs a {{sensor}} placeholder"
+    );
+    anyhow::ensure!(
+        args.devices_per_node > 0,
+        "--devices-per-node must be at least 1"
     );
     // The daemon's broker, credentials and TLS, under a client id of its own.
     let (mut mqtt, client_id) = match settings {
@@ -254,6 +280,9 @@ fn simulate(
         mqtt.port = port;
     }
     let opts = palletd::simulate::SimOptions {
+        format,
+        devices_per_node: args.devices_per_node,
+        group: args.group.clone(),
         mqtt,
         client_id,
         sensors: args.sensors,
@@ -288,6 +317,12 @@ fn simulate(
         report.max_lag.as_secs_f64(),
         report.unacknowledged
     );
+    if report.skipped > 0 {
+        println!(
+            "{} readings skipped while their Sparkplug edge node was not connected and born",
+            report.skipped
+        );
+    }
     Ok(())
 }
 

@@ -460,6 +460,22 @@ format = "number"
         self
     }
 
+    /// Adds a `[[subscription]]` of `format = "sparkplug_b"` on `spBv1.0/#`,
+    /// with rebirth requests at most every `rebirth` if given.
+    pub fn sparkplug(mut self, rebirth: Option<&str>) -> Config {
+        let mut sub = toml::Table::new();
+        sub.insert("topic".into(), "spBv1.0/#".into());
+        sub.insert("format".into(), "sparkplug_b".into());
+        if let Some(every) = rebirth {
+            sub.insert("request_rebirth".into(), true.into());
+            sub.insert("rebirth_min_interval".into(), every.into());
+        }
+        if let Some(toml::Value::Array(subs)) = self.table.get_mut("subscription") {
+            subs.push(toml::Value::Table(sub));
+        }
+        self
+    }
+
     /// Adds a `[[rollup]]` of `interval`.
     pub fn rollup(mut self, interval: &str, partial: bool, expire_after: Option<&str>) -> Config {
         let mut r = toml::Table::new();

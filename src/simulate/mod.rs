@@ -6,6 +6,11 @@
 //! keep up the generator falls behind (and says so) instead of slowing the
 //! offered load. A share of the sensors sends batches: a JSON array of
 //! several readings in one message.
+//!
+//! With [`SimFormat::SparkplugB`] the sensors are Sparkplug B devices of
+//! edge nodes instead ([`sparkplug`]).
+
+pub mod sparkplug;
 
 use std::time::{Duration, Instant};
 
@@ -16,9 +21,22 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+/// What the simulated sensors publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimFormat {
+    /// JSON objects (and arrays) on `topic`.
+    Json,
+    /// Sparkplug B edge nodes and devices ([`sparkplug`]).
+    SparkplugB,
+}
+
 /// What to simulate.
 #[derive(Debug, Clone)]
 pub struct SimOptions {
+    pub format: SimFormat,
+    /// Sparkplug B: devices per edge node, and the group id.
+    pub devices_per_node: usize,
+    pub group: String,
     /// Broker, credentials and TLS, as for the daemon.
     pub mqtt: crate::config::MqttSettings,
     pub client_id: String,
@@ -48,6 +66,9 @@ pub struct SimReport {
     pub max_lag: Duration,
     /// QoS 1 messages the broker had not acknowledged at the end.
     pub unacknowledged: u64,
+    /// Sparkplug B: readings not sent because their edge node was not
+    /// connected and born when they were due.
+    pub skipped: u64,
 }
 
 impl SimReport {
@@ -95,6 +116,8 @@ pub enum SimError {
     Tls(#[from] crate::ingest::tls::TlsError),
     #[error("publishing: {0}")]
     Client(#[from] rumqttc::ClientError),
+    #[error("a simulated edge node stopped: {0}")]
+    Node(String),
 }
 
 /// One progress line, written over the last one.
@@ -116,6 +139,9 @@ fn show_progress(report: &SimReport, elapsed: Duration, duration: Duration, outs
 
 /// Publishes readings on schedule until `duration` passes or `stop` fires.
 pub async fn run(opts: SimOptions, stop: CancellationToken) -> Result<SimReport, SimError> {
+    if opts.format == SimFormat::SparkplugB {
+        return sparkplug::run(opts, stop).await;
+    }
     let mut mqtt = crate::ingest::mqtt_options(&opts.mqtt, &opts.client_id)?;
     mqtt.set_inflight(1000);
     let (client, mut eventloop) = AsyncClient::new(mqtt, 10_000);

@@ -1,0 +1,518 @@
+//! `format = "sparkplug_b"` against real Mosquitto and SecantusDB: what edge
+//! nodes send is stored with the names their BIRTHs gave, across a palletd
+//! restart between BIRTH and DATA, with sequence gaps, and DEATHs (sent,
+//! and by the broker as a last will) are recorded.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bson::{Bson, Document};
+use common::*;
+use palletd::decode::sparkplug::proto::{self, metric::Value};
+use palletd::decode::sparkplug::{field_name, DataType};
+use prost::Message as _;
+
+/// Every stored sample, by sensor, in time order.
+async fn samples(stack: &Stack) -> BTreeMap<String, Vec<Document>> {
+    let mut out: BTreeMap<String, Vec<Document>> = BTreeMap::new();
+    for b in stack.docs("readings").await {
+        let sensor = b.get_str("sensorId").unwrap().to_string();
+        for s in b.get_array("samples").unwrap() {
+            out.entry(sensor.clone())
+                .or_default()
+                .push(s.as_document().unwrap().clone());
+        }
+    }
+    for v in out.values_mut() {
+        v.sort_by_key(|s| s.get_datetime("ts").unwrap().timestamp_millis());
+    }
+    out
+}
+
+/// Waits until `f` holds for the stored samples.
+async fn wait_samples(
+    stack: &Stack,
+    what: &str,
+    f: impl Fn(&BTreeMap<String, Vec<Document>>) -> bool,
+) {
+    eventually(Duration::from_secs(60), what, || async {
+        f(&samples(stack).await)
+    })
+    .await;
+}
+
+/// The samples of `sensor` that have field `name`.
+fn with_field<'a>(
+    all: &'a BTreeMap<String, Vec<Document>>,
+    sensor: &str,
+    name: &str,
+) -> Vec<&'a Document> {
+    all.get(sensor)
+        .map(|v| v.iter().filter(|s| s.contains_key(name)).collect())
+        .unwrap_or_default()
+}
+
+fn metric(name: Option<&str>, alias: u64, t: DataType, value: Value) -> proto::Metric {
+    proto::Metric {
+        name: name.map(Into::into),
+        alias: Some(alias),
+        datatype: Some(t as u32),
+        value: Some(value),
+        ..Default::default()
+    }
+}
+
+fn by_alias(alias: u64, ts: i64, value: Value) -> proto::Metric {
+    proto::Metric {
+        alias: Some(alias),
+        timestamp: Some(ts as u64),
+        value: Some(value),
+        ..Default::default()
+    }
+}
+
+fn payload(ts: i64, seq: Option<u64>, metrics: Vec<proto::Metric>) -> Vec<u8> {
+    proto::Payload {
+        timestamp: Some(ts as u64),
+        seq,
+        metrics,
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+fn stored_f64(s: &Document, field: &str) -> f64 {
+    match s.get(field) {
+        Some(Bson::Double(x)) => *x,
+        other => panic!("{field}: expected a double, got {other:?} in {s:?}"),
+    }
+}
+
+#[tokio::test]
+async fn values_are_stored_by_name_across_a_restart_between_birth_and_data() {
+    let mut stack = Stack::start("sparkplug", |c| c.sparkplug(None)).await;
+    let mut p = stack.publisher().await;
+    let t0 = now_ms() - 60_000;
+    // NBIRTH: names, aliases, types, values; one metric of each kind.
+    let nbirth = payload(
+        t0,
+        Some(0),
+        vec![
+            metric(Some("bdSeq"), 0, DataType::Int64, Value::LongValue(4)),
+            metric(Some("Temp.C"), 1, DataType::Float, Value::FloatValue(20.5)),
+            metric(
+                Some("Motor/Speed"),
+                2,
+                DataType::Int32,
+                Value::IntValue(-7i32 as u32),
+            ),
+            metric(
+                Some("Running"),
+                3,
+                DataType::Boolean,
+                Value::BooleanValue(true),
+            ),
+            metric(
+                Some("Mode"),
+                4,
+                DataType::String,
+                Value::StringValue("auto".into()),
+            ),
+            metric(
+                Some("Since"),
+                5,
+                DataType::DateTime,
+                Value::LongValue(t0 as u64 - 5000),
+            ),
+            metric(Some("$cost"), 6, DataType::Double, Value::DoubleValue(0.25)),
+            metric(Some("Table"), 7, DataType::Int8, Value::IntValue(0)),
+            proto::Metric {
+                name: Some("Recipe".into()),
+                alias: Some(8),
+                datatype: Some(16),
+                value: Some(Value::DatasetValue(proto::Opaque {})),
+                ..Default::default()
+            },
+        ],
+    );
+    p.publish("spBv1.0/G1/NBIRTH/edge-1", nbirth).await;
+    let dbirth = payload(
+        t0,
+        Some(1),
+        vec![metric(
+            Some("level"),
+            20,
+            DataType::UInt16,
+            Value::IntValue(300),
+        )],
+    );
+    p.publish("spBv1.0/G1/DBIRTH/edge-1/tank-a", dbirth).await;
+    p.flush().await;
+    wait_samples(&stack, "both BIRTHs stored", |all| {
+        !with_field(all, "G1:edge-1", "_state").is_empty()
+            && !with_field(all, "G1:edge-1:tank-a", "_state").is_empty()
+    })
+    .await;
+    assert_eq!(
+        stack.palletd.metric(
+            "palletd_sparkplug_metrics_skipped_total",
+            Some(("datatype", "DataSet"))
+        ),
+        1.0
+    );
+    let all = samples(&stack).await;
+    let birth = with_field(&all, "G1:edge-1", "_state")[0];
+    assert_eq!(birth.get_str("_state").unwrap(), "online");
+    assert_eq!(stored_f64(birth, "_bdSeq"), 4.0);
+    assert_eq!(stored_f64(birth, "Temp%2EC"), 20.5);
+    assert_eq!(stored_f64(birth, "Motor/Speed"), -7.0);
+    assert!(birth.get_bool("Running").unwrap());
+    assert_eq!(birth.get_str("Mode").unwrap(), "auto");
+    assert_eq!(
+        birth.get_datetime("Since").unwrap().timestamp_millis(),
+        t0 - 5000
+    );
+    assert_eq!(stored_f64(birth, &field_name("$cost")), 0.25);
+    assert_eq!(stored_f64(birth, "Table"), 0.0);
+    assert!(!birth.contains_key("Recipe"), "datasets are skipped");
+
+    // palletd dies before any DATA: the aliases must survive it.
+    stack.palletd.kill();
+    stack.palletd = Palletd::start(&stack.config);
+    stack.palletd.ready().await;
+    let mut sent: Vec<(i64, f64, f64)> = Vec::new();
+    for i in 0..20u64 {
+        let ts = t0 + 1000 * (i as i64 + 1);
+        let (temp, level) = (21.0 + i as f64 / 4.0, 300.0 + i as f64);
+        sent.push((ts, temp, level));
+        let ndata = payload(
+            ts,
+            Some(2 * i + 2),
+            vec![
+                by_alias(1, ts, Value::FloatValue(temp as f32)),
+                by_alias(2, ts, Value::IntValue((-(i as i32)) as u32)),
+            ],
+        );
+        p.publish("spBv1.0/G1/NDATA/edge-1", ndata).await;
+        let ddata = payload(
+            ts,
+            Some(2 * i + 3),
+            vec![by_alias(20, ts, Value::IntValue(level as u32))],
+        );
+        p.publish("spBv1.0/G1/DDATA/edge-1/tank-a", ddata).await;
+    }
+    // A historical value, and DATA of a device no BIRTH announced.
+    let mut old = by_alias(1, t0 - 30_000, Value::FloatValue(5.5));
+    old.is_historical = Some(true);
+    p.publish("spBv1.0/G1/NDATA/edge-1", payload(t0, Some(42), vec![old]))
+        .await;
+    p.publish(
+        "spBv1.0/G1/DDATA/edge-1/tank-b",
+        payload(t0, Some(43), vec![by_alias(20, t0, Value::IntValue(1))]),
+    )
+    .await;
+    p.flush().await;
+    wait_samples(&stack, "all DATA stored", |all| {
+        with_field(all, "G1:edge-1", "Temp%2EC").len() == 22
+            && with_field(all, "G1:edge-1:tank-a", "level").len() == 21
+    })
+    .await;
+    let all = samples(&stack).await;
+    let temps = with_field(&all, "G1:edge-1", "Temp%2EC");
+    let historical = temps[0];
+    assert_eq!(
+        historical.get_datetime("ts").unwrap().timestamp_millis(),
+        t0 - 30_000
+    );
+    assert_eq!(stored_f64(historical, "Temp%2EC"), 5.5);
+    assert!(historical.get_bool("_historical").unwrap());
+    let data: Vec<&Document> = temps[2..].to_vec();
+    let levels = with_field(&all, "G1:edge-1:tank-a", "level");
+    for (i, (ts, temp, level)) in sent.iter().enumerate() {
+        let d = data[i];
+        assert_eq!(d.get_datetime("ts").unwrap().timestamp_millis(), *ts);
+        assert_eq!(stored_f64(d, "Temp%2EC"), f64::from(*temp as f32));
+        assert_eq!(stored_f64(d, "Motor/Speed"), -(i as f64));
+        assert!(!d.contains_key("_historical"));
+        let l = levels[i + 1];
+        assert_eq!(l.get_datetime("ts").unwrap().timestamp_millis(), *ts);
+        assert_eq!(stored_f64(l, "level"), *level);
+    }
+    assert!(!all.contains_key("G1:edge-1:tank-b"));
+    eventually(
+        Duration::from_secs(60),
+        "the unknown device's DATA dead-lettered",
+        || async {
+            stack
+                .docs("readings_deadletter")
+                .await
+                .iter()
+                .any(|d| d.get_str("cause") == Ok("unknown_alias"))
+        },
+    )
+    .await;
+    let dead = stack.docs("readings_deadletter").await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(
+        dead[0].get_str("topic").unwrap(),
+        "spBv1.0/G1/DDATA/edge-1/tank-b"
+    );
+    stack.stop();
+}
+
+/// Subscribes to `filter` and collects what arrives.
+async fn listen(broker: &Broker, filter: &str) -> tokio::sync::mpsc::UnboundedReceiver<Vec<u8>> {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    let opts = MqttOptions::new(format!("listen-{}", free_port()), "127.0.0.1", broker.port);
+    let (client, mut eventloop) = AsyncClient::new(opts, 100);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
+    let mut subscribed_tx = Some(subscribed_tx);
+    client.subscribe(filter, QoS::AtLeastOnce).await.unwrap();
+    tokio::spawn(async move {
+        let _client = client;
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    if let Some(t) = subscribed_tx.take() {
+                        let _ = t.send(());
+                    }
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    let _ = tx.send(p.payload.to_vec());
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(30), subscribed)
+        .await
+        .expect("subscribed")
+        .unwrap();
+    rx
+}
+
+#[tokio::test]
+async fn a_sequence_gap_is_counted_stored_and_answered_with_one_rebirth_request() {
+    let mut stack = Stack::start("sparkplug-seq", |c| c.sparkplug(Some("1h"))).await;
+    let mut ncmd = listen(&stack.broker, "spBv1.0/G2/NCMD/+").await;
+    let mut p = stack.publisher().await;
+    let t0 = now_ms() - 10_000;
+    let birth = payload(
+        t0,
+        Some(0),
+        vec![
+            metric(Some("bdSeq"), 0, DataType::Int64, Value::LongValue(0)),
+            metric(Some("v"), 1, DataType::Double, Value::DoubleValue(0.0)),
+        ],
+    );
+    p.publish("spBv1.0/G2/NBIRTH/n1", birth).await;
+    // 1, 2, then 5 (3 and 4 missing), then 3 arriving late, then 6.
+    for seq in [1u64, 2, 5, 3, 6] {
+        let ts = t0 + 100 * seq as i64;
+        p.publish(
+            "spBv1.0/G2/NDATA/n1",
+            payload(
+                ts,
+                Some(seq),
+                vec![by_alias(1, ts, Value::DoubleValue(seq as f64))],
+            ),
+        )
+        .await;
+    }
+    p.flush().await;
+    wait_samples(&stack, "every DATA stored, the late one too", |all| {
+        with_field(all, "G2:n1", "v").len() == 6
+    })
+    .await;
+    let all = samples(&stack).await;
+    let values: Vec<f64> = with_field(&all, "G2:n1", "v")
+        .iter()
+        .map(|s| stored_f64(s, "v"))
+        .collect();
+    assert_eq!(values, vec![0.0, 1.0, 2.0, 3.0, 5.0, 6.0]);
+    assert_eq!(
+        stack
+            .palletd
+            .metric("palletd_sparkplug_seq_gaps_total", None),
+        1.0
+    );
+    assert_eq!(
+        stack
+            .palletd
+            .metric("palletd_sparkplug_out_of_order_total", None),
+        1.0
+    );
+    let request = tokio::time::timeout(Duration::from_secs(30), ncmd.recv())
+        .await
+        .expect("a rebirth request")
+        .unwrap();
+    let request = proto::Payload::decode(request.as_slice()).unwrap();
+    assert_eq!(
+        request.metrics[0].name.as_deref(),
+        Some("Node Control/Rebirth")
+    );
+    assert_eq!(request.metrics[0].value, Some(Value::BooleanValue(true)));
+    // Another gap within rebirth_min_interval asks nothing more.
+    let ts = t0 + 2000;
+    p.publish(
+        "spBv1.0/G2/NDATA/n1",
+        payload(
+            ts,
+            Some(20),
+            vec![by_alias(1, ts, Value::DoubleValue(20.0))],
+        ),
+    )
+    .await;
+    p.flush().await;
+    stack
+        .palletd
+        .wait_metric("palletd_sparkplug_seq_gaps_total", 2.0)
+        .await;
+    assert_eq!(
+        stack.palletd.metric(
+            "palletd_sparkplug_rebirth_requests_total",
+            Some(("outcome", "sent"))
+        ),
+        1.0
+    );
+    assert!(ncmd.try_recv().is_err());
+    stack.stop();
+}
+
+/// Runs `palletd simulate --format sparkplug_b` against the stack's broker.
+fn simulate(stack: &Stack, prefix: &str, duration: &str) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_palletd"))
+        .args([
+            "simulate",
+            "--url",
+            &stack.broker.url(),
+            "--format",
+            "sparkplug_b",
+            "--sensors",
+            "4",
+            "--devices-per-node",
+            "2",
+            "--rate",
+            "5",
+            "--duration",
+            duration,
+            "--sensor-prefix",
+            prefix,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("palletd simulate")
+}
+
+fn state_of(s: &Document) -> Option<(&str, f64)> {
+    Some((s.get_str("_state").ok()?, stored_f64(s, "_bdSeq")))
+}
+
+#[tokio::test]
+async fn simulated_nodes_are_stored_reborn_after_a_reconnect_and_their_deaths_recorded() {
+    let mut stack = Stack::start("sparkplug-sim", |c| c.sparkplug(None)).await;
+    let nodes = ["plant:a-n0000", "plant:a-n0001"];
+    let devices = [
+        "plant:a-n0000:d000",
+        "plant:a-n0000:d001",
+        "plant:a-n0001:d000",
+        "plant:a-n0001:d001",
+    ];
+    // A clean run: every DATA published is stored, then the sent NDEATH.
+    let out = simulate(&stack, "a-", "3s").wait_with_output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let published: usize = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(published >= 40, "{text}");
+    wait_samples(&stack, "every simulated reading stored", |all| {
+        devices
+            .iter()
+            .map(|d| with_field(all, d, "temperature").len())
+            .sum::<usize>()
+            == published + devices.len()
+    })
+    .await;
+    wait_samples(&stack, "the clean NDEATHs recorded", |all| {
+        nodes.iter().chain(devices.iter()).all(|s| {
+            with_field(all, s, "_state")
+                .last()
+                .and_then(|x| state_of(x))
+                == Some(("offline", 0.0))
+        })
+    })
+    .await;
+
+    // A node that loses the broker is born again with the next bdSeq; one
+    // that is killed dies by its will.
+    let mut sim = simulate(&stack, "b-", "10m");
+    wait_samples(&stack, "the second simulator's DATA", |all| {
+        with_field(all, "plant:b-n0001:d001", "temperature").len() >= 2
+    })
+    .await;
+    stack.broker.restart();
+    wait_samples(
+        &stack,
+        "a rebirth with bdSeq 1 after the reconnect",
+        |all| {
+            ["plant:b-n0000", "plant:b-n0001"].iter().all(|n| {
+                with_field(all, n, "_state")
+                    .iter()
+                    .any(|s| state_of(s) == Some(("online", 1.0)))
+            })
+        },
+    )
+    .await;
+    wait_samples(&stack, "DATA after the rebirth", |all| {
+        let reborn = with_field(all, "plant:b-n0000", "_state")
+            .last()
+            .map(|s| s.get_datetime("ts").unwrap().timestamp_millis())
+            .unwrap_or(i64::MAX);
+        with_field(all, "plant:b-n0000:d000", "temperature")
+            .iter()
+            .any(|s| s.get_datetime("ts").unwrap().timestamp_millis() > reborn)
+    })
+    .await;
+    sim.kill().unwrap();
+    sim.wait().unwrap();
+    wait_samples(&stack, "the will's NDEATHs recorded", |all| {
+        ["plant:b-n0000", "plant:b-n0001", "plant:b-n0000:d001"]
+            .iter()
+            .all(|s| {
+                with_field(all, s, "_state")
+                    .last()
+                    .and_then(|x| state_of(x))
+                    == Some(("offline", 1.0))
+            })
+    })
+    .await;
+    // A will from an older session (bdSeq 0) is stale: counted, not stored.
+    let mut p = stack.publisher().await;
+    p.publish(
+        "spBv1.0/plant/NDEATH/b-n0000",
+        palletd::simulate::sparkplug::death_payload(0),
+    )
+    .await;
+    p.flush().await;
+    stack
+        .palletd
+        .wait_metric("palletd_sparkplug_stale_deaths_total", 1.0)
+        .await;
+    let all = samples(&stack).await;
+    assert_eq!(
+        with_field(&all, "plant:b-n0000", "_state")
+            .last()
+            .and_then(|x| state_of(x)),
+        Some(("offline", 1.0))
+    );
+    assert!(stack.docs("readings_deadletter").await.is_empty());
+    stack.stop();
+}
