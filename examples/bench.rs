@@ -6,6 +6,12 @@
 //! Scenarios (each a separate process, so CPU and memory are its own):
 //! - `ceiling`: a subscriber that decodes and acknowledges, no database.
 //! - `buckets`, `timeseries`: palletd (release build) in each storage mode.
+//! - `sparkplug` (not in the default list): palletd in bucket mode with a
+//!   `format = "sparkplug_b"` subscription, fed by `palletd simulate
+//!   --format sparkplug_b` (the sensors are devices, 10 to an edge node,
+//!   each node its own connection; DATA by alias, three metrics per
+//!   reading like the JSON workload's three fields). Run beside `buckets`
+//!   to compare Sparkplug with JSON in the same run.
 //! - `buckets-x2` (not in the default list): two palletd instances on one
 //!   shared subscription (`[mqtt] share_group`), each with its own spool,
 //!   into the same collection; their figures are summed (CPU, peak RSS).
@@ -975,6 +981,8 @@ impl Services {
 struct Sink {
     /// Each process and its metrics port.
     procs: Vec<(Proc, u16)>,
+    /// Fed Sparkplug B edge nodes instead of JSON sensors.
+    sparkplug: bool,
 }
 
 fn start_sink(args: &RunArgs, kind: &str, svc: &Services) -> anyhow::Result<Sink> {
@@ -982,8 +990,12 @@ fn start_sink(args: &RunArgs, kind: &str, svc: &Services) -> anyhow::Result<Sink
 }
 
 /// A palletd scenario's storage mode and number of instances:
-/// `buckets` is one instance, `buckets-x2` two.
+/// `buckets` is one instance, `buckets-x2` two; `sparkplug` is one in
+/// bucket mode.
 fn palletd_kind(kind: &str) -> Option<(&str, usize)> {
+    if kind == "sparkplug" {
+        return Some(("buckets", 1));
+    }
     let (mode, n) = match kind.split_once("-x") {
         Some((mode, n)) => (mode, n.parse().ok()?),
         None => (kind, 1),
@@ -1029,10 +1041,14 @@ dir = "{spool}"
 listen = "127.0.0.1:{metrics_port}"
 [limits]
 max_sensors = 200000
-[[subscription]]
-topic = "bench/{{sensor}}/data"
+{subscription}
 {tail}
 "#,
+                    subscription = if kind == "sparkplug" {
+                        "[[subscription]]\ntopic = \"spBv1.0/#\"\nformat = \"sparkplug_b\""
+                    } else {
+                        "[[subscription]]\ntopic = \"bench/{sensor}/data\""
+                    },
                     broker = svc.broker_port,
                     inflight = args.inflight,
                     spool = svc.dir.path().join(format!("spool-{i}")).display(),
@@ -1075,7 +1091,10 @@ topic = "bench/{{sensor}}/data"
         )?;
         procs.push((Proc(child), metrics_port));
     }
-    let sink = Sink { procs };
+    let sink = Sink {
+        procs,
+        sparkplug: kind == "sparkplug",
+    };
     // Subscribed and its metrics endpoints answer.
     let deadline = Instant::now() + Duration::from_secs(30);
     while sink.scrape().is_err() {
@@ -1385,6 +1404,11 @@ fn step(
             "--sensor-prefix",
             "s",
         ])
+        .args(if sink.sparkplug {
+            &["--format", "sparkplug_b", "--devices-per-node", "10"][..]
+        } else {
+            &[]
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;

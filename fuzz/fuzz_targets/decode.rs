@@ -14,6 +14,7 @@ fn subscription(topic: &str, format: PayloadFormat, sensor_field: Option<&str>) 
         sensor_field: sensor_field.map(str::to_string),
         field: None,
         qos: 1,
+        rebirth_min_interval: None,
     }
 }
 
@@ -46,7 +47,9 @@ fuzz_target!(|data: &[u8]| {
     let split = data.iter().position(|b| *b == b'\n').unwrap_or(data.len());
     let topic = String::from_utf8_lossy(&data[..split]);
     let payload = data.get(split + 1..).unwrap_or_default();
-    let out = DECODER.get_or_init(decoder).decode(&topic, payload, NOW);
+    // Decoding takes the decoder mutably (Sparkplug state); these formats
+    // have none, so each input gets a copy of the one decoder.
+    let out = DECODER.get_or_init(decoder).clone().decode(&topic, payload, NOW);
     for r in &out.readings {
         assert!(!r.sensor.is_empty() && r.sensor.len() <= 128);
         assert!((r.ts_ms - NOW).abs() <= 7 * 86_400_000);

@@ -175,6 +175,16 @@ impl State {
     }
 }
 
+/// The state as saved in `sparkplug.json` (JSON).
+pub fn save(state: &State) -> Vec<u8> {
+    serde_json::to_vec(state).expect("a state serializes")
+}
+
+/// A state saved by [`save`].
+pub fn load(bytes: &[u8]) -> Result<State, String> {
+    serde_json::from_slice(bytes).map_err(|e| e.to_string())
+}
+
 /// What a Sparkplug message did besides its readings and rejections: for
 /// the spooler's metrics, the saved state, and rebirth requests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -818,9 +828,9 @@ mod tests {
     fn the_state_survives_serialization() {
         let mut d = decoder(false);
         d.decode("spBv1.0/G/NBIRTH/N", &nbirth(1), NOW);
-        let saved = serde_json::to_vec(d.sparkplug_state()).unwrap();
+        let saved = save(d.sparkplug_state());
         let mut fresh = decoder(false);
-        fresh.set_sparkplug_state(serde_json::from_slice(&saved).unwrap());
+        fresh.set_sparkplug_state(load(&saved).unwrap());
         let data = payload(
             1,
             vec![proto::Metric {

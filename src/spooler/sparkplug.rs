@@ -49,7 +49,7 @@ impl StateFile {
                 return State::default();
             }
         };
-        match serde_json::from_slice::<State>(&bytes) {
+        match crate::decode::sparkplug::load(&bytes) {
             Ok(state) => {
                 let (nodes, devices, aliases) = state.size();
                 info!(nodes, devices, aliases, "Sparkplug B state loaded.");
@@ -74,13 +74,7 @@ impl StateFile {
         if !self.unsaved {
             return;
         }
-        let bytes = match serde_json::to_vec(state) {
-            Ok(b) => b,
-            Err(e) => {
-                error!(error = %e, "Cannot serialize the Sparkplug B state.");
-                return;
-            }
-        };
+        let bytes = crate::decode::sparkplug::save(state);
         let path = self.path.clone();
         let saved = tokio::task::spawn_blocking(move || write_atomically(&path, &bytes))
             .await
