@@ -1494,6 +1494,45 @@ mod tests {
     }
 
     #[test]
+    fn sparkplug_subscriptions_take_the_namespace_and_no_shared_group() {
+        let sub = "[[subscription]]\ntopic = \"spBv1.0/Plant1/#\"\nformat = \"sparkplug_b\"\n";
+        let s = parse(&(MINIMAL.to_string() + sub), None).unwrap();
+        assert_eq!(s.subscriptions[1].format, PayloadFormat::SparkplugB);
+        assert_eq!(
+            s.subscriptions[1].rebirth_min_interval, None,
+            "off by default"
+        );
+        let on =
+            MINIMAL.to_string() + sub + "request_rebirth = true\nrebirth_min_interval = \"30s\"\n";
+        assert_eq!(
+            parse(&on, None).unwrap().subscriptions[1].rebirth_min_interval,
+            Some(Duration::from_secs(30))
+        );
+        let cases = [
+            (
+                MINIMAL.replace("client_id = \"palletd-test\"", "client_id = \"palletd-test\"\nshare_group = \"g\"") + sub,
+                "subscription[1].format: \"sparkplug_b\" cannot be used with mqtt.share_group",
+            ),
+            (
+                MINIMAL.to_string() + "[[subscription]]\ntopic = \"spBv1.0/{sensor}/#\"\nformat = \"sparkplug_b\"\n",
+                "subscription[1].topic: format = \"sparkplug_b\" needs an MQTT filter in the Sparkplug namespace",
+            ),
+            (
+                MINIMAL.to_string() + sub + "sensor_field = \"x\"\n",
+                "subscription[1].sensor_field: does not apply",
+            ),
+            (
+                MINIMAL.to_string() + "request_rebirth = true\n",
+                "subscription[0].request_rebirth: needs format = \"sparkplug_b\"",
+            ),
+        ];
+        for (text, want) in cases {
+            let joined = errors(&text).join("\n");
+            assert!(joined.contains(want), "{want}\n{joined}");
+        }
+    }
+
+    #[test]
     fn rollups_are_whole_numbers_of_windows_each_once() {
         let text = MINIMAL.to_string()
             + "[[rollup]]\ninterval = \"1h\"\nexpire_after = \"400d\"\n[[rollup]]\ninterval = \"1d\"\npartial = true\n";
