@@ -262,8 +262,11 @@ async fn values_are_stored_by_name_across_a_restart_between_birth_and_data() {
     stack.stop();
 }
 
-/// Subscribes to `filter` and collects what arrives.
-async fn listen(broker: &Broker, filter: &str) -> tokio::sync::mpsc::UnboundedReceiver<Vec<u8>> {
+/// Subscribes to `filter` and collects what arrives: (topic, payload).
+async fn listen(
+    broker: &Broker,
+    filter: &str,
+) -> tokio::sync::mpsc::UnboundedReceiver<(String, Vec<u8>)> {
     use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
     let opts = MqttOptions::new(format!("listen-{}", free_port()), "127.0.0.1", broker.port);
     let (client, mut eventloop) = AsyncClient::new(opts, 100);
@@ -281,7 +284,7 @@ async fn listen(broker: &Broker, filter: &str) -> tokio::sync::mpsc::UnboundedRe
                     }
                 }
                 Ok(Event::Incoming(Packet::Publish(p))) => {
-                    let _ = tx.send(p.payload.to_vec());
+                    let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
                 }
                 Ok(_) => {}
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -350,7 +353,7 @@ async fn a_sequence_gap_is_counted_stored_and_answered_with_one_rebirth_request(
         .await
         .expect("a rebirth request")
         .unwrap();
-    let request = proto::Payload::decode(request.as_slice()).unwrap();
+    let request = proto::Payload::decode(request.1.as_slice()).unwrap();
     assert_eq!(
         request.metrics[0].name.as_deref(),
         Some("Node Control/Rebirth")
@@ -423,7 +426,8 @@ async fn simulated_nodes_are_stored_reborn_after_a_reconnect_and_their_deaths_re
         "plant:a-n0001:d000",
         "plant:a-n0001:d001",
     ];
-    // A clean run: every DATA published is stored, then the sent NDEATH.
+    // A clean run: every DATA published is stored as sent, then the NDEATH.
+    let mut heard = listen(&stack.broker, "spBv1.0/plant/DDATA/#").await;
     let out = simulate(&stack, "a-", "3s").wait_with_output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout).to_string();
@@ -441,6 +445,55 @@ async fn simulated_nodes_are_stored_reborn_after_a_reconnect_and_their_deaths_re
             == published + devices.len()
     })
     .await;
+    // What the nodes sent, decoded here: per (device, time) the values of
+    // its three metrics, sorted (so no alias map is needed to compare).
+    type Values = BTreeMap<(String, i64), Vec<Vec<u64>>>;
+    let mut sent = Values::new();
+    let mut n = 0;
+    while n < published {
+        let (topic, bytes) = tokio::time::timeout(Duration::from_secs(30), heard.recv())
+            .await
+            .expect("the listener heard every DDATA")
+            .unwrap();
+        n += 1;
+        let device: Vec<&str> = topic.split('/').collect();
+        let p = proto::Payload::decode(bytes.as_slice()).unwrap();
+        let mut values: Vec<f64> = p
+            .metrics
+            .iter()
+            .map(|m| match m.value {
+                Some(Value::FloatValue(x)) => f64::from(x),
+                Some(Value::DoubleValue(x)) => x,
+                ref other => panic!("{other:?}"),
+            })
+            .collect();
+        values.sort_by(f64::total_cmp);
+        let ts = p.metrics[0].timestamp.unwrap() as i64;
+        sent.entry((format!("plant:{}:{}", device[3], device[4]), ts))
+            .or_default()
+            .push(values.iter().map(|x| x.to_bits()).collect());
+    }
+    let mut stored = Values::new();
+    for (sensor, samples) in samples(&stack).await {
+        for s in samples.iter().filter(|s| !s.contains_key("_state")) {
+            let mut values: Vec<f64> = ["temperature", "humidity", "pressure"]
+                .iter()
+                .map(|f| stored_f64(s, f))
+                .collect();
+            values.sort_by(f64::total_cmp);
+            stored
+                .entry((
+                    sensor.clone(),
+                    s.get_datetime("ts").unwrap().timestamp_millis(),
+                ))
+                .or_default()
+                .push(values.iter().map(|x| x.to_bits()).collect());
+        }
+    }
+    for v in sent.values_mut().chain(stored.values_mut()) {
+        v.sort();
+    }
+    assert_eq!(stored, sent);
     wait_samples(&stack, "the clean NDEATHs recorded", |all| {
         nodes.iter().chain(devices.iter()).all(|s| {
             with_field(all, s, "_state")

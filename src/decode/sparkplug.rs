@@ -133,18 +133,18 @@ struct Def {
 type Aliases = BTreeMap<u64, Def>;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 struct Device {
     online: bool,
     aliases: Aliases,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 struct Node {
     /// The `bdSeq` of the last NBIRTH: the NDEATH of that session has it.
     bd_seq: Option<u64>,
     online: bool,
-    /// Whether an NBIRTH was seen (a DBIRTH alone creates the entry).
-    born: bool,
     aliases: Aliases,
     devices: BTreeMap<String, Device>,
     /// Not kept across restarts: the next message sets the baseline.
@@ -157,6 +157,7 @@ struct Node {
 /// What palletd knows of the edge nodes it has heard from (see the module
 /// documentation). Serialized as JSON to `sparkplug.json`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct State {
     /// Keyed by `<group>/<node>` (neither may contain `/`).
     nodes: BTreeMap<String, Node>,
@@ -402,7 +403,10 @@ pub(super) fn decode(
             t.kind
         )));
     }
-    let node = state.nodes.entry(key.clone()).or_default();
+    if !state.nodes.contains_key(&key) {
+        state.nodes.insert(key.clone(), Node::default());
+    }
+    let node = state.nodes.get_mut(&key).expect("inserted above");
     // Sequence numbers: every message of the node but NDEATH has one.
     if t.kind == "NBIRTH" {
         node.seq = p.seq.map(|s| s as u8);
@@ -428,11 +432,7 @@ pub(super) fn decode(
     let mut samples = Samples::default();
     match t.kind {
         "NDEATH" => {
-            let bd_seq = p.metrics.iter().find_map(|m| {
-                (m.name.as_deref() == Some("bdSeq"))
-                    .then(|| number(m))
-                    .flatten()
-            });
+            let bd_seq = bd_seq_of(&p.metrics);
             if bd_seq.is_some() && node.bd_seq.is_some() && bd_seq != node.bd_seq {
                 outcome.stale_death = true;
                 return Ok(Vec::new());
@@ -455,14 +455,9 @@ pub(super) fn decode(
                 .collect());
         }
         "NBIRTH" => {
-            node.born = true;
             node.online = true;
             node.aliases = learn(&p.metrics);
-            node.bd_seq = p.metrics.iter().find_map(|m| {
-                (m.name.as_deref() == Some("bdSeq"))
-                    .then(|| number(m))
-                    .flatten()
-            });
+            node.bd_seq = bd_seq_of(&p.metrics);
             outcome.state_changed = true;
             for (name, value) in state_fields("online", node.bd_seq) {
                 samples.push(payload_ts, false, name, value);
@@ -655,8 +650,11 @@ fn learn(metrics: &[proto::Metric]) -> Aliases {
         .collect()
 }
 
-/// An unsigned integer metric's value (for `bdSeq`).
-fn number(m: &proto::Metric) -> Option<u64> {
+/// The value of the `bdSeq` metric of an NBIRTH or NDEATH.
+fn bd_seq_of(metrics: &[proto::Metric]) -> Option<u64> {
+    let m = metrics
+        .iter()
+        .find(|m| m.name.as_deref() == Some("bdSeq"))?;
     match m.value {
         Some(Value::IntValue(v)) => Some(u64::from(v)),
         Some(Value::LongValue(v)) => Some(v),

@@ -61,6 +61,8 @@ struct Batch {
     samples: usize,
     deadletters: usize,
     messages: usize,
+    /// Sparkplug B messages by type, counted once per batch.
+    sparkplug: Vec<(&'static str, u64)>,
 }
 
 impl Batch {
@@ -71,6 +73,7 @@ impl Batch {
             samples: 0,
             deadletters: 0,
             messages: 0,
+            sparkplug: Vec::new(),
         }
     }
 }
@@ -261,6 +264,9 @@ impl Spooler {
         if let Some(file) = &mut self.sparkplug {
             file.save_if_changed(self.decoder.sparkplug_state()).await;
         }
+        for (kind, n) in &batch.sparkplug {
+            metrics::counter!(telemetry::SPARKPLUG_MESSAGES, "type" => *kind).increment(*n);
+        }
         if batch.bytes.is_empty() {
             return;
         }
@@ -288,9 +294,17 @@ impl Spooler {
 
     /// Counts what a Sparkplug B message did, notes a state to save and
     /// sends a rebirth request.
-    fn sparkplug_outcome(&mut self, o: &crate::decode::sparkplug::Outcome, now_ms: i64) {
+    fn sparkplug_outcome(
+        &mut self,
+        o: &crate::decode::sparkplug::Outcome,
+        now_ms: i64,
+        batch: &mut Batch,
+    ) {
         let Some(kind) = o.kind else { return };
-        metrics::counter!(telemetry::SPARKPLUG_MESSAGES, "type" => kind).increment(1);
+        match batch.sparkplug.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => batch.sparkplug.push((kind, 1)),
+        }
         if o.seq_gaps > 0 {
             metrics::counter!(telemetry::SPARKPLUG_SEQ_GAPS).increment(u64::from(o.seq_gaps));
         }
@@ -340,7 +354,7 @@ impl Spooler {
             return;
         }
         let decoded = self.decoder.decode(&m.topic, &m.payload, m.received_ms);
-        self.sparkplug_outcome(&decoded.sparkplug, m.received_ms);
+        self.sparkplug_outcome(&decoded.sparkplug, m.received_ms, batch);
         batch.messages += 1;
         let bytes = &mut batch.bytes;
         let mut append = |lsn: u64, entry: EntryRef<'_>| {
