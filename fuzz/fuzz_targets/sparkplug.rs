@@ -72,9 +72,10 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
         }
-        // The state always saves and loads back the same.
-        let state = d.sparkplug_state();
-        let saved = palletd::decode::sparkplug::save(state);
-        assert_eq!(palletd::decode::sparkplug::load(&saved).as_ref(), Ok(state));
+        // What is saved of the state loads back and saves the same (the
+        // sequence numbers and rebirth times are not saved).
+        let saved = palletd::decode::sparkplug::save(d.sparkplug_state());
+        let loaded = palletd::decode::sparkplug::load(&saved).expect("a saved state loads");
+        assert_eq!(palletd::decode::sparkplug::save(&loaded), saved);
     }
 });

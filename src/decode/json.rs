@@ -26,14 +26,7 @@ pub(super) fn decode(
                 return Err(DecodeError::BadPayload("empty array: no samples".into()));
             }
             if items.len() > limits.max_samples_per_message {
-                return Err(DecodeError::OverLimit {
-                    cause: "too_many_samples",
-                    message: format!(
-                        "{} samples in one message exceed limits.max_samples_per_message ({})",
-                        items.len(),
-                        limits.max_samples_per_message
-                    ),
-                });
+                return Err(super::too_many_samples(items.len(), limits));
             }
             let mut objects = Vec::with_capacity(items.len());
             for (i, item) in items.into_iter().enumerate() {

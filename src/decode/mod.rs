@@ -317,6 +317,18 @@ pub(crate) fn check_sensor(id: &str, limits: &Limits) -> Result<(), DecodeError>
     Ok(())
 }
 
+/// The rejection of a message with `n` samples, over
+/// `limits.max_samples_per_message`.
+pub(crate) fn too_many_samples(n: usize, limits: &Limits) -> DecodeError {
+    DecodeError::OverLimit {
+        cause: "too_many_samples",
+        message: format!(
+            "{n} samples in one message exceed limits.max_samples_per_message ({})",
+            limits.max_samples_per_message
+        ),
+    }
+}
+
 pub(crate) fn truncate(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;

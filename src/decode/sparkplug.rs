@@ -159,9 +159,18 @@ struct Node {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct State {
-    /// Keyed by `<group>/<node>` (neither may contain `/`).
+    /// Keyed by `<group>/<node>` (neither may contain `/`). Only a BIRTH
+    /// adds a node.
     nodes: BTreeMap<String, Node>,
+    /// When nodes never born were last asked for a rebirth (not kept; at
+    /// most [`MAX_UNBORN`], the oldest forgotten first).
+    #[serde(skip)]
+    unborn_asked: BTreeMap<String, i64>,
 }
+
+/// Nodes never born whose rebirth requests are remembered for the rate
+/// limit: DATA under ever new node ids must not grow memory without bound.
+const MAX_UNBORN: usize = 10_000;
 
 impl State {
     /// Edge nodes and devices known, and aliases in all.
@@ -404,6 +413,15 @@ pub(super) fn decode(
         )));
     }
     if !state.nodes.contains_key(&key) {
+        if t.kind == "NDEATH" {
+            // The death of a node never born: recorded, nothing to forget.
+            return Ok(vec![Reading {
+                sensor,
+                ts_ms: now_ms,
+                fields: state_fields("offline", bd_seq_of(&p.metrics)),
+            }]);
+        }
+        state.unborn_asked.remove(&key);
         state.nodes.insert(key.clone(), Node::default());
     }
     let node = state.nodes.get_mut(&key).expect("inserted above");
@@ -590,14 +608,7 @@ pub(super) fn decode(
     }
     let readings = samples.readings(&sensor, limits.max_fields_per_sample);
     if readings.len() > limits.max_samples_per_message {
-        return Err(DecodeError::OverLimit {
-            cause: "too_many_samples",
-            message: format!(
-                "{} samples in one message exceed limits.max_samples_per_message ({})",
-                readings.len(),
-                limits.max_samples_per_message
-            ),
-        });
+        return Err(super::too_many_samples(readings.len(), limits));
     }
     Ok(readings)
 }
@@ -615,14 +626,30 @@ fn ask_rebirth(
     let Some(every) = sub.rebirth_min_interval else {
         return;
     };
-    let node = state.nodes.entry(key.to_string()).or_default();
-    if node
-        .rebirth_asked_ms
-        .is_some_and(|at| now_ms.saturating_sub(at) < every.as_millis() as i64)
-    {
+    let every = every.as_millis() as i64;
+    let last = match state.nodes.get(key) {
+        Some(node) => node.rebirth_asked_ms,
+        None => state.unborn_asked.get(key).copied(),
+    };
+    if last.is_some_and(|at| now_ms.saturating_sub(at) < every) {
         return;
     }
-    node.rebirth_asked_ms = Some(now_ms);
+    match state.nodes.get_mut(key) {
+        Some(node) => node.rebirth_asked_ms = Some(now_ms),
+        None => {
+            if state.unborn_asked.len() >= MAX_UNBORN {
+                let oldest = state
+                    .unborn_asked
+                    .iter()
+                    .min_by_key(|(_, at)| **at)
+                    .map(|(k, _)| k.clone());
+                if let Some(k) = oldest {
+                    state.unborn_asked.remove(&k);
+                }
+            }
+            state.unborn_asked.insert(key.to_string(), now_ms);
+        }
+    }
     outcome.rebirth = Some(format!("{NAMESPACE}/{}/NCMD/{}", t.group, t.node));
 }
 
@@ -859,6 +886,9 @@ mod tests {
         let out = d.decode("spBv1.0/G/NDATA/N", &data, NOW);
         assert_eq!(out.errors[0].cause(), "unknown_alias");
         assert_eq!(out.sparkplug.rebirth.as_deref(), Some("spBv1.0/G/NCMD/N"));
+        // Only a BIRTH adds a node to what is saved (fuzz regression).
+        assert_eq!(d.sparkplug_state().size(), (0, 0, 0));
+        assert!(!out.sparkplug.state_changed);
         let out = d.decode("spBv1.0/G/NDATA/N", &data, NOW + 1000);
         assert_eq!(out.errors[0].cause(), "unknown_alias");
         assert_eq!(out.sparkplug.rebirth, None, "rate-limited");
@@ -884,6 +914,20 @@ mod tests {
         assert_eq!(out.errors.len(), 1);
         assert_eq!(out.errors[0].cause(), "unknown_alias");
         assert!(out.sparkplug.rebirth.is_some());
+    }
+
+    #[test]
+    fn nodes_never_born_do_not_grow_memory_without_bound() {
+        let mut d = decoder(true);
+        let data = payload(1, vec![]);
+        for i in 0..MAX_UNBORN + 50 {
+            let out = d.decode(&format!("spBv1.0/G/NDATA/n{i}"), &data, NOW);
+            assert!(out.sparkplug.rebirth.is_some());
+        }
+        assert_eq!(d.sparkplug.unborn_asked.len(), MAX_UNBORN);
+        let death = d.decode("spBv1.0/G/NDEATH/never", &payload(0, vec![]), NOW);
+        assert_eq!(death.readings[0].sensor, "G:never");
+        assert_eq!(d.sparkplug_state().size(), (0, 0, 0));
     }
 
     #[test]
