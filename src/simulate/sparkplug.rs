@@ -95,13 +95,11 @@ struct Walk {
 impl EdgeNode {
     fn new(opts: &SimOptions, n: usize, devices: usize) -> EdgeNode {
         let mut rng = StdRng::seed_from_u64(opts.seed.wrapping_add(n as u64));
+        let mut start =
+            |range: std::ops::Range<f64>| (rng.gen_range(range) * 100.0).round() / 100.0;
         let devices = (0..devices)
             .map(|_| Walk {
-                values: [
-                    rng.gen_range(15.0..25.0),
-                    rng.gen_range(35.0..65.0),
-                    rng.gen_range(990.0..1030.0),
-                ],
+                values: [start(15.0..25.0), start(35.0..65.0), start(990.0..1030.0)],
             })
             .collect();
         EdgeNode {
