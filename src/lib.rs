@@ -17,7 +17,8 @@
 //! - [`ingest`]: owns the rumqttc event loop; subscribe, reconnect,
 //!   recognise redeliveries, hand messages to the spooler.
 //! - [`spooler`]: decodes each message, appends it to the [`spool`],
-//!   releases PUBACKs in arrival order once durable ([`spooler::acks`]).
+//!   releases PUBACKs in arrival order once durable ([`spooler::acks`]);
+//!   saves the Sparkplug B alias maps first ([`spooler::sparkplug`]).
 //! - [`spool`]: the crash-safe local log behind one [`spool::Spool`] handle
 //!   (its appender thread, segments, checkpoint, reading back, tombstones
 //!   of segments a full spool deleted).
@@ -28,8 +29,9 @@
 //!   already applied, write, seal, read) and their MongoDB plumbing.
 //! - [`telemetry`]: metrics, the status page, `/metrics` `/healthz`
 //!   `/readyz`, systemd.
-//! - [`simulate`] and [`query`]: the `palletd simulate` load generator and
-//!   `palletd query` to read back what was stored.
+//! - [`simulate`] and [`query`]: the `palletd simulate` load generator (JSON
+//!   sensors, or Sparkplug B edge nodes) and `palletd query` to read back
+//!   what was stored.
 //! - [`shutdown`]: signals and the shutdown order.
 //! - `netem`: a TCP proxy that behaves like a slow, flaky link (tests and
 //!   the benchmark only).
@@ -37,7 +39,7 @@
 //! The core (sans-IO, no tokio):
 //! - [`config`]: the TOML file -> validated [`config::Settings`].
 //! - [`decode`]: topic patterns and payload formats (one file each) ->
-//!   readings.
+//!   readings; Sparkplug B's alias maps are state the decoder holds.
 //! - [`bucket`]: the bucket document and its upsert statements.
 //! - [`flush`]: what a flush hands the store and what comes back.
 //! - [`deadletter`]: dead-letter documents, ids, counting and logging.
