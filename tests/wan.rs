@@ -52,9 +52,21 @@ async fn after_a_link_cut_live_readings_are_stored_while_the_backlog_drains() {
     let mut publisher = Publisher::connect(&stack.broker, "pub-first").await;
     let first = publish_every(&mut publisher, "first-1", 0..5, Duration::ZERO).await;
     stack.wait_stored(5).await;
+    let errors_before = stack.palletd.metric("palletd_database_errors_total", None);
     link.cut();
     let old = publish_steadily(stack.publisher().await, 20, 2000.0, 20_000).await;
     stack.all_acknowledged().await;
+    // The cut lasts until a write has met it: a write that only waits (the
+    // driver selecting a server) and is answered after the restore is not
+    // an outage, and the live lane would not fall back.
+    stack
+        .palletd
+        .wait_until(
+            Duration::from_secs(60),
+            "a write failing on the cut link",
+            |p| p.metric("palletd_database_errors_total", None) > errors_before,
+        )
+        .await;
     link.restore();
     // Once palletd is writing again, what waited is the backlog and
     // readings arriving from then on are live.
