@@ -141,9 +141,14 @@ fn statements(c: &mut Criterion) {
                 let mut runs = pending.take(&all);
                 let mut bytes = 0;
                 for run in runs.iter_mut() {
-                    for st in bucket::plan(&run.samples, &mut run.fills, &shape) {
+                    for st in bucket::plan(
+                        &run.samples,
+                        &mut run.fills,
+                        &shape,
+                        &palletd::tags::Tags::new(1),
+                    ) {
                         bytes += st
-                            .to_bson(&run.sensor, &run.samples, &shape, "lsns.s00000001")
+                            .to_bson(&run.sensor, &run.samples, &shape)
                             .as_bytes()
                             .len();
                     }

@@ -19,6 +19,7 @@
 use bson::{rawdoc, RawArrayBuf, RawBson, RawDocument, RawDocumentBuf};
 
 use crate::decode::{FieldValue, Reading};
+use crate::tags::Tags;
 
 /// Bucket caps and window, in the units the planner works in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -332,6 +333,9 @@ pub struct Statement {
     /// The fill of the bucket this statement expects to extend; `None` when
     /// it expects to start a new bucket (or the fill is unknown).
     pub base: Option<Fill>,
+    /// The spool id its samples were written under ([`crate::tags`]): a
+    /// statement never carries samples of two.
+    pub tag: u32,
 }
 
 impl Statement {
@@ -357,14 +361,8 @@ impl Statement {
     }
 
     /// `{q, u, upsert: true}` for the `update` command; `samples` is the run
-    /// the statement was planned from, `lsns` the spool's [`lsns_field`].
-    pub fn to_bson(
-        &self,
-        sensor: &str,
-        samples: &Samples,
-        shape: &Shape,
-        lsns: &str,
-    ) -> RawDocumentBuf {
+    /// the statement was planned from.
+    pub fn to_bson(&self, sensor: &str, samples: &Samples, shape: &Shape) -> RawDocumentBuf {
         let k = self.count();
         let start = bson::DateTime::from_millis(self.start_ms);
         let end = bson::DateTime::from_millis(self.start_ms + shape.window_ms);
@@ -411,7 +409,7 @@ impl Statement {
         }
         let mut push = rawdoc! { "samples": { "$each": each } };
         push.append(
-            lsns,
+            lsns_field(self.tag),
             rawdoc! { "$each": [first_lsn as i64, last_lsn as i64] },
         );
         let u = rawdoc! {
@@ -449,16 +447,20 @@ pub fn ranges_hold(pairs: &[u64], lsn: u64) -> bool {
 /// caller replaces it with what the database reported once the write is done.
 ///
 /// Every sample must fit in an empty bucket ([`Shape::check`]); bigger ones
-/// are dead-lettered before they get here.
-pub fn plan(samples: &Samples, memory: &mut Fills, shape: &Shape) -> Vec<Statement> {
+/// are dead-lettered before they get here. A run is also cut where the
+/// spool id of its samples changes (`tags`), so each statement's LSN pair
+/// goes under the id its samples were written with.
+pub fn plan(samples: &Samples, memory: &mut Fills, shape: &Shape, tags: &Tags) -> Vec<Statement> {
     let mut out = Vec::new();
     let mut current: Option<Statement> = None;
     for (i, sample) in samples.iter().enumerate() {
         let start = shape.window_start(sample.ts_ms);
         let bytes = sample.bytes();
+        let tag = tags.of(sample.lsn);
         if let Some(st) = current.as_mut() {
             let base = st.base.unwrap_or_default();
             let fits = st.start_ms == start
+                && st.tag == tag
                 && base.count + st.count() < shape.max_samples
                 && base.bytes + st.bytes + bytes <= shape.max_bytes;
             if fits {
@@ -480,6 +482,7 @@ pub fn plan(samples: &Samples, memory: &mut Fills, shape: &Shape) -> Vec<Stateme
             range: i..i + 1,
             bytes,
             base,
+            tag,
         });
     }
     if let Some(st) = current {
@@ -504,6 +507,9 @@ fn close_statement(st: Statement, memory: &mut Fills, out: &mut Vec<Statement>) 
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// One spool id for every sample.
+    const ONE: Tags = Tags::new(1);
 
     const SHAPE: Shape = Shape {
         window_ms: 1000,
@@ -574,7 +580,7 @@ mod tests {
             },
         )]);
         let samples = owned((0..9).map(|i| sample(i, i as u64, 0)));
-        let out = plan(&samples, &mut memory, &SHAPE);
+        let out = plan(&samples, &mut memory, &SHAPE, &ONE);
         let counts: Vec<u32> = out.iter().map(|s| s.count()).collect();
         assert_eq!(counts, vec![2, 5, 2]);
         assert_eq!(
@@ -593,7 +599,7 @@ mod tests {
         let mut memory = Fills::new();
         let ts = [0, 10, 1500, 20, 1600];
         let samples = owned(ts.iter().enumerate().map(|(i, t)| sample(*t, i as u64, 0)));
-        let out = plan(&samples, &mut memory, &SHAPE);
+        let out = plan(&samples, &mut memory, &SHAPE, &ONE);
         let starts: Vec<i64> = out.iter().map(|s| s.start_ms).collect();
         assert_eq!(starts, vec![0, 1000, 0, 1000]);
         // The second run of window 0 continues the bucket the first one began.
@@ -607,12 +613,22 @@ mod tests {
     }
 
     #[test]
+    fn a_run_is_cut_where_the_spool_id_of_its_samples_changes() {
+        let mut memory = Fills::new();
+        let samples = owned((0..4).map(|i| sample(i, 10 + i as u64, 0)));
+        let tags = Tags::with_previous(2, vec![(1, 12)]);
+        let out = plan(&samples, &mut memory, &SHAPE, &tags);
+        let cut: Vec<(u32, u32)> = out.iter().map(|s| (s.tag, s.count())).collect();
+        assert_eq!(cut, vec![(1, 2), (2, 2)], "one window, two spool ids");
+    }
+
+    #[test]
     fn size_cap_cuts_statements() {
         let mut memory = Fills::new();
         let one = sample(0, 0, 60).bytes();
         assert!(one * 2 <= 200 && one * 3 > 200, "{one}");
         let samples = owned((0..5).map(|i| sample(i, i as u64, 60)));
-        let out = plan(&samples, &mut memory, &SHAPE);
+        let out = plan(&samples, &mut memory, &SHAPE, &ONE);
         let counts: Vec<u32> = out.iter().map(|s| s.count()).collect();
         assert_eq!(counts, vec![2, 2, 1]);
     }
@@ -639,13 +655,10 @@ mod tests {
     fn every_statement_targets_one_shard_of_a_collection_sharded_on_sensor_and_window() {
         let samples = owned([sample(100, 1, 0), sample(900, 2, 0), sample(1500, 3, 0)]);
         let mut fills = Fills::default();
-        let plan = plan(&samples, &mut fills, &SHAPE);
+        let plan = plan(&samples, &mut fills, &SHAPE, &ONE);
         assert!(plan.len() >= 2, "two windows");
         for st in &plan {
-            let d = bson::Document::try_from(
-                st.to_bson("s-1", &samples, &SHAPE, &lsns_field(1)).as_ref(),
-            )
-            .unwrap();
+            let d = bson::Document::try_from(st.to_bson("s-1", &samples, &SHAPE).as_ref()).unwrap();
             assert_eq!(d.get_bool("upsert"), Ok(true));
             assert!(!d.get_bool("multi").unwrap_or(false), "updateOne");
             let q = d.get_document("q").unwrap();
@@ -671,11 +684,11 @@ mod tests {
             range: 0..2,
             bytes: 40,
             base: None,
+            tag: 0xab,
         };
         let field = lsns_field(0xab);
         assert_eq!(field, "lsns.s000000ab");
-        let d =
-            bson::Document::try_from(st.to_bson("s", &samples, &SHAPE, &field).as_ref()).unwrap();
+        let d = bson::Document::try_from(st.to_bson("s", &samples, &SHAPE).as_ref()).unwrap();
         assert_eq!(d.get_document("q").unwrap().get_str("sensorId"), Ok("s"));
         let pushed = d
             .get_document("u")
@@ -742,7 +755,7 @@ mod tests {
             for (i, batch) in flushes.iter().enumerate() {
                 if forget[i] { memory = Fills::new(); }
                 let samples = owned(batch.iter().map(|(ts, pad)| { msg += 1; sent.push(msg); sample(*ts, msg, *pad) }));
-                let out = plan(&samples, &mut memory, &SHAPE);
+                let out = plan(&samples, &mut memory, &SHAPE, &ONE);
                 prop_assert_eq!(out.iter().flat_map(|st| st.range.clone()).collect::<Vec<_>>(), (0..samples.len()).collect::<Vec<_>>());
                 for st in &out {
                     prop_assert!(st.count() >= 1);
@@ -778,7 +791,7 @@ mod tests {
             let mut sent = Vec::new();
             for (batch, closer_cutoff) in &flushes {
                 let samples = owned(batch.iter().map(|(ts, pad)| { msg += 1; sent.push(msg); sample(*ts, msg, *pad) }));
-                let out = plan(&samples, &mut memory, &SHAPE);
+                let out = plan(&samples, &mut memory, &SHAPE, &ONE);
                 for st in &out {
                     let sealed_before: Vec<(u32, usize)> = db.buckets.iter().filter(|b| b.1).map(|b| (b.2, b.4.len())).collect();
                     let inserted = db.apply(st, &samples, &SHAPE);

@@ -74,6 +74,7 @@ pub mod simulate;
 pub mod spool;
 pub mod spooler;
 pub mod store;
+pub mod tags;
 pub mod telemetry;
 
 use std::sync::Arc;
@@ -136,6 +137,24 @@ pub async fn mongo_client(settings: &Settings) -> Result<mongodb::Client, RunErr
     mongodb::Client::with_options(opts).map_err(|e| RunError::Config(format!("mongodb.uri: {e}")))
 }
 
+/// Every second, whether the spool's disk takes writes and how much room it
+/// has, for readiness and the gauges (apart from the spooler, which waits
+/// while the disk fails).
+async fn watch_spool(spool: spool::Spool, health: Arc<telemetry::Health>, done: CancellationToken) {
+    loop {
+        let failing = spool.failing();
+        health.set_spool_failing(failing);
+        metrics::gauge!(telemetry::SPOOL_FAILING).set(if failing { 1.0 } else { 0.0 });
+        if let Some(free) = spool.free_space() {
+            metrics::gauge!(telemetry::SPOOL_FREE_BYTES).set(free as f64);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = done.cancelled() => return,
+        }
+    }
+}
+
 fn redact(text: &str, settings: &Settings) -> String {
     text.replace(settings.mongodb.uri.expose(), "***")
 }
@@ -163,7 +182,7 @@ pub async fn run(
     };
     let (spool, recovered, appender) = spool::open(&settings.spool).map_err(spool_error)?;
     metrics::gauge!(telemetry::SPOOL_MAX_BYTES).set(settings.spool.max_size as f64);
-    store.set_spool(recovered.tag);
+    store.set_spool(recovered.tags.clone());
     store.start_rollups();
     info!(
         dir = %settings.spool.dir.display(),
@@ -187,7 +206,7 @@ pub async fn run(
         acker: connection.acker(),
         spool: spool.clone(),
         next_lsn: recovered.next_lsn,
-        tag: recovered.tag,
+        tag: recovered.tags.current(),
         shape,
         feed: feed_tx,
         sensors: spooler::SensorLimit::new(
@@ -200,7 +219,7 @@ pub async fn run(
     let core = pipeline::Core::new(
         pipeline::Config {
             shape,
-            tag: recovered.tag,
+            tags: recovered.tags.clone(),
             max_pending: settings.flush.max_pending_samples,
             max_lateness_ms: settings.bucket.max_lateness.as_millis() as i64,
             max_delay: settings.flush.max_delay,
@@ -251,6 +270,7 @@ pub async fn run(
         .map_err(|e| RunError::Http(format!("cannot listen on {addr} (http.listen): {e}")))?;
         tracker.spawn(server);
     }
+    tracker.spawn(watch_spool(spool.clone(), health.clone(), done.clone()));
     tracker.spawn(telemetry::systemd::supervise(
         db,
         health.clone(),

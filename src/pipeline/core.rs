@@ -69,6 +69,7 @@ use crate::deadletter::{self, DeadLetter, Reporter};
 use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
 use crate::spool::{parse, EntryRef};
 use crate::spooler::Feed;
+use crate::tags::Tags;
 use crate::telemetry;
 
 /// Records read from the spool per read step.
@@ -98,8 +99,8 @@ const SHARE_HALF_LIFE: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct Config {
     pub shape: Shape,
-    /// The spool's tag, for dead-letter ids.
-    pub tag: u32,
+    /// The spool ids its records were written under (dead-letter ids).
+    pub tags: Tags,
     pub max_pending: usize,
     pub max_lateness_ms: i64,
     /// How long a sensor's oldest pending sample may wait (`flush.max_delay`).
@@ -458,17 +459,17 @@ impl Core {
     }
 
     /// Records read back from the spool for an [`Action::Read`] (as
-    /// written, `n` of them; `max`, `limit` as asked), and the sample LSNs
-    /// of the range read that `spool.when_full = "drop_oldest"` deleted.
-    /// Returns those of them that were still needed, in order: lost (the
-    /// spool is to forget them, see [`crate::spool::Spool::forget_lost`]).
-    #[allow(clippy::too_many_arguments)]
+    /// written, `n` of them), how far the range asked for is read
+    /// (`complete_to`: every LSN below it was returned or is absent for
+    /// good), and the sample LSNs of the range read that `spool.when_full =
+    /// "drop_oldest"` deleted. Returns those of them that were still needed,
+    /// in order: lost (the spool is to forget them, see
+    /// [`crate::spool::Spool::forget_lost`]).
     pub fn records(
         &mut self,
         bytes: &[u8],
         n: usize,
-        max: usize,
-        limit: u64,
+        complete_to: u64,
         missing: &[u64],
         now: Instant,
         now_ms: i64,
@@ -487,10 +488,7 @@ impl Core {
         if let Some(last) = last {
             *position = (*position).max(last + 1);
         }
-        if n < max {
-            // The whole range up to `limit` has been read.
-            *position = (*position).max(limit);
-        }
+        *position = (*position).max(complete_to);
         if lane == Lane::Backlog {
             self.unread = match self.back_from >= self.back_to {
                 true => 0,
@@ -566,7 +564,7 @@ impl Core {
             let error = too_big.to_string();
             self.reporter.report("sample_too_large", sensor, &error, 1);
             let doc = deadletter::for_sample(
-                self.config.tag,
+                self.config.tags.of(sample.lsn),
                 sample.lsn,
                 now_ms,
                 sensor,
@@ -941,7 +939,7 @@ impl Core {
                         self.reporter
                             .report("rejected_by_database", &run.sensor, error, 1);
                         let doc = deadletter::for_sample(
-                            self.config.tag,
+                            self.config.tags.of(sample.lsn),
                             sample.lsn,
                             now_ms,
                             &run.sensor,

@@ -165,13 +165,18 @@ pub async fn run(
                     Some(r) if r.next() == from => r,
                     _ => spool.reader(from),
                 };
-                let (mut r, records) = spool::read(r, max, limit).await;
-                match records {
-                    Ok((bytes, n)) => {
-                        metrics::counter!(telemetry::SPOOL_REPLAYED).increment(n as u64);
+                match spool::read(r, max, limit).await {
+                    Ok((mut r, read)) => {
+                        metrics::counter!(telemetry::SPOOL_REPLAYED).increment(read.records as u64);
                         let missing = r.take_missing();
-                        let lost =
-                            core.records(&bytes, n, max, limit, &missing, Instant::now(), now_ms());
+                        let lost = core.records(
+                            &read.bytes,
+                            read.records,
+                            read.complete_to,
+                            &missing,
+                            Instant::now(),
+                            now_ms(),
+                        );
                         if let (Some(first), Some(last)) = (lost.first(), lost.last()) {
                             metrics::counter!(telemetry::SPOOL_DROPPED)
                                 .increment(lost.len() as u64);

@@ -15,7 +15,15 @@
 //! Two instances ([`Fleet`]) share one model database: each has its own
 //! spool id and its LSNs coincide with the other's, so a rule that let one
 //! instance's ranges stand for the other's would lose samples (a mutant
-//! keying the ranges without the spool id fails). A full spool's
+//! keying the ranges without the spool id fails). A restart may find the
+//! spool copied from another box: it takes a new spool id for new records
+//! and keeps the old one for those it holds (`Step::Restart { renew }`);
+//! the model store records a statement's range under the id of its first
+//! sample and a dead letter under the id in its `_id`, so a planner that
+//! let a statement cross the boundary, or a core that named a replayed
+//! sample's dead letter with the new id, fails. A read stops early now and
+//! then and says how far it got: a core that took a short read for the
+//! whole range would skip records. A full spool's
 //! `drop_oldest` is modelled with its tombstone: the core must count
 //! exactly the readings it never wrote.
 
@@ -30,6 +38,7 @@ use crate::decode::{FieldValue, Reading};
 use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
 use crate::spool::{Entry, Record};
 use crate::spooler::Feed;
+use crate::tags::Tags;
 
 const SHAPE: Shape = Shape {
     window_ms: 10_000,
@@ -85,8 +94,10 @@ enum Step {
     /// Up to this many actions are carried out.
     Run(u8),
     /// The process is killed (everything spooled was durable) and starts
-    /// again from the checkpoint.
-    Restart,
+    /// again from the checkpoint; `renew`: it finds its spool was copied
+    /// from another box and takes a new spool id for what it spools from
+    /// then on (the records it holds keep the old one).
+    Restart { renew: bool },
     /// `spool.when_full = "drop_oldest"` deletes this many of the oldest
     /// durable records at or above the checkpoint (their sample LSNs go
     /// into the tombstone).
@@ -106,7 +117,7 @@ fn step() -> impl Strategy<Value = Step> {
             (1u8..10).prop_map(|secs| Fate::Outage { secs }),
         ].prop_map(Step::Next),
         4 => (1u8..6).prop_map(Step::Run),
-        1 => Just(Step::Restart),
+        1 => proptest::bool::weighted(0.3).prop_map(|renew| Step::Restart { renew }),
     ]
 }
 
@@ -145,8 +156,8 @@ struct World {
     next_lsn: u64,
     durable: u64,
     checkpoint: u64,
-    /// This process's spool id (the core's `tag`).
-    tag: u32,
+    /// This process's spool ids (the core's `tags`): renewed now and then.
+    tags: Tags,
     /// The database (several writers share one: see [`Fleet`]).
     db: Db,
     fate: Fate,
@@ -169,6 +180,8 @@ struct World {
     missed_an_earlier_runs: bool,
     /// The first LSN of this run.
     run_from: u64,
+    /// Reads so far.
+    reads: u64,
 }
 
 fn config(mode: Mode, from: u64, fresh_from: u64, max_pending: usize) -> Config {
@@ -184,7 +197,7 @@ fn config_replaying(
 ) -> Config {
     Config {
         shape: SHAPE,
-        tag: 1,
+        tags: Tags::new(1),
         max_pending,
         max_lateness_ms: 3_600_000,
         max_delay: Duration::from_secs(1),
@@ -227,13 +240,13 @@ impl World {
             next_lsn: 1000,
             durable: 1000,
             checkpoint: 1000,
-            tag,
+            tags: Tags::new(tag),
             db: Db::default(),
             fate: Fate::Fine,
             max_pending,
             core: Core::new(
                 Config {
-                    tag,
+                    tags: Tags::new(tag),
                     ..config(mode, 1000, 1000, max_pending)
                 },
                 t0,
@@ -248,6 +261,7 @@ impl World {
             lost: 0,
             missed_an_earlier_runs: false,
             run_from: 1000,
+            reads: 0,
         }
     }
 
@@ -300,12 +314,17 @@ impl World {
                     *offered,
                 );
             }
-            Step::DeadLetter { offered } => self.append(
-                Entry::DeadLetter {
-                    doc: bson::to_vec(&bson::doc! {}).unwrap(),
-                },
-                *offered,
-            ),
+            // Its `_id` names the spool id it was spooled under, as the
+            // spooler makes it.
+            Step::DeadLetter { offered } => {
+                let id = crate::deadletter::id(self.tags.current(), self.next_lsn);
+                self.append(
+                    Entry::DeadLetter {
+                        doc: bson::to_vec(&bson::doc! { "_id": id }).unwrap(),
+                    },
+                    *offered,
+                )
+            }
             Step::Sync => self.sync(),
             Step::Tick(ms) => {
                 self.now += Duration::from_millis(*ms as u64);
@@ -319,7 +338,12 @@ impl World {
                     }
                 }
             }
-            Step::Restart => self.restart(),
+            Step::Restart { renew } => {
+                if *renew {
+                    self.renew();
+                }
+                self.restart()
+            }
             Step::DropOldest(k) => self.drop_oldest(*k as usize),
         }
         Ok(())
@@ -345,6 +369,14 @@ impl World {
         }
     }
 
+    /// The spool turns out to be a copy: a new id from the next LSN on.
+    fn renew(&mut self) {
+        let old = self.tags.current();
+        let mut previous = self.tags.previous().to_vec();
+        previous.push((old, self.next_lsn));
+        self.tags = Tags::with_previous(old + 1000, previous);
+    }
+
     /// A crash: memory is gone; what was appended is durable (what was not
     /// would never have been acknowledged). The next run starts from the
     /// checkpoint.
@@ -358,7 +390,7 @@ impl World {
         let replay = self.log.iter().filter(|r| r.lsn >= self.checkpoint).count();
         self.core = Core::new(
             Config {
-                tag: self.tag,
+                tags: self.tags.clone(),
                 ..config_replaying(
                     self.mode,
                     self.checkpoint,
@@ -389,10 +421,14 @@ impl World {
                     let done = self.deleted.contains(&rec.lsn)
                         || match &rec.entry {
                             Entry::Sample { .. } => {
-                                self.db.stored.contains_key(&(self.tag, rec.lsn))
-                                    || self.db.dead.contains(&(self.tag, rec.lsn))
+                                self.db
+                                    .stored
+                                    .contains_key(&(self.tags.of(rec.lsn), rec.lsn))
+                                    || self.db.dead.contains(&(self.tags.of(rec.lsn), rec.lsn))
                             }
-                            Entry::DeadLetter { .. } => self.db.dead.contains(&(self.tag, rec.lsn)),
+                            Entry::DeadLetter { .. } => {
+                                self.db.dead.contains(&(self.tags.of(rec.lsn), rec.lsn))
+                            }
                             Entry::MessageId { .. } => true,
                         };
                     prop_assert!(
@@ -411,28 +447,40 @@ impl World {
                 from, max, limit, ..
             } => {
                 prop_assert!(limit <= self.durable);
+                // Every third read stops early (say at the end of a segment
+                // being written): it says how far it got, not `limit`.
+                self.reads += 1;
+                let take = match self.reads % 3 {
+                    0 => (max / 2).max(1),
+                    _ => max,
+                };
                 let mut bytes = Vec::new();
                 let mut n = 0;
                 let mut end = limit;
+                let mut stopped = false;
                 for r in self
                     .log
                     .iter()
                     .filter(|r| r.lsn >= from && r.lsn < limit && !self.deleted.contains(&r.lsn))
                     .take(max)
                 {
+                    if n == take {
+                        stopped = true;
+                        break;
+                    }
                     r.encode_into(&mut bytes);
                     n += 1;
                     end = r.lsn + 1;
                 }
-                if n < max {
+                if n < max && !stopped {
                     end = limit;
                 }
                 // The reader reports what it stepped over; the spool forgets
                 // what the core counted.
                 let missing: Vec<u64> = self.tombstone.range(from..end).copied().collect();
-                let lost =
-                    self.core
-                        .records(&bytes, n, max, limit, &missing, self.now, self.now_ms);
+                let lost = self
+                    .core
+                    .records(&bytes, n, end, &missing, self.now, self.now_ms);
                 for l in &lost {
                     self.tombstone.remove(l);
                 }
@@ -491,12 +539,12 @@ impl World {
                         let sample = SampleRef::from_doc(d, r.lsn).unwrap();
                         let ts = sample.ts_ms;
                         let closed = !poisoned(sample)
-                            && !self.db.refused.contains(&(self.tag, r.lsn))
+                            && !self.db.refused.contains(&(self.tags.of(r.lsn), r.lsn))
                             && SHAPE.window_start(ts) + SHAPE.window_ms <= now_ms - 5_000;
                         prop_assert!(
                             !closed
-                                || self.db.stored.contains_key(&(self.tag, r.lsn))
-                                || self.db.dead.contains(&(self.tag, r.lsn))
+                                || self.db.stored.contains_key(&(self.tags.of(r.lsn), r.lsn))
+                                || self.db.dead.contains(&(self.tags.of(r.lsn), r.lsn))
                                 || self.deleted.contains(&r.lsn)
                                 || r.lsn >= self.core.cursor(),
                             "sealing a window while holding its sample {}",
@@ -519,11 +567,11 @@ impl World {
                     Mode::Buckets => self
                         .db
                         .ranges
-                        .get(&(self.tag, r.sensor.clone(), SHAPE.window_start(ts)))
+                        .get(&(self.tags.of(lsn), r.sensor.clone(), SHAPE.window_start(ts)))
                         .is_some_and(|pairs| bucket::ranges_hold(pairs, lsn)),
-                    Mode::Timeseries => self.db.stored.contains_key(&(self.tag, lsn)),
+                    Mode::Timeseries => self.db.stored.contains_key(&(self.tags.of(lsn), lsn)),
                 };
-                if held || self.db.dead.contains(&(self.tag, lsn)) {
+                if held || self.db.dead.contains(&(self.tags.of(lsn), lsn)) {
                     out.applied.insert(lsn);
                 }
             }
@@ -536,15 +584,26 @@ impl World {
         let (mut lo, mut hi) = (u64::MAX, 0);
         for i in range.clone() {
             let s = run.samples.get(i);
-            *self.db.stored.entry((self.tag, s.lsn)).or_default() += 1;
-            self.db.stored_at.insert((self.tag, s.lsn), self.now_ms);
+            *self
+                .db
+                .stored
+                .entry((self.tags.of(s.lsn), s.lsn))
+                .or_default() += 1;
+            self.db
+                .stored_at
+                .insert((self.tags.of(s.lsn), s.lsn), self.now_ms);
             lo = lo.min(s.lsn);
             hi = hi.max(s.lsn);
         }
         let start = SHAPE.window_start(run.samples.get(range.start).ts_ms);
         self.db
             .ranges
-            .entry((self.tag, run.sensor.clone(), start))
+            // Under the id of its first sample, as the real statement does.
+            .entry((
+                self.tags.of(run.samples.get(range.start).lsn),
+                run.sensor.clone(),
+                start,
+            ))
             .or_default()
             .extend([lo, hi]);
     }
@@ -559,8 +618,11 @@ impl World {
         if crash_at == Some(0) {
             return None;
         }
+        // Under the spool id in its `_id`, as the real insert does.
         for d in &batch.deadletters {
-            self.db.dead.insert((self.tag, d.0));
+            let id = d.1.get_object_id("_id").expect("a dead letter's _id");
+            let tag = u32::from_be_bytes(id.bytes()[..4].try_into().unwrap());
+            self.db.dead.insert((tag, d.0));
         }
         let mut written = Written::default();
         // Statements in order: the real planner's in bucket mode, one per
@@ -570,7 +632,7 @@ impl World {
             run.outcomes = vec![Outcome::NotSent; run.samples.len()];
             match self.mode {
                 Mode::Buckets => order.extend(
-                    bucket::plan(&run.samples, &mut run.fills, &SHAPE)
+                    bucket::plan(&run.samples, &mut run.fills, &SHAPE, &self.tags)
                         .into_iter()
                         .map(|st| (r, st.range)),
                 ),
@@ -610,10 +672,11 @@ impl World {
                 }
             }
             let outcome = if poison(batch, st) {
-                let (run, tag) = (&batch.runs[st.0], self.tag);
-                self.db
-                    .refused
-                    .extend(st.1.clone().map(|i| (tag, run.samples.get(i).lsn)));
+                let (run, tags) = (&batch.runs[st.0], &self.tags);
+                self.db.refused.extend(st.1.clone().map(|i| {
+                    let lsn = run.samples.get(i).lsn;
+                    (tags.of(lsn), lsn)
+                }));
                 Outcome::Rejected("poison".into())
             } else {
                 self.apply(&batch.runs[st.0], st.1.clone());
@@ -661,11 +724,11 @@ impl World {
                 let stored = self
                     .db
                     .stored
-                    .get(&(self.tag, rec.lsn))
+                    .get(&(self.tags.of(rec.lsn), rec.lsn))
                     .copied()
                     .unwrap_or(0);
                 prop_assert!(stored <= 1, "deleted sample {} stored twice", rec.lsn);
-                match stored == 1 || self.db.dead.contains(&(self.tag, rec.lsn)) {
+                match stored == 1 || self.db.dead.contains(&(self.tags.of(rec.lsn), rec.lsn)) {
                     true => deleted_and_done += 1,
                     false => lost += 1,
                 }
@@ -689,28 +752,37 @@ impl World {
                     let s = SampleRef::from_doc(d, rec.lsn).unwrap();
                     if poisoned(s) {
                         prop_assert!(
-                            self.db.dead.contains(&(self.tag, rec.lsn)),
+                            self.db.dead.contains(&(self.tags.of(rec.lsn), rec.lsn)),
                             "poisoned {} dead-lettered",
                             rec.lsn
                         );
-                        prop_assert!(!self.db.stored.contains_key(&(self.tag, rec.lsn)));
-                    } else if !self.db.dead.contains(&(self.tag, rec.lsn)) {
+                        prop_assert!(!self
+                            .db
+                            .stored
+                            .contains_key(&(self.tags.of(rec.lsn), rec.lsn)));
+                    } else if !self.db.dead.contains(&(self.tags.of(rec.lsn), rec.lsn)) {
                         prop_assert_eq!(
-                            self.db.stored.get(&(self.tag, rec.lsn)).copied(),
+                            self.db
+                                .stored
+                                .get(&(self.tags.of(rec.lsn), rec.lsn))
+                                .copied(),
                             Some(1),
                             "sample {} stored once",
                             rec.lsn
                         );
                     } else {
                         prop_assert!(
-                            !self.db.stored.contains_key(&(self.tag, rec.lsn)),
+                            !self
+                                .db
+                                .stored
+                                .contains_key(&(self.tags.of(rec.lsn), rec.lsn)),
                             "sample {} dead-lettered and stored",
                             rec.lsn
                         );
                     }
                 }
                 Entry::DeadLetter { .. } => {
-                    prop_assert!(self.db.dead.contains(&(self.tag, rec.lsn)))
+                    prop_assert!(self.db.dead.contains(&(self.tags.of(rec.lsn), rec.lsn)))
                 }
                 Entry::MessageId { .. } => {}
             }
@@ -872,7 +944,7 @@ fn a_restart_finds_what_was_written_past_the_checkpoint_in_every_replayed_batch(
             Step::Run(5),
         ]);
     }
-    steps.push(Step::Restart);
+    steps.push(Step::Restart { renew: false });
     for s in &steps {
         w.step(s).unwrap();
     }
@@ -944,7 +1016,7 @@ fn after_a_restart_live_readings_go_first_while_the_backlog_drains() {
     w.sync();
     // Killed before any of it was written: on the restart it is all
     // backlog, and readings arriving from then on are live.
-    w.step(&Step::Restart).unwrap();
+    w.step(&Step::Restart { renew: false }).unwrap();
     assert!(w.core.backlog_status().readings > 0);
     let backlog = 30_000 - w.db.stored.len();
     let live_lsn = w.next_lsn;
@@ -963,7 +1035,9 @@ fn after_a_restart_live_readings_go_first_while_the_backlog_drains() {
             w.now += Duration::from_millis(100);
             w.now_ms += 100;
         }
-        if backlog_left_when_live_stored.is_none() && w.db.stored.contains_key(&(w.tag, live_lsn)) {
+        if backlog_left_when_live_stored.is_none()
+            && w.db.stored.contains_key(&(w.tags.of(live_lsn), live_lsn))
+        {
             backlog_left_when_live_stored = Some(30_000 - (w.db.stored.len() - 1));
             assert!(
                 w.core.backlog_status().readings > 0,
@@ -979,7 +1053,7 @@ fn after_a_restart_live_readings_go_first_while_the_backlog_drains() {
         left >= backlog / 2,
         "the live reading went first: {left} of {backlog} backlog readings left"
     );
-    let lag = w.db.stored_at[&(w.tag, live_lsn)] - arrived;
+    let lag = w.db.stored_at[&(w.tags.of(live_lsn), live_lsn)] - arrived;
     assert!(
         lag <= 3_500,
         "live lag {lag} ms: max_delay (1 s) plus about one backlog flush (1 s) and its own"

@@ -8,28 +8,48 @@
 //! segment meanwhile). With `spool.when_full = "drop_oldest"` it deletes the
 //! oldest segment when the spool is over its size, and says exactly what
 //! was lost.
+//!
+//! # When the disk fails
+//! The durable LSN moves only past records that a successful sync covered,
+//! and nothing is acknowledged past it. The open segment's bytes since its
+//! last successful sync are kept in memory. Any failed write or sync (EIO,
+//! ENOSPC, a short write, a failed fsync) puts the file back to its last
+//! synced length and writes those bytes again on the next attempt, in
+//! order, after a backoff; appends wait behind them (the spooler stops
+//! taking messages, the broker keeps them). A failed fsync is never
+//! followed by trusting a later one: on Linux a failed writeback may drop
+//! the dirty pages and mark them clean, so the next fsync "succeeds"
+//! without the data (the PostgreSQL fsync finding); cutting the file back
+//! and writing the bytes again makes them dirty again. Checkpoints are
+//! taken meanwhile: deleting confirmed segments is what frees a full disk.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufWriter, Write};
-use std::path::PathBuf;
+use std::collections::VecDeque;
+use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
-use super::log::{
-    census, compress_segment, compressed_name, list_segments, segment_name, sync_dir,
-    write_checkpoint,
-};
+use super::checkpoint::{self, DurableFile};
+use super::damage::{self, Damage};
+use super::fs::{remove_if_there, AppendFile, Storage};
+use super::scan::{Item, Scanner};
+use super::segment::{compressed_name, dir_bytes, list_segments, segment_name, FrameWriter};
 use super::{tombstone, Fsync, Shared, WhenFull};
+use crate::telemetry;
 
 /// Under load, group commits are at least this far apart.
 const COMMIT_GAP: Duration = Duration::from_millis(5);
 
 /// A group commit of at least this many bytes counts as load.
 const COMMIT_GAP_BYTES: usize = 4096;
+
+/// Backoff after a failed write: from this, doubling, up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// A request to the appender.
 pub(super) enum Command {
@@ -39,37 +59,112 @@ pub(super) enum Command {
     Checkpoint,
     /// Sync and stop.
     Close,
-    /// The compressor wrote segment `first` compressed into `tmp` (`len`
-    /// bytes, synced).
-    Compressed { first: u64, tmp: PathBuf, len: u64 },
+    /// The compressor wrote segment `first` compressed into `tmp` (synced).
+    Compressed { first: u64, tmp: PathBuf },
+}
+
+/// The segment being appended to.
+struct Segment {
+    first: u64,
+    file: Box<dyn AppendFile>,
+    /// Bytes of the file that a successful sync covered.
+    synced: u64,
+    /// Bytes appended since, kept until a sync covers them.
+    unsynced: Vec<u8>,
+    /// How many of `unsynced` are in the file (after `synced`).
+    written: usize,
+    /// The LSN after the last record in it.
+    end: u64,
+    /// A write or sync failed: the file may hold anything after `synced`;
+    /// it is cut back before the next write.
+    broken: bool,
+    /// Its directory entry is not yet synced.
+    new: bool,
+}
+
+impl Segment {
+    fn len(&self) -> u64 {
+        self.synced + self.unsynced.len() as u64
+    }
+
+    /// Writes what is not yet in the file and syncs it (with `sync`);
+    /// returns whether it synced.
+    fn commit(&mut self, storage: &dyn Storage, dir: &Path, sync: bool) -> io::Result<bool> {
+        if self.broken {
+            self.file.set_len(self.synced)?;
+            self.written = 0;
+            self.broken = false;
+        }
+        while self.written < self.unsynced.len() {
+            match self.file.write(&self.unsynced[self.written..]) {
+                Ok(0) => {
+                    self.broken = true;
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.broken = true;
+                    return Err(e);
+                }
+            }
+        }
+        if self.new {
+            storage.sync_dir(dir)?;
+            self.new = false;
+        }
+        let synced = sync && !self.unsynced.is_empty();
+        if synced {
+            if let Err(e) = self.file.sync() {
+                // What was written since the last sync may be gone though
+                // the next sync succeeds: it is written again.
+                self.broken = true;
+                return Err(e);
+            }
+        }
+        self.synced += self.unsynced.len() as u64;
+        self.unsynced.clear();
+        self.written = 0;
+        Ok(synced)
+    }
 }
 
 pub(super) struct Appender {
+    pub storage: Arc<dyn Storage>,
     pub dir: PathBuf,
     pub fsync: Fsync,
     pub segment_size: u64,
-    /// (first LSN, file, bytes written) of the open segment.
-    pub current: Option<(u64, BufWriter<File>, u64)>,
+    open: Option<Segment>,
+    /// Appends not yet in a segment (they wait for a rotation).
+    staged: VecDeque<(bytes::Bytes, u64)>,
+    /// The LSN after the last record appended (staged or in a segment).
     pub next_lsn: u64,
+    /// Everything below this is durable.
+    durable: u64,
     pub checkpoint: u64,
     pub shared: Arc<Shared>,
     pub max_size: u64,
     pub when_full: WhenFull,
     /// Closed segments to compress (`None`: `spool.compress` is off).
     pub compressor: Option<std::sync::mpsc::Sender<(u64, PathBuf)>>,
+    durable_file: DurableFile,
 }
 
 /// Compresses the segments it is sent, one after another, and hands each
-/// result to the appender.
+/// result to the appender. Damage it finds on the way is reported and left
+/// out (the frames hold the intact records).
 pub(super) fn compressor(
+    storage: Arc<dyn Storage>,
+    shared: Arc<Shared>,
     rx: std::sync::mpsc::Receiver<(u64, PathBuf)>,
     appender: mpsc::Sender<Command>,
 ) {
     for (first, path) in rx {
-        match compress_segment(&path) {
-            Ok((tmp, len)) => {
+        let checkpoint = shared.checkpoint.load(Ordering::Relaxed);
+        match compress_segment(storage.as_ref(), &path, first, checkpoint) {
+            Ok(tmp) => {
                 if appender
-                    .blocking_send(Command::Compressed { first, tmp, len })
+                    .blocking_send(Command::Compressed { first, tmp })
                     .is_err()
                 {
                     return;
@@ -78,208 +173,390 @@ pub(super) fn compressor(
             // Confirmed and deleted meanwhile.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => {
-                tracing::warn!(segment = %path.display(), error = %e, "Cannot compress a spool segment; it stays as it is.")
+                warn!(segment = %path.display(), error = %e, "Cannot compress a spool segment; it stays as it is.")
             }
         }
     }
 }
 
+/// Compresses closed segment `path` into `<path>.zst.tmp` (synced) and
+/// returns that file; the caller renames it into place. On an error the
+/// temporary file is gone.
+pub(super) fn compress_segment(
+    storage: &dyn Storage,
+    path: &Path,
+    first: u64,
+    checkpoint: u64,
+) -> io::Result<PathBuf> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = path.with_extension("seg.zst.tmp");
+    let written = (|| {
+        remove_if_there(storage, &tmp)?;
+        let mut frames = FrameWriter::new(storage.open_append(&tmp)?)?;
+        // Closed segments end where the next begins; the scanner needs no
+        // bound beyond the record's own LSNs.
+        let mut scanner = Scanner::open(storage, path, first, u64::MAX)?;
+        loop {
+            match scanner.next()? {
+                Item::Record(bytes, _) => frames.record(bytes)?,
+                Item::Damage(r) => {
+                    if let Some(d) = Damage::of(path, &r, u64::MAX, checkpoint) {
+                        damage::report(storage, dir, &d);
+                    }
+                }
+                Item::End => break,
+                Item::Tail(r) => {
+                    // The end of a closed segment that is not a record: the
+                    // next segment's first LSN bounds what it cost.
+                    let end = list_segments(storage, dir)?
+                        .into_iter()
+                        .find(|(f, _)| *f > first)
+                        .map_or(r.after + 1, |s| s.0);
+                    if let Some(d) = Damage::of(path, &r, end, checkpoint) {
+                        damage::report(storage, dir, &d);
+                    }
+                    break;
+                }
+            }
+        }
+        frames.finish()
+    })();
+    match written {
+        Ok(_) => Ok(tmp),
+        Err(e) => {
+            let _ = remove_if_there(storage, &tmp);
+            Err(e)
+        }
+    }
+}
+
+/// What the appender needs to start.
+pub(super) struct Start {
+    pub storage: Arc<dyn Storage>,
+    pub dir: PathBuf,
+    pub fsync: Fsync,
+    pub segment_size: u64,
+    pub next_lsn: u64,
+    pub checkpoint: u64,
+    pub shared: Arc<Shared>,
+    pub max_size: u64,
+    pub when_full: WhenFull,
+    pub compressor: Option<std::sync::mpsc::Sender<(u64, PathBuf)>>,
+}
+
 impl Appender {
+    pub(super) fn new(s: Start) -> Appender {
+        Appender {
+            storage: s.storage,
+            dir: s.dir,
+            fsync: s.fsync,
+            segment_size: s.segment_size,
+            open: None,
+            staged: VecDeque::new(),
+            next_lsn: s.next_lsn,
+            durable: s.next_lsn,
+            checkpoint: s.checkpoint,
+            shared: s.shared,
+            max_size: s.max_size,
+            when_full: s.when_full,
+            compressor: s.compressor,
+            durable_file: DurableFile::new(),
+        }
+    }
+
+    /// Everything below this is durable.
+    #[cfg(test)]
+    pub(super) fn durable(&self) -> u64 {
+        self.durable
+    }
+
+    /// Whether appends wait to be made durable.
+    fn pending(&self) -> bool {
+        !self.staged.is_empty() || self.open.as_ref().is_some_and(|s| !s.unsynced.is_empty())
+    }
+
     pub fn run(&mut self, mut rx: mpsc::Receiver<Command>, durable: watch::Sender<u64>) {
-        let mut failing = false;
+        let mut failing_since: Option<Instant> = None;
+        let mut backoff = MIN_BACKOFF;
         let mut closing = false;
         // (start, bytes) of the previous group commit.
         let mut last = (Instant::now(), 0usize);
-        while let Some(cmd) = rx.blocking_recv() {
-            // Under load, one group commit at most every COMMIT_GAP: fewer,
-            // larger fsyncs (each costs the kernel about as much as a large
-            // one). A small group means few messages wait for it (a small
-            // broker in-flight window): then no wait at all.
-            if last.1 >= COMMIT_GAP_BYTES {
-                let since = last.0.elapsed();
-                if since < COMMIT_GAP {
-                    std::thread::sleep(COMMIT_GAP - since);
+        loop {
+            if failing_since.is_none() {
+                // Wait for work when there is none; under load, one group
+                // commit at most every COMMIT_GAP: fewer, larger fsyncs. A
+                // small group means few messages wait for it (a small
+                // broker in-flight window): then no wait at all.
+                if !self.pending() {
+                    match rx.blocking_recv() {
+                        Some(cmd) => self.take(cmd, &mut closing),
+                        None => break,
+                    }
                 }
+                if last.1 >= COMMIT_GAP_BYTES {
+                    let since = last.0.elapsed();
+                    if since < COMMIT_GAP {
+                        std::thread::sleep(COMMIT_GAP - since);
+                    }
+                }
+                while !closing {
+                    match rx.try_recv() {
+                        Ok(cmd) => self.take(cmd, &mut closing),
+                        Err(_) => break,
+                    }
+                }
+            } else if self.shared.closing.load(Ordering::Relaxed) {
+                // Stopping while the disk fails: what is not durable was
+                // not acknowledged; the broker sends it again.
+                break;
             }
-            let mut batch = vec![cmd];
-            while let Ok(more) = rx.try_recv() {
-                batch.push(more);
-            }
-            if let Some(at) = batch.iter().position(|c| matches!(c, Command::Close)) {
-                batch.truncate(at);
-                closing = true;
-            }
-            let bytes = batch
-                .iter()
-                .map(|c| match c {
-                    Command::Append { bytes, .. } => bytes.len(),
-                    _ => 0,
-                })
-                .sum();
+            let bytes = self.staged.iter().map(|s| s.0.len()).sum();
             last = (Instant::now(), bytes);
-            match self.apply(batch) {
-                Ok(Some(end)) => {
-                    if failing {
-                        info!("Spool writes work again.");
-                        failing = false;
+            let committed = self.commit();
+            // Before the acknowledgements go: room made, checkpoint stored.
+            self.housekeeping();
+            match committed {
+                Ok(()) => {
+                    if let Some(since) = failing_since.take() {
+                        info!(
+                            after = ?Duration::from_secs(since.elapsed().as_secs()),
+                            "Spool writes work again."
+                        );
+                        self.shared.failing.store(false, Ordering::Relaxed);
+                        backoff = MIN_BACKOFF;
                     }
-                    let _ = durable.send(end);
+                    if *durable.borrow() != self.durable {
+                        let _ = durable.send(self.durable);
+                    }
+                    self.committed();
                 }
-                Ok(None) => {}
                 Err(e) => {
-                    // Nothing is acknowledged past the last durable LSN; the
-                    // broker keeps those messages. Retry shortly.
-                    if !failing {
-                        error!(error = %e, dir = %self.dir.display(), "Cannot write the spool (disk full or failing?); new messages are not acknowledged.");
-                        failing = true;
+                    metrics::counter!(telemetry::SPOOL_WRITE_ERRORS, "kind" => error_kind(&e))
+                        .increment(1);
+                    if failing_since.is_none() {
+                        error!(error = %e, dir = %self.dir.display(), "Cannot write the spool (disk full or failing?); new messages are not acknowledged until it works again. What was not yet durable is written again.");
+                        failing_since = Some(Instant::now());
+                        self.shared.failing.store(true, Ordering::Relaxed);
                     }
-                    std::thread::sleep(Duration::from_millis(500));
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
-            if closing {
+            if closing && failing_since.is_none() {
                 break;
             }
         }
-        let _ = self.sync();
+        self.close();
+        if *durable.borrow() != self.durable {
+            let _ = durable.send(self.durable);
+        }
     }
 
-    /// Applies a batch of commands; returns the new durable LSN if appends
-    /// became durable. A requested checkpoint is taken up after every batch,
-    /// so one whose wake-up did not fit into the channel is not lost.
-    fn apply(&mut self, batch: Vec<Command>) -> io::Result<Option<u64>> {
-        let mut end = None;
-        for cmd in batch {
-            match cmd {
-                Command::Append { bytes, end: e } => {
-                    self.append(&bytes, e)?;
-                    end = Some(e);
-                    if self.fsync == Fsync::Always {
-                        self.sync()?;
-                    }
+    /// A last commit, and the durable LSN recorded with a sync.
+    pub(super) fn close(&mut self) {
+        let _ = self.commit();
+        let _ = self
+            .durable_file
+            .record(self.storage.as_ref(), &self.dir, self.durable, true);
+    }
+
+    /// After a successful commit: the durable LSN is recorded (no sync).
+    pub(super) fn committed(&mut self) {
+        let _ = self
+            .durable_file
+            .record(self.storage.as_ref(), &self.dir, self.durable, false);
+    }
+
+    /// Takes in one command (appends wait for [`Appender::commit`]).
+    pub(super) fn take(&mut self, cmd: Command, closing: &mut bool) {
+        match cmd {
+            Command::Append { bytes, end } => {
+                self.next_lsn = end;
+                self.staged.push_back((bytes, end));
+                if self.fsync == Fsync::Always {
+                    // One sync per append: commit each on its own.
+                    let _ = self.commit();
                 }
-                Command::Compressed { first, tmp, len } => self.compressed(first, &tmp, len)?,
-                Command::Checkpoint | Command::Close => {}
             }
-        }
-        if end.is_some() {
-            self.sync()?;
-            if self.when_full == WhenFull::DropOldest {
-                self.make_room()?;
+            Command::Compressed { first, tmp } => {
+                if let Err(e) = self.compressed(first, &tmp) {
+                    warn!(error = %e, "Cannot put a compressed spool segment in place; the plain one stays.");
+                    let _ = remove_if_there(self.storage.as_ref(), &tmp);
+                }
             }
+            Command::Checkpoint => {}
+            Command::Close => *closing = true,
         }
+    }
+
+    /// What is not tied to a commit: the checkpoint asked for, and room
+    /// for `drop_oldest`. Each is tried again after the next batch when it
+    /// fails.
+    pub(super) fn housekeeping(&mut self) {
         let requested = self.shared.requested.load(Ordering::Relaxed);
-        self.checkpoint(requested)?;
-        Ok(end)
-    }
-
-    fn append(&mut self, bytes: &[u8], end: u64) -> io::Result<()> {
-        let rotate = self
-            .current
-            .as_ref()
-            .is_none_or(|c| c.2 >= self.segment_size);
-        if rotate {
-            self.sync()?;
-            if let (Some((closed, ..)), Some(c)) = (&self.current, &self.compressor) {
-                let _ = c.send((*closed, self.dir.join(segment_name(*closed))));
+        if let Err(e) = self.checkpoint(requested) {
+            warn!(error = %e, "Cannot store the spool checkpoint; trying again.");
+        }
+        if self.when_full == WhenFull::DropOldest {
+            if let Err(e) = self.make_room() {
+                warn!(error = %e, "Cannot make room in the full spool; trying again.");
             }
-            let first = self.next_lsn;
-            let path = self.dir.join(segment_name(first));
-            let file = OpenOptions::new().create(true).append(true).open(&path)?;
-            sync_dir(&self.dir)?;
-            let len = file.metadata()?.len();
-            self.current = Some((first, BufWriter::with_capacity(256 * 1024, file), len));
         }
-        if let Some((_, w, n)) = self.current.as_mut() {
-            w.write_all(bytes)?;
-            *n += bytes.len() as u64;
-        }
-        self.next_lsn = end;
-        self.shared
-            .bytes
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        Ok(())
     }
 
-    fn sync(&mut self) -> io::Result<()> {
-        if let Some((_, w, _)) = self.current.as_mut() {
-            w.flush()?;
-            if self.fsync != Fsync::Off {
-                w.get_ref().sync_data()?;
+    /// Writes every staged append into segments (rotating when one is
+    /// full) and syncs: on success everything appended is durable.
+    pub(super) fn commit(&mut self) -> io::Result<()> {
+        while let Some((bytes, end)) = self.staged.pop_front() {
+            let full = self
+                .open
+                .as_ref()
+                .is_none_or(|s| s.len() >= self.segment_size);
+            if full {
+                if let Err(e) = self.seal_and_rotate() {
+                    self.staged.push_front((bytes, end));
+                    return Err(e);
+                }
+            }
+            let s = self.open.as_mut().expect("rotated above");
+            s.unsynced.extend_from_slice(&bytes);
+            s.end = end;
+            self.shared
+                .bytes
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        }
+        self.sync_open()
+    }
+
+    /// Makes the open segment durable.
+    fn sync_open(&mut self) -> io::Result<()> {
+        let sync = self.fsync != Fsync::Off;
+        if let Some(s) = self.open.as_mut() {
+            if s.commit(self.storage.as_ref(), &self.dir, sync)? {
                 self.shared.fsyncs.fetch_add(1, Ordering::Relaxed);
             }
+            self.durable = s.end;
         }
         Ok(())
     }
 
-    fn checkpoint(&mut self, lsn: u64) -> io::Result<()> {
+    /// Syncs the full segment and starts the next.
+    fn seal_and_rotate(&mut self) -> io::Result<()> {
+        self.sync_open()?;
+        self.rotate()
+    }
+
+    /// Starts a new segment at the next record (the full one, synced, goes
+    /// to the compressor).
+    fn rotate(&mut self) -> io::Result<()> {
+        let first = self.open.as_ref().map_or(self.durable, |s| s.end);
+        let path = self.dir.join(segment_name(first));
+        let file = self.storage.open_append(&path)?;
+        let new = Segment {
+            first,
+            file,
+            synced: 0,
+            unsynced: Vec::new(),
+            written: 0,
+            end: first,
+            // Whatever an earlier attempt left in it goes.
+            broken: true,
+            new: true,
+        };
+        if let (Some(old), Some(c)) = (self.open.replace(new), &self.compressor) {
+            let _ = c.send((old.first, self.dir.join(segment_name(old.first))));
+        }
+        self.recount()
+    }
+
+    /// Sets the spool's size to what its files hold.
+    fn recount(&mut self) -> io::Result<()> {
+        let on_disk = dir_bytes(self.storage.as_ref(), &self.dir)?;
+        let unwritten = self
+            .open
+            .as_ref()
+            .map_or(0, |s| (s.unsynced.len() - s.written) as u64);
+        self.shared
+            .bytes
+            .store(on_disk + unwritten, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Everything below `lsn` is in MongoDB: deletes the segments it
+    /// confirms, then stores it. Deleting first is safe (what they hold is
+    /// in MongoDB; a crash before the checkpoint is stored replays from the
+    /// old one and finds those records gone, which is right) and is what
+    /// lets a full disk free space before a new file is needed.
+    pub(super) fn checkpoint(&mut self, lsn: u64) -> io::Result<()> {
         if lsn <= self.checkpoint {
             return Ok(());
         }
-        write_checkpoint(&self.dir, lsn)?;
-        self.checkpoint = lsn;
-        self.shared.checkpoint.store(lsn, Ordering::Relaxed);
+        let storage = self.storage.clone();
+        let storage = storage.as_ref();
         // A segment can go once the next one starts at or below the
         // checkpoint: all its records are in MongoDB.
-        let segments = list_segments(&self.dir)?;
-        let open = self.current.as_ref().map(|c| c.0);
+        let segments = list_segments(storage, &self.dir)?;
+        let open = self.open.as_ref().map(|s| s.first);
         for pair in segments.windows(2) {
             let ((first, path), (next_first, _)) = (&pair[0], &pair[1]);
             if *next_first <= lsn && Some(*first) != open {
-                self.remove(path)?;
+                remove_if_there(storage, path)?;
             }
         }
-        tombstone::prune(&self.dir, lsn)?;
         // The open segment too, once everything in it is confirmed: else a
         // segment that grew past `spool.max_size` by itself would keep the
         // spool full for ever (no new append would ever rotate it away).
-        if lsn >= self.next_lsn {
-            if let Some((first, mut w, _)) = self.current.take() {
-                w.flush()?;
-                drop(w);
-                self.remove(&self.dir.join(segment_name(first)))?;
+        if lsn >= self.next_lsn && !self.pending() {
+            if let Some(s) = self.open.take() {
+                remove_if_there(storage, &self.dir.join(segment_name(s.first)))?;
             }
         }
-        Ok(())
+        tombstone::prune(storage, &self.dir, lsn)?;
+        damage::prune(storage, &self.dir, lsn)?;
+        self.recount()?;
+        checkpoint::write(storage, &self.dir, lsn)?;
+        self.checkpoint = lsn;
+        self.shared.checkpoint.store(lsn, Ordering::Relaxed);
+        self.recount()
     }
 
     /// Puts a compressed segment in place of the plain one, unless the
     /// checkpoint deleted the segment meanwhile.
-    fn compressed(&mut self, first: u64, tmp: &std::path::Path, len: u64) -> io::Result<()> {
+    fn compressed(&mut self, first: u64, tmp: &Path) -> io::Result<()> {
+        let storage = self.storage.clone();
+        let storage = storage.as_ref();
         let plain = self.dir.join(segment_name(first));
-        let Ok(meta) = fs::metadata(&plain) else {
-            let _ = fs::remove_file(tmp);
-            return Ok(());
-        };
-        fs::rename(tmp, self.dir.join(compressed_name(first)))?;
-        sync_dir(&self.dir)?;
-        fs::remove_file(&plain)?;
-        sync_dir(&self.dir)?;
-        let bytes = &self.shared.bytes;
-        bytes.fetch_add(len, Ordering::Relaxed);
-        bytes.fetch_sub(
-            meta.len().min(bytes.load(Ordering::Relaxed)),
-            Ordering::Relaxed,
-        );
-        Ok(())
+        let listed = storage.list(&self.dir)?;
+        if !listed.iter().any(|(n, _)| *n == segment_name(first)) {
+            return remove_if_there(storage, tmp);
+        }
+        storage.rename(tmp, &self.dir.join(compressed_name(first)))?;
+        storage.sync_dir(&self.dir)?;
+        storage.remove(&plain)?;
+        storage.sync_dir(&self.dir)?;
+        self.recount()
     }
 
     /// `when_full = "drop_oldest"`: deletes the oldest segments until the
     /// spool fits in `max_size` again (the open one stays), logging what
     /// each held that was not yet in MongoDB.
     fn make_room(&mut self) -> io::Result<()> {
-        let open = self.current.as_ref().map(|c| c.0);
+        let open = self.open.as_ref().map(|s| s.first);
         while self.shared.bytes.load(Ordering::Relaxed) > self.max_size {
-            let segments = list_segments(&self.dir)?;
-            let Some((first, path)) = segments.into_iter().find(|(f, _)| Some(*f) != open) else {
+            let segments = list_segments(self.storage.as_ref(), &self.dir)?;
+            let Some(at) = segments.iter().position(|(f, _)| Some(*f) != open) else {
                 break;
             };
+            let (first, path) = segments[at].clone();
+            let upper = segments.get(at + 1).map_or(u64::MAX, |s| s.0);
             // What lies below the checkpoint is in MongoDB already. What
             // lies above it and the pipeline does not hold in memory is
             // lost: its tombstone says which, for the reader that finds
             // them missing (the pipeline counts them then).
-            let c = census(&path, self.checkpoint)?;
-            tombstone::write(&self.dir, &c.sample_lsns)?;
-            self.remove(&path)?;
+            let c = census(self.storage.as_ref(), &path, first, upper, self.checkpoint)?;
+            tombstone::write(self.storage.as_ref(), &self.dir, &c.sample_lsns)?;
+            remove_if_there(self.storage.as_ref(), &path)?;
+            self.recount()?;
             error!(
                 segment = first,
                 readings = c.samples,
@@ -299,12 +576,72 @@ impl Appender {
         );
         Ok(())
     }
+}
 
-    fn remove(&self, path: &std::path::Path) -> io::Result<()> {
-        let len = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        fs::remove_file(path)?;
-        let bytes = &self.shared.bytes;
-        bytes.fetch_sub(len.min(bytes.load(Ordering::Relaxed)), Ordering::Relaxed);
-        Ok(())
+/// A bounded label for a spool write error.
+fn error_kind(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => "disk_full",
+        Some(libc::EIO) => "io",
+        _ if e.kind() == io::ErrorKind::WriteZero => "short_write",
+        _ => "other",
+    }
+}
+
+/// What a segment holds (before it is dropped to make room).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Census {
+    pub records: u64,
+    pub samples: u64,
+    pub dead_letters: u64,
+    pub messages: u64,
+    pub first_lsn: Option<u64>,
+    pub last_lsn: Option<u64>,
+    /// When the first and last record were received (ms).
+    pub first_ms: Option<i64>,
+    pub last_ms: Option<i64>,
+    /// The LSNs of its sample records (its tombstone).
+    pub sample_lsns: roaring::RoaringTreemap,
+}
+
+/// Counts what a segment holds from LSN `from` on (damage is reported).
+fn census(
+    storage: &dyn Storage,
+    path: &Path,
+    first: u64,
+    upper: u64,
+    from: u64,
+) -> io::Result<Census> {
+    use super::record::{parse, EntryRef};
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut scanner = Scanner::open(storage, path, first, upper)?;
+    let mut c = Census::default();
+    loop {
+        let rec = match scanner.next()? {
+            Item::Record(bytes, _) => parse(bytes).next().map(|r| (r.lsn, r.received_ms, r.entry)),
+            Item::Damage(r) => {
+                if let Some(d) = Damage::of(path, &r, upper, from) {
+                    damage::report(storage, dir, &d);
+                }
+                continue;
+            }
+            Item::End | Item::Tail(_) => return Ok(c),
+        };
+        let Some((lsn, received_ms, entry)) = rec.filter(|r| r.0 >= from) else {
+            continue;
+        };
+        c.records += 1;
+        c.first_lsn.get_or_insert(lsn);
+        c.last_lsn = Some(lsn);
+        c.first_ms.get_or_insert(received_ms);
+        c.last_ms = Some(received_ms);
+        match entry {
+            EntryRef::Sample { .. } => {
+                c.samples += 1;
+                c.sample_lsns.insert(lsn);
+            }
+            EntryRef::DeadLetter { .. } => c.dead_letters += 1,
+            EntryRef::MessageId { .. } => c.messages += 1,
+        }
     }
 }

@@ -2,9 +2,18 @@
 //! received, so a PUBLISH can be acknowledged once it is on local disk and
 //! the database may be slow or gone for hours.
 //!
-//! - [`log`]: the record format, segment files, recovery and reading back.
+//! - [`record`]: the record format (sans-IO).
+//! - [`fs`]: the file layer every file operation goes through (the seam the
+//!   property tests put a failing disk behind).
+//! - [`segment`] (names, listing, compressed frames) and [`scan`] (reading a
+//!   segment record by record, past damage).
+//! - [`recover`]: what opening a spool finds; [`checkpoint`]: the
+//!   `checkpoint` and `durable` files; [`identity`]: `spool.id`.
 //! - [`appender`]: the one thread that writes, group-commits and deletes
-//!   confirmed segments.
+//!   confirmed segments, and how it survives a failing disk.
+//! - [`reader`]: reading records back in LSN order.
+//! - [`damage`] and [`tombstone`]: what damage and `drop_oldest` cost,
+//!   counted once.
 //! - [`Spool`]: the cheaply cloned handle the tasks use; it hides the
 //!   appender's channel, the durable LSN and the shared counters.
 //!
@@ -37,26 +46,50 @@
 //! segments that lie wholly below it, the open one too once all of it is
 //! confirmed.
 //!
+//! # Faults
+//! What each fault of the disk costs, and what palletd does about it, is in
+//! the README ("How it writes"): write and sync errors are retried in order
+//! and what a failed fsync may have lost is written again ([`appender`]);
+//! damage costs the damaged records alone, counted ([`damage`]); a torn
+//! tail is cut; a full disk frees what MongoDB confirmed first; a spool
+//! copied to another box takes a new id ([`identity`]).
+//!
 //! Why not a crate: the embedded stores on crates.io are B-trees or LSM trees
 //! (redb, sled, fjall) where a cut file is a corrupt database rather than a
 //! torn tail, and the log crates (okaywal, commitlog) are unmaintained. A
 //! segmented file with CRC32 (crc32fast) is a few hundred lines, and its
-//! crash behaviour is tested here.
+//! crash behaviour is tested here, over a simulated disk that fails.
 
 mod appender;
-pub mod log;
+mod checkpoint;
+mod damage;
+pub mod fs;
+mod identity;
+mod reader;
+pub mod record;
+mod recover;
+mod scan;
+mod segment;
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod tests;
 mod tombstone;
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
 use appender::{Appender, Command};
-pub use log::{parse, Entry, EntryRef, Reader, Record, RecordRef, Recovery};
+pub use fs::Storage;
+pub use identity::machine_fingerprint;
+pub use reader::{Read, Reader};
+pub use record::{parse, Entry, EntryRef, Record, RecordRef};
+pub use recover::Recovery;
 
 /// When the spool syncs to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +125,7 @@ pub struct SpoolSettings {
 /// Numbers the appender keeps and the tasks read.
 #[derive(Debug, Default)]
 struct Shared {
-    /// Bytes in all segment files.
+    /// Bytes in all the spool's files.
     bytes: AtomicU64,
     /// LSN of the stored checkpoint (everything below is in MongoDB).
     checkpoint: AtomicU64,
@@ -101,7 +134,11 @@ struct Shared {
     requested: AtomicU64,
     /// `drop_oldest` could not get the spool under its size (only the open
     /// segment is left).
-    stuck: std::sync::atomic::AtomicBool,
+    stuck: AtomicBool,
+    /// Writes or syncs are failing: nothing new becomes durable.
+    failing: AtomicBool,
+    /// The appender is asked to stop (also while writes fail).
+    closing: AtomicBool,
 }
 
 /// The appender has stopped: nothing more can be spooled.
@@ -112,6 +149,7 @@ pub struct Stopped;
 /// A handle on the spool; clones share the same log.
 #[derive(Clone)]
 pub struct Spool {
+    storage: Arc<dyn Storage>,
     dir: PathBuf,
     max_size: u64,
     when_full: WhenFull,
@@ -123,18 +161,42 @@ pub struct Spool {
 /// The appender thread; [`AppenderThread::finish`] syncs and stops it.
 pub struct AppenderThread {
     tx: mpsc::Sender<Command>,
+    shared: Arc<Shared>,
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Opens (or creates) the spool in `settings.dir`, recovers what is there,
-/// and starts the appender.
+/// Opens (or creates) the spool in `settings.dir` on the operating
+/// system's files, recovers what is there, and starts the appender.
 pub fn open(settings: &SpoolSettings) -> io::Result<(Spool, Recovery, AppenderThread)> {
-    let recovery = log::recover(&settings.dir)?;
-    let (spool, thread) = start(settings, &recovery)?;
+    open_on(fs::os(), settings, &machine_fingerprint())
+}
+
+/// [`open`] on `storage`, for the box with fingerprint `machine`.
+pub fn open_on(
+    storage: Arc<dyn Storage>,
+    settings: &SpoolSettings,
+    machine: &str,
+) -> io::Result<(Spool, Recovery, AppenderThread)> {
+    let recovery = recover::recover(storage.as_ref(), &settings.dir, machine)?;
+    if let Some(free) = storage.free_space(&settings.dir) {
+        if free + recovery.bytes < settings.max_size {
+            tracing::warn!(
+                dir = %settings.dir.display(),
+                free_bytes = free,
+                max_size = settings.max_size,
+                "The spool's filesystem has less room than spool.max_size: the disk fills first, and palletd then stops acknowledging until MongoDB confirms what it holds (spool.when_full = \"drop_oldest\" needs the room it is given)."
+            );
+        }
+    }
+    let (spool, thread) = start(storage, settings, &recovery)?;
     Ok((spool, recovery, thread))
 }
 
-fn start(settings: &SpoolSettings, recovery: &Recovery) -> io::Result<(Spool, AppenderThread)> {
+fn start(
+    storage: Arc<dyn Storage>,
+    settings: &SpoolSettings,
+    recovery: &Recovery,
+) -> io::Result<(Spool, AppenderThread)> {
     // At least four segments fit, so a full spool can always free some.
     let segment_size = (settings.max_size / 4).clamp(16 * 1024, 64 * 1024 * 1024);
     let (tx, rx) = mpsc::channel(1024);
@@ -151,9 +213,10 @@ fn start(settings: &SpoolSettings, recovery: &Recovery) -> io::Result<(Spool, Ap
         true => {
             let (ctx, crx) = std::sync::mpsc::channel();
             let back = tx.clone();
+            let (storage, shared) = (storage.clone(), shared.clone());
             std::thread::Builder::new()
                 .name("palletd-spool-zstd".into())
-                .spawn(move || appender::compressor(crx, back))?;
+                .spawn(move || appender::compressor(storage, shared, crx, back))?;
             for seg in &recovery.uncompressed {
                 let _ = ctx.send(seg.clone());
             }
@@ -161,32 +224,34 @@ fn start(settings: &SpoolSettings, recovery: &Recovery) -> io::Result<(Spool, Ap
         }
         false => None,
     };
-    let mut appender = Appender {
+    let mut appender = Appender::new(appender::Start {
+        storage: storage.clone(),
         dir: settings.dir.clone(),
         fsync: settings.fsync,
         segment_size,
-        current: None,
         next_lsn: recovery.next_lsn,
         checkpoint: recovery.checkpoint,
         shared: shared.clone(),
         max_size: settings.max_size,
         when_full: settings.when_full,
         compressor,
-    };
+    });
     let handle = std::thread::Builder::new()
         .name("palletd-spool".into())
         .spawn(move || appender.run(rx, durable_tx))?;
     Ok((
         Spool {
+            storage,
             dir: settings.dir.clone(),
             max_size: settings.max_size,
             when_full: settings.when_full,
             tx: tx.clone(),
             durable,
-            shared,
+            shared: shared.clone(),
         },
         AppenderThread {
             tx,
+            shared,
             handle: Some(handle),
         },
     ))
@@ -194,8 +259,10 @@ fn start(settings: &SpoolSettings, recovery: &Recovery) -> io::Result<(Spool, Ap
 
 impl AppenderThread {
     /// Syncs what was appended and stops the thread (appends after this
-    /// fail with [`Stopped`]). Blocking.
+    /// fail with [`Stopped`]). Blocking. While writes fail it stops without
+    /// waiting: what is not durable was not acknowledged.
     pub fn finish(mut self) {
+        self.shared.closing.store(true, Ordering::Relaxed);
         let _ = self.tx.blocking_send(Command::Close);
         if let Some(t) = self.handle.take() {
             let _ = t.join();
@@ -248,7 +315,7 @@ impl Spool {
         self.shared.checkpoint.load(Ordering::Relaxed)
     }
 
-    /// Bytes in the segment files.
+    /// Bytes in the spool's files.
     pub fn bytes(&self) -> u64 {
         self.shared.bytes.load(Ordering::Relaxed)
     }
@@ -270,6 +337,17 @@ impl Spool {
         }
     }
 
+    /// Writes or syncs of the spool are failing (a full or failing disk):
+    /// nothing new becomes durable, so nothing new is acknowledged.
+    pub fn failing(&self) -> bool {
+        self.shared.failing.load(Ordering::Relaxed)
+    }
+
+    /// Bytes free on the spool's filesystem, when known.
+    pub fn free_space(&self) -> Option<u64> {
+        self.storage.free_space(&self.dir)
+    }
+
     /// fsync calls so far.
     pub fn fsyncs(&self) -> u64 {
         self.shared.fsyncs.load(Ordering::Relaxed)
@@ -278,33 +356,25 @@ impl Spool {
     /// The pipeline counted these sample LSNs (in order) as lost: readers
     /// no longer report them missing.
     pub fn forget_lost(&self, lsns: &[u64]) -> io::Result<()> {
-        tombstone::forget(&self.dir, lsns)
+        tombstone::forget(self.storage.as_ref(), &self.dir, lsns)
     }
 
     /// A reader of the records from `lsn` on.
     pub fn reader(&self, lsn: u64) -> Reader {
-        Reader::new(&self.dir, lsn)
+        Reader::new(self.storage.clone(), self.dir.clone(), lsn)
     }
 }
 
-/// Reads up to `max` records below `limit` on a blocking thread (as
-/// written, see [`parse`], and how many); hands the reader back to keep its
-/// position.
-pub async fn read(
-    mut reader: Reader,
-    max: usize,
-    limit: u64,
-) -> (Reader, io::Result<(Vec<u8>, usize)>) {
+/// Reads up to `max` records below `limit` on a blocking thread; hands the
+/// reader back to keep its position.
+pub async fn read(mut reader: Reader, max: usize, limit: u64) -> io::Result<(Reader, Read)> {
     let task = tokio::task::spawn_blocking(move || {
         let records = reader.read(max, limit);
-        (reader, records)
+        records.map(|r| (reader, r))
     });
     match task.await {
         Ok(done) => done,
-        Err(e) => (
-            Reader::new(Path::new(""), 0),
-            Err(io::Error::other(format!("spool reader failed: {e}"))),
-        ),
+        Err(e) => Err(io::Error::other(format!("spool reader failed: {e}"))),
     }
 }
 
@@ -354,417 +424,4 @@ pub fn bench_append(
     let fsyncs = spool.fsyncs();
     thread.finish();
     Ok((elapsed, fsyncs))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::HashMap;
-    use std::fs::{self, OpenOptions};
-
-    use super::log::tests::sample;
-    use super::log::{list_segments, recover};
-    use super::*;
-
-    /// A spool whose appends continue at `first` (the records' own LSNs).
-    fn start_at(dir: &Path, first: Option<u64>, max_size: u64) -> (Spool, AppenderThread) {
-        start_with(dir, first, max_size, false, WhenFull::Stop)
-    }
-
-    fn start_with(
-        dir: &Path,
-        first: Option<u64>,
-        max_size: u64,
-        compress: bool,
-        when_full: WhenFull,
-    ) -> (Spool, AppenderThread) {
-        let mut rec = recover(dir).unwrap();
-        if let Some(first) = first {
-            rec.next_lsn = first;
-        }
-        let settings = SpoolSettings {
-            dir: dir.to_path_buf(),
-            max_size,
-            fsync: Fsync::Batch,
-            compress,
-            when_full,
-        };
-        start(&settings, &rec).unwrap()
-    }
-
-    /// A sample record the size of a real reading.
-    fn reading(lsn: u64) -> Record {
-        let doc = bson::to_vec(&bson::doc! {
-            "ts": bson::DateTime::from_millis(1_700_000_000_000 + lsn as i64 % 100_000),
-            "temperature": 20.0 + (lsn % 50) as f64 / 10.0,
-            "humidity": 40.0 + (lsn % 7) as f64,
-        })
-        .unwrap();
-        Record {
-            lsn,
-            received_ms: 1_700_000_000_000 + lsn as i64,
-            entry: Entry::Sample {
-                sensor: format!("sensor-{:04}", lsn % 1000),
-                doc,
-            },
-        }
-    }
-
-    fn compressed_files(dir: &Path) -> usize {
-        fs::read_dir(dir)
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .path()
-                    .to_str()
-                    .is_some_and(|p| p.ends_with(".seg.zst"))
-            })
-            .count()
-    }
-
-    #[test]
-    fn segments_moved_on_from_are_compressed_and_read_back_the_same() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = recover(dir.path()).unwrap().next_lsn;
-        let records: Vec<Record> = (base..base + 20_000).map(reading).collect();
-        let plain: u64 = records.iter().map(|r| r.encode().len() as u64).sum();
-        let (spool, thread) = start_with(dir.path(), Some(base), 1 << 20, true, WhenFull::Stop);
-        for r in &records {
-            append(&spool, r);
-        }
-        while spool.durable() < base + 20_000 {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let segments = loop {
-            let segments = list_segments(dir.path()).unwrap();
-            // Every segment but the open one, once the compressor is done
-            // (counted in the same listing: the compressor renames files
-            // meanwhile).
-            let compressed = segments.iter().filter(|s| log::is_compressed(&s.1)).count();
-            if segments.len() > 2 && compressed == segments.len() - 1 {
-                break segments;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        assert!(
-            segments[..segments.len() - 1]
-                .iter()
-                .all(|(_, p)| log::is_compressed(p)),
-            "{segments:?}"
-        );
-        thread.finish();
-        let on_disk = spool.bytes();
-        assert!(on_disk * 3 < plain, "{on_disk} bytes on disk for {plain}");
-        let rec = recover(dir.path()).unwrap();
-        assert_eq!(rec.records, 20_000);
-        assert_eq!(rec.bytes, on_disk);
-        assert!(rec.uncompressed.is_empty());
-        // From the middle of a compressed segment, in small reads.
-        let mut reader = Reader::new(dir.path(), base + 777);
-        let mut got = Vec::new();
-        loop {
-            let batch = reader.read_records(999, base + 20_000).unwrap();
-            if batch.is_empty() {
-                break;
-            }
-            got.extend(batch);
-        }
-        assert_eq!(got, records[777..].to_vec());
-    }
-
-    #[test]
-    fn a_read_stopped_at_its_limit_goes_on_from_there() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = recover(dir.path()).unwrap().next_lsn;
-        let records: Vec<Record> = (base..base + 100).map(reading).collect();
-        write_all(dir.path(), &records, 1 << 30);
-        let mut reader = Reader::new(dir.path(), base);
-        assert_eq!(reader.read_records(1000, base + 40).unwrap(), records[..40]);
-        assert_eq!(
-            reader.read_records(1000, base + 100).unwrap(),
-            records[40..]
-        );
-    }
-
-    #[test]
-    fn a_compression_cut_short_is_cleaned_up_at_recovery() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = recover(dir.path()).unwrap().next_lsn;
-        let records: Vec<Record> = (base..base + 20_000).map(reading).collect();
-        write_all(dir.path(), &records, 1 << 20);
-        let segments = list_segments(dir.path()).unwrap();
-        assert!(segments.len() > 2);
-        // The first one compressed but not yet swapped, the second one
-        // half way through compressing.
-        let (tmp, _) = log::compress_segment(&segments[0].1).unwrap();
-        fs::rename(&tmp, dir.path().join(log::compressed_name(segments[0].0))).unwrap();
-        let _ = log::compress_segment(&segments[1].1).unwrap();
-        let rec = recover(dir.path()).unwrap();
-        assert_eq!(rec.records, 20_000);
-        assert_eq!(compressed_files(dir.path()), 1);
-        assert!(!segments[0].1.exists(), "the plain copy went");
-        assert_eq!(
-            rec.uncompressed.len(),
-            list_segments(dir.path()).unwrap().len() - 2,
-            "the rest is queued for compression"
-        );
-        let got = Reader::new(dir.path(), 0)
-            .read_records(100_000, u64::MAX)
-            .unwrap();
-        assert_eq!(got, records);
-    }
-
-    #[test]
-    fn drop_oldest_deletes_the_oldest_segments_and_a_reader_finds_exactly_what_was_lost() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = recover(dir.path()).unwrap().next_lsn;
-        let records: Vec<Record> = (base..base + 20_000).map(reading).collect();
-        let max_size = 256 * 1024;
-        let (spool, thread) = start_with(
-            dir.path(),
-            Some(base),
-            max_size,
-            false,
-            WhenFull::DropOldest,
-        );
-        // The first 100 are in MongoDB.
-        spool.checkpoint(base + 100);
-        for r in &records {
-            append(&spool, r);
-        }
-        while spool.durable() < base + 20_000 {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(!spool.is_full(), "it made room");
-        let bytes = spool.bytes();
-        assert!(bytes <= max_size, "{bytes}");
-        let mut reader = Reader::new(dir.path(), base);
-        let kept = reader.read_records(100_000, u64::MAX).unwrap();
-        assert_eq!(kept, records[20_000 - kept.len()..], "the newest are kept");
-        let missing = reader.take_missing();
-        assert_eq!(
-            missing,
-            (base + 100..base + 20_000 - kept.len() as u64).collect::<Vec<u64>>(),
-            "a reader finds every deleted reading missing, the confirmed ones not"
-        );
-        spool.forget_lost(&missing).unwrap();
-        let mut again = Reader::new(dir.path(), base);
-        again.read_records(100_000, u64::MAX).unwrap();
-        assert!(
-            again.take_missing().is_empty(),
-            "counted ones are forgotten"
-        );
-        thread.finish();
-    }
-
-    fn append(spool: &Spool, r: &Record) {
-        spool
-            .tx
-            .blocking_send(Command::Append {
-                bytes: r.encode().into(),
-                end: r.lsn + 1,
-            })
-            .unwrap();
-    }
-
-    fn write_all(dir: &Path, records: &[Record], max_size: u64) {
-        let (spool, thread) = start_at(dir, records.first().map(|r| r.lsn), max_size);
-        for r in records {
-            append(&spool, r);
-        }
-        thread.finish();
-    }
-
-    #[test]
-    fn written_records_are_read_back_across_segments() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = recover(dir.path()).unwrap().next_lsn;
-        let records: Vec<Record> = (base..base + 5000).map(sample).collect();
-        write_all(dir.path(), &records, 256 * 1024);
-        assert!(list_segments(dir.path()).unwrap().len() > 1, "rotated");
-        let rec = recover(dir.path()).unwrap();
-        assert_eq!(rec.records, 5000);
-        assert!(rec.next_lsn >= base + 5000);
-        let mut reader = Reader::new(dir.path(), base + 10);
-        let mut got = Vec::new();
-        loop {
-            let batch = reader.read_records(700, base + 5000).unwrap();
-            if batch.is_empty() {
-                break;
-            }
-            got.extend(batch);
-        }
-        assert_eq!(got, records[10..].to_vec());
-    }
-
-    #[test]
-    fn a_torn_tail_is_cut_and_the_rest_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = recover(dir.path()).unwrap().next_lsn;
-        let records: Vec<Record> = (base..base + 10).map(sample).collect();
-        write_all(dir.path(), &records, 1 << 30);
-        let (_, path) = list_segments(dir.path()).unwrap().pop().unwrap();
-        let len = fs::metadata(&path).unwrap().len();
-        // Half of the last record is missing.
-        OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(len - 5)
-            .unwrap();
-        let rec = recover(dir.path()).unwrap();
-        assert_eq!(rec.records, 9);
-        assert!(rec.torn_bytes > 0);
-        assert!(rec.next_lsn >= base + 9);
-        let got = Reader::new(dir.path(), 0)
-            .read_records(100, u64::MAX)
-            .unwrap();
-        assert_eq!(got, records[..9].to_vec());
-        // Appending after the cut works and reads back in order.
-        write_all(dir.path(), &[sample(base + 9)], 1 << 30);
-        let got = Reader::new(dir.path(), 0)
-            .read_records(100, u64::MAX)
-            .unwrap();
-        assert_eq!(got.len(), 10);
-    }
-
-    #[test]
-    fn a_corrupted_last_record_is_cut_not_replayed() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = recover(dir.path()).unwrap().next_lsn;
-        let records: Vec<Record> = (base..base + 3).map(sample).collect();
-        write_all(dir.path(), &records, 1 << 30);
-        let (_, path) = list_segments(dir.path()).unwrap().pop().unwrap();
-        let mut bytes = fs::read(&path).unwrap();
-        let last = bytes.len() - 2;
-        bytes[last] ^= 0xff;
-        fs::write(&path, &bytes).unwrap();
-        let rec = recover(dir.path()).unwrap();
-        assert_eq!(rec.records, 2);
-        let got = Reader::new(dir.path(), 0)
-            .read_records(100, u64::MAX)
-            .unwrap();
-        assert_eq!(got, records[..2].to_vec());
-    }
-
-    #[test]
-    fn checkpoint_deletes_whole_segments_below_it_and_survives_restart() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = recover(dir.path()).unwrap().next_lsn;
-        let records: Vec<Record> = (base..base + 5000).map(sample).collect();
-        let (spool, thread) = start_at(dir.path(), Some(base), 256 * 1024);
-        for r in &records {
-            append(&spool, r);
-        }
-        let before = list_segments(dir.path()).unwrap().len();
-        spool.checkpoint(base + 4000);
-        thread.finish();
-        let after = list_segments(dir.path()).unwrap();
-        assert!(after.len() < before, "{} -> {}", before, after.len());
-        assert!(
-            after[0].0 <= base + 4000,
-            "the segment holding the checkpoint stays"
-        );
-        let rec = recover(dir.path()).unwrap();
-        assert_eq!(rec.checkpoint, base + 4000);
-        assert_eq!(rec.records, 1000);
-        let got = Reader::new(dir.path(), rec.checkpoint)
-            .read_records(10_000, u64::MAX)
-            .unwrap();
-        assert_eq!(got, records[4000..].to_vec());
-    }
-
-    #[test]
-    fn message_ids_are_recovered() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = recover(dir.path()).unwrap().next_lsn;
-        let ids = [
-            Record {
-                lsn: base,
-                received_ms: 0,
-                entry: Entry::MessageId {
-                    pkid: 1,
-                    digest: 10,
-                },
-            },
-            Record {
-                lsn: base + 1,
-                received_ms: 0,
-                entry: Entry::MessageId {
-                    pkid: 1,
-                    digest: 11,
-                },
-            },
-            Record {
-                lsn: base + 2,
-                received_ms: 0,
-                entry: Entry::MessageId {
-                    pkid: 2,
-                    digest: 20,
-                },
-            },
-        ];
-        write_all(dir.path(), &ids, 1 << 30);
-        let rec = recover(dir.path()).unwrap();
-        assert_eq!(rec.message_ids, HashMap::from([(1, 11), (2, 20)]));
-    }
-
-    #[test]
-    fn a_checkpoint_past_everything_frees_even_the_open_segment() {
-        // One append larger than the whole spool: the open segment alone
-        // makes it full. Once the checkpoint confirms all of it, the spool
-        // must have room again, or it would stay full for ever (no append
-        // comes to rotate the segment away).
-        let dir = tempfile::tempdir().unwrap();
-        let base = recover(dir.path()).unwrap().next_lsn;
-        let (spool, thread) = start_at(dir.path(), Some(base), 64 * 1024);
-        let mut bytes = Vec::new();
-        let n = 2000;
-        for lsn in base..base + n {
-            sample(lsn).encode_into(&mut bytes);
-        }
-        assert!(bytes.len() as u64 > spool.max_size());
-        spool
-            .tx
-            .blocking_send(Command::Append {
-                bytes: bytes.into(),
-                end: base + n,
-            })
-            .unwrap();
-        while spool.durable() < base + n {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(spool.is_full());
-        spool.checkpoint(base + n - 1);
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(spool.is_full(), "the last record is not confirmed yet");
-        spool.checkpoint(base + n);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while spool.is_full() {
-            assert!(Instant::now() < deadline, "the spool stays full");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert_eq!(spool.bytes(), 0);
-        // Appends go on in a new segment, and recovery sees them.
-        append(&spool, &sample(base + n));
-        thread.finish();
-        let rec = recover(dir.path()).unwrap();
-        assert_eq!(rec.checkpoint, base + n);
-        assert_eq!(rec.records, 1);
-        assert!(rec.next_lsn > base + n);
-    }
-
-    #[test]
-    fn a_record_not_yet_durable_is_left_for_the_next_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = recover(dir.path()).unwrap().next_lsn;
-        let records: Vec<Record> = (base..base + 10).map(sample).collect();
-        write_all(dir.path(), &records, 1 << 30);
-        let mut reader = Reader::new(dir.path(), base);
-        // Only the first five are durable yet, though all ten are written.
-        let first = reader.read_records(100, base + 5).unwrap();
-        assert_eq!(first, records[..5].to_vec());
-        let rest = reader.read_records(100, base + 10).unwrap();
-        assert_eq!(rest, records[5..].to_vec(), "none skipped");
-    }
 }

@@ -35,6 +35,7 @@ use std::io::Write;
 
 use bson::{doc, Bson, Document};
 use futures_util::TryStreamExt;
+use mongodb::options::ReadConcern;
 use mongodb::{Collection, Database, IndexModel};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -46,6 +47,7 @@ use crate::bucket::{self, Fill, Shape};
 use crate::config::Settings;
 use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
 use crate::retry::{Aborted, Backoff};
+use crate::tags::Tags;
 
 /// Name of the TTL index on the buckets' `endTs`.
 pub const TTL_INDEX: &str = "endTs_ttl";
@@ -61,8 +63,9 @@ pub struct Buckets {
     grace_ms: i64,
     /// Whether the server lacks `$sortArray`; learned on the first seal.
     legacy_seal: Option<bool>,
-    /// Where this spool's statements record their LSNs ([`bucket::lsns_field`]).
-    lsns: String,
+    /// The spool ids this spool's records were written under (each
+    /// statement records its LSNs under its own, [`bucket::lsns_field`]).
+    tags: Tags,
 }
 
 /// The indexes the buckets need: range reads (and what a replay applied),
@@ -86,13 +89,13 @@ impl Buckets {
             expire_after: settings.retention.expire_after,
             grace_ms: settings.closer.grace.as_millis() as i64,
             legacy_seal: None,
-            lsns: bucket::lsns_field(0),
+            tags: Tags::new(0),
         }
     }
 
     /// The spool whose samples this store writes and resolves.
-    pub fn set_spool(&mut self, tag: u32) {
-        self.lsns = bucket::lsns_field(tag);
+    pub fn set_spool(&mut self, tags: Tags) {
+        self.tags = tags;
     }
 
     /// Forces the seal's update form for servers before 5.2 (for tests).
@@ -131,18 +134,28 @@ impl Buckets {
                 }
             }
         }
+        // The ids the uncertain samples were written under (one, but for a
+        // spool copied from another box).
+        let mut tags: Vec<u32> = req
+            .iter()
+            .flat_map(|r| r.samples.iter().map(|s| self.tags.of(s.0)))
+            .collect();
+        tags.sort_unstable();
+        tags.dedup();
         let coll = self.collection.clone();
-        let field = self.lsns.clone();
         let found = mongo
-            .read_retrying("read applied LSNs", abort, |db| {
-                applied_ranges(db.collection(&coll), &windows, &field)
+            .read_retrying("read applied LSNs", abort, |db, concern| {
+                applied_ranges(db.collection(&coll), concern, &windows, &tags)
             })
             .await?;
         let mut out = Resolution::default();
         for r in req {
             for &(lsn, ts) in &r.samples {
                 let key = (r.sensor.clone(), shape.window_start(ts));
-                if found.get(&key).is_some_and(|a| a.holds(lsn)) {
+                if found
+                    .get(&key)
+                    .is_some_and(|a| a.holds(self.tags.of(lsn), lsn))
+                {
                     out.applied.insert(lsn);
                 }
             }
@@ -166,7 +179,7 @@ impl Buckets {
             .iter_mut()
             .map(|r| {
                 r.outcomes = vec![Outcome::NotSent; r.samples.len()];
-                bucket::plan(&r.samples, &mut r.fills, &shape)
+                bucket::plan(&r.samples, &mut r.fills, &shape, &self.tags)
             })
             .collect();
         // Every statement in order: sensors one after another, each in LSN
@@ -183,7 +196,7 @@ impl Buckets {
             let (batch_len, reply) = mongo
                 .write_until_answered("write buckets", &mut backoff, abort, |m| {
                     let statements = order[next..].iter().map(|&(r, s)| {
-                        plans[r][s].to_bson(&runs[r].sensor, &runs[r].samples, &shape, &self.lsns)
+                        plans[r][s].to_bson(&runs[r].sensor, &runs[r].samples, &shape)
                     });
                     m.batch_command("update", &self.collection, "updates", statements, true)
                 })
@@ -534,25 +547,30 @@ async fn open_fills(
 /// What the buckets of one sensor and window say was applied to them.
 #[derive(Debug, Default)]
 struct Applied {
-    /// This spool's LSN ranges, `[first, last, ...]`.
-    ranges: Vec<u64>,
+    /// Per spool id, its LSN ranges, `[first, last, ...]`.
+    ranges: Vec<(u32, Vec<u64>)>,
     /// The highest `lsn` of its buckets: set only by palletd 0.1, whose
     /// writes applied a prefix of each sensor's samples.
     legacy: Option<u64>,
 }
 
 impl Applied {
-    fn holds(&self, lsn: u64) -> bool {
-        bucket::ranges_hold(&self.ranges, lsn) || self.legacy.is_some_and(|l| lsn <= l)
+    /// Whether the record `lsn`, written under spool id `tag`, was applied.
+    fn holds(&self, tag: u32, lsn: u64) -> bool {
+        let ranges = self.ranges.iter().find(|r| r.0 == tag);
+        ranges.is_some_and(|r| bucket::ranges_hold(&r.1, lsn))
+            || self.legacy.is_some_and(|l| lsn <= l)
     }
 }
 
-/// The applied ranges of the buckets of these windows and sensors, one
-/// query on `{sensorId, startTs}` (an `$or` clause per window).
+/// The applied ranges (of the spool ids `tags`) of the buckets of these
+/// windows and sensors, one query on `{sensorId, startTs}` (an `$or`
+/// clause per window).
 async fn applied_ranges(
     coll: Collection<Document>,
+    concern: Option<ReadConcern>,
     windows: &HashMap<i64, Vec<&str>>,
-    field: &str,
+    tags: &[u32],
 ) -> mongodb::error::Result<HashMap<(String, i64), Applied>> {
     let clauses: Vec<Document> = windows
         .iter()
@@ -567,11 +585,15 @@ async fn applied_ranges(
     if clauses.is_empty() {
         return Ok(out);
     }
-    let mut cursor = coll
-        .find(doc! { "$or": clauses })
-        .projection(doc! { "_id": 0, "sensorId": 1, "startTs": 1, "lsn": 1, field: 1 })
-        .await?;
-    let path: Vec<&str> = field.split('.').collect();
+    let mut projection = doc! { "_id": 0, "sensorId": 1, "startTs": 1, "lsn": 1 };
+    for tag in tags {
+        projection.insert(bucket::lsns_field(*tag), 1);
+    }
+    let find = coll.find(doc! { "$or": clauses }).projection(projection);
+    let mut cursor = match concern {
+        Some(c) => find.read_concern(c).await?,
+        None => find.await?,
+    };
     while cursor.advance().await? {
         let d = cursor.deserialize_current()?;
         let (Ok(sensor), Ok(start)) = (d.get_str("sensorId"), d.get_datetime("startTs")) else {
@@ -580,8 +602,15 @@ async fn applied_ranges(
         let entry = out
             .entry((sensor.to_string(), start.timestamp_millis()))
             .or_default();
-        if let Ok(pairs) = d.get_document(path[0]).and_then(|l| l.get_array(path[1])) {
-            entry.ranges.extend(pairs.iter().filter_map(mongo::as_u64));
+        for tag in tags {
+            let field = bucket::lsns_field(*tag);
+            let Some((top, key)) = field.split_once('.') else {
+                continue;
+            };
+            if let Ok(pairs) = d.get_document(top).and_then(|l| l.get_array(key)) {
+                let pairs = pairs.iter().filter_map(mongo::as_u64).collect();
+                entry.ranges.push((*tag, pairs));
+            }
         }
         if let Some(lsn) = d.get("lsn").and_then(mongo::as_u64) {
             entry.legacy = entry.legacy.max(Some(lsn));

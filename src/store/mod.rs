@@ -35,6 +35,7 @@ use tracing::info;
 use crate::config::{Settings, StorageMode};
 use crate::flush::{Batch, Resolution, Resolve, Written};
 use crate::retry::{Aborted, Backoff};
+use crate::tags::Tags;
 use buckets::Buckets;
 use mongo::Mongo;
 use read::{Fields, Range, Summary, WindowStats};
@@ -64,7 +65,9 @@ pub struct Store {
     deadletter_expire_after: Option<std::time::Duration>,
     schema_ready: bool,
     /// The spool whose samples this store writes (its dead letters' ids).
-    spool_tag: u32,
+    tags: Tags,
+    /// `<collection>_spools`: a document per spool id (the settle write).
+    spools: String,
     rollups: Option<rollup::Rollups>,
 }
 
@@ -80,7 +83,8 @@ impl Store {
             deadletters: settings.mongodb.deadletter_collection(),
             deadletter_expire_after: settings.retention.deadletter_expire_after,
             schema_ready: false,
-            spool_tag: 0,
+            tags: Tags::new(0),
+            spools: format!("{}_spools", settings.mongodb.collection),
             rollups: rollup::Rollups::new(settings),
         }
     }
@@ -93,10 +97,10 @@ impl Store {
 
     /// The spool whose samples this store writes and resolves (its id
     /// tells its statements from other instances' in a bucket).
-    pub fn set_spool(&mut self, tag: u32) {
-        self.spool_tag = tag;
+    pub fn set_spool(&mut self, tags: Tags) {
+        self.tags = tags.clone();
         if let Mode::Buckets(b) = &mut self.mode {
-            b.set_spool(tag);
+            b.set_spool(tags);
         }
     }
 
@@ -190,20 +194,25 @@ impl Store {
     ) -> Result<Resolution, Aborted> {
         let failures = self.mongo.failures();
         self.ensure_schema(abort).await?;
+        let spool = format!("s{:08x}", self.tags.current());
+        self.mongo.settle(&self.spools, &spool, abort).await?;
         let mut out = match &self.mode {
             Mode::Buckets(m) => m.resolve(&mut self.mongo, req, abort).await?,
             Mode::Timeseries(m) => m.resolve(&mut self.mongo, req, abort).await?,
         };
         let lsns = || req.iter().flat_map(|r| r.samples.iter().map(|s| s.0));
         if let (Some(lo), Some(hi)) = (lsns().min(), lsns().max()) {
-            let (coll, tag) = (self.deadletters.clone(), self.spool_tag);
-            let dead = self
-                .mongo
-                .read_retrying("read dead letters", abort, |db| {
-                    mongo::deadletter_lsns(db.collection(&coll), tag, lo, hi)
-                })
-                .await?;
-            out.applied.extend(lsns().filter(|l| dead.contains(l)));
+            // One range scan of `_id` per spool id the range was written under.
+            for (tag, lo, hi) in self.tags.split(lo, hi) {
+                let coll = self.deadletters.clone();
+                let dead = self
+                    .mongo
+                    .read_retrying("read dead letters", abort, |db, concern| {
+                        mongo::deadletter_lsns(db.collection(&coll), concern, tag, lo, hi)
+                    })
+                    .await?;
+                out.applied.extend(lsns().filter(|l| dead.contains(l)));
+            }
         }
         out.met_errors = self.mongo.failures() != failures;
         Ok(out)

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use bson::{doc, rawdoc, Document, RawArrayBuf, RawDocumentBuf};
 use futures_util::TryStreamExt;
 use mongodb::error::ErrorKind;
-use mongodb::options::IndexOptions;
+use mongodb::options::{IndexOptions, ReadConcern};
 use mongodb::{Database, IndexModel};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
@@ -196,11 +196,16 @@ pub fn build_batch(docs: impl Iterator<Item = RawDocumentBuf>) -> (usize, RawArr
 pub struct Mongo {
     pub db: Database,
     write_concern: RawDocumentBuf,
+    /// Writes wait for a majority: reads that decide what an ambiguous
+    /// write did read at majority too ([`Mongo::read_retrying`]).
+    majority: bool,
     outage: Option<Instant>,
     /// Failed database calls so far.
     failures: u64,
     /// Where attempts and retry waits are reported (the watchdog reads it).
     health: Option<Arc<Health>>,
+    /// The settle write was refused (logged once).
+    settle_refused: bool,
 }
 
 impl Mongo {
@@ -212,9 +217,11 @@ impl Mongo {
         Mongo {
             db,
             write_concern: rawdoc! { "w": w, "j": settings.journal },
+            majority: settings.write_concern == WriteConcern::Majority,
             outage: None,
             failures: 0,
             health: None,
+            settle_refused: false,
         }
     }
 
@@ -348,19 +355,24 @@ impl Mongo {
         (len, self.command(name, collection, field, batch, ordered))
     }
 
-    /// Runs a read until it answers, with backoff; logged like a write.
+    /// Runs a read that decides what was applied, until it answers, with
+    /// backoff; logged like a write. `read` gets the read concern to use:
+    /// after majority writes, majority (a write the primary applied and an
+    /// election then rolls back must not look applied); else the server's
+    /// default.
     pub async fn read_retrying<T, F>(
         &mut self,
         what: &str,
         abort: &CancellationToken,
-        mut read: impl FnMut(Database) -> F,
+        mut read: impl FnMut(Database, Option<ReadConcern>) -> F,
     ) -> Result<T, Aborted>
     where
         F: std::future::Future<Output = mongodb::error::Result<T>>,
     {
+        let concern = self.majority.then(ReadConcern::majority);
         let mut backoff = Backoff::default();
         loop {
-            match self.attempt(read(self.db.clone())).await {
+            match self.attempt(read(self.db.clone(), concern.clone())).await {
                 Ok(m) => {
                     self.recovered();
                     return Ok(m);
@@ -369,6 +381,51 @@ impl Mongo {
                     self.failed(what, &e);
                     self.wait(&mut backoff, abort).await?;
                 }
+            }
+        }
+    }
+
+    /// Before reads that decide whether ambiguous writes were applied, with
+    /// majority writes: a majority write of its own (`settledAt` of this
+    /// spool's document in `collection`). Once it is acknowledged, every
+    /// write this primary applied before it is majority-committed, and one
+    /// an old primary applied and never replicated will be rolled back: a
+    /// majority read then sees each write's final fate, neither a write
+    /// still replicating as missing (it would be sent twice) nor a doomed
+    /// one as applied (it would be lost). A refusal (say the user may not
+    /// write there) is logged once and the reads go on without it.
+    pub async fn settle(
+        &mut self,
+        collection: &str,
+        spool: &str,
+        abort: &CancellationToken,
+    ) -> Result<(), Aborted> {
+        if !self.majority {
+            return Ok(());
+        }
+        let mut backoff = Backoff::default();
+        loop {
+            let statement = rawdoc! {
+                "q": { "_id": spool },
+                "u": { "$set": { "settledAt": bson::DateTime::now() } },
+                "upsert": true,
+            };
+            let (_, batch) = build_batch(std::iter::once(statement));
+            let cmd = self.command("update", collection, "updates", batch, true);
+            match self
+                .write(cmd, "settle before reading what was applied")
+                .await
+            {
+                Ok(reply) => {
+                    if let Some((_, code, msg)) = reply.write_errors.first() {
+                        if !self.settle_refused {
+                            tracing::warn!(code, error = %msg, collection, "Cannot write palletd's spool document; deciding what interrupted writes did without waiting for them to be majority-committed.");
+                            self.settle_refused = true;
+                        }
+                    }
+                    return Ok(());
+                }
+                Err(_) => self.wait(&mut backoff, abort).await?,
             }
         }
     }
@@ -525,6 +582,7 @@ pub async fn sync_ttl(
 /// range scan of `_id`, which is made of the tag and the LSN).
 pub async fn deadletter_lsns(
     coll: mongodb::Collection<bson::Document>,
+    concern: Option<ReadConcern>,
     tag: u32,
     lo: u64,
     hi: u64,
@@ -534,10 +592,11 @@ pub async fn deadletter_lsns(
         "$gte": crate::deadletter::id(tag, lo),
         "$lte": crate::deadletter::id(tag, hi),
     } };
-    let mut cursor = coll
-        .find(filter)
-        .projection(bson::doc! { "_id": 1 })
-        .await?;
+    let find = coll.find(filter).projection(bson::doc! { "_id": 1 });
+    let mut cursor = match concern {
+        Some(c) => find.read_concern(c).await?,
+        None => find.await?,
+    };
     let mut out = std::collections::HashSet::new();
     while let Some(d) = cursor.try_next().await? {
         if let Ok(id) = d.get_object_id("_id") {

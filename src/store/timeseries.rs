@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use bson::{doc, Document, RawDocumentBuf};
 use futures_util::TryStreamExt;
+use mongodb::options::ReadConcern;
 use mongodb::{Collection, Database, IndexModel};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
@@ -149,8 +150,8 @@ impl Timeseries {
         let coll = self.collection.clone();
         let margin_ms = self.margin_ms;
         let applied = mongo
-            .read_retrying("read stored LSNs", abort, |db| {
-                present_lsns(db.collection(&coll), req, margin_ms)
+            .read_retrying("read stored LSNs", abort, |db, concern| {
+                present_lsns(db.collection(&coll), concern, req, margin_ms)
             })
             .await?;
         Ok(Resolution {
@@ -331,6 +332,7 @@ async fn collection_info(db: &Database, name: &str) -> mongodb::error::Result<Op
 /// earliest of them has a `ts` before this bound.
 async fn present_lsns(
     coll: Collection<Document>,
+    concern: Option<ReadConcern>,
     req: &[Resolve],
     margin_ms: i64,
 ) -> mongodb::error::Result<HashSet<u64>> {
@@ -346,10 +348,11 @@ async fn present_lsns(
         "ts": { "$gte": bson::DateTime::from_millis(min_ts.saturating_sub(margin_ms)) },
         "lsn": { "$gte": min_lsn as i64, "$lte": max_lsn as i64 },
     };
-    let mut cursor = coll
-        .find(filter)
-        .projection(doc! { "_id": 0, "lsn": 1 })
-        .await?;
+    let find = coll.find(filter).projection(doc! { "_id": 0, "lsn": 1 });
+    let mut cursor = match concern {
+        Some(c) => find.read_concern(c).await?,
+        None => find.await?,
+    };
     let wanted: HashSet<u64> = all().map(|s| s.0).collect();
     let mut out = HashSet::new();
     while cursor.advance().await? {

@@ -28,6 +28,8 @@ pub struct Health {
     /// estimated seconds to drain it (`u64::MAX`: unknown).
     backlog_readings: AtomicU64,
     backlog_eta_secs: AtomicU64,
+    /// Spool writes or syncs are failing (nothing new is acknowledged).
+    spool_failing: AtomicBool,
     /// Woken when the database answers again after it did not.
     database_back: tokio::sync::Notify,
     /// The sensors quiet the longest: (sensor, last reading ms), for the
@@ -154,6 +156,14 @@ impl Health {
             .store(eta_secs.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
+    pub fn set_spool_failing(&self, failing: bool) {
+        self.spool_failing.store(failing, Ordering::Relaxed);
+    }
+
+    pub fn spool_failing(&self) -> bool {
+        self.spool_failing.load(Ordering::Relaxed)
+    }
+
     pub fn set_quiet(&self, quiet: Vec<(String, i64)>) {
         *self.quiet.lock().unwrap_or_else(|e| e.into_inner()) = quiet;
     }
@@ -178,9 +188,13 @@ impl Health {
         Some(format!("draining a backlog of {readings} readings, {left}"))
     }
 
-    /// Ready: connected and subscribed to the broker, the database answers,
-    /// and no flush has been stuck for longer than `flush_bound`.
+    /// Ready: the spool takes writes, connected and subscribed to the
+    /// broker, the database answers, and no flush has been stuck for longer
+    /// than `flush_bound`.
     pub fn ready(&self, flush_bound: Duration) -> Result<(), &'static str> {
+        if self.spool_failing() {
+            return Err("spool writes failing (disk full or failing): nothing new is acknowledged");
+        }
         if !self.broker_connected() {
             return Err("not connected to the MQTT broker");
         }

@@ -69,6 +69,14 @@ pub const BACKLOG_DRAIN_RATE: &str = "palletd_backlog_drain_readings_per_second"
 pub const BACKLOG_ETA_SECONDS: &str = "palletd_backlog_drain_eta_seconds";
 pub const SPOOL_FSYNCS: &str = "palletd_spool_fsyncs_total";
 pub const SPOOL_DROPPED: &str = "palletd_spool_dropped_readings_total";
+/// Spool records lost to damage (bit rot, a failing disk), by kind.
+pub const SPOOL_DAMAGED: &str = "palletd_spool_damaged_records_total";
+/// Failed spool writes and syncs, by kind (each retried).
+pub const SPOOL_WRITE_ERRORS: &str = "palletd_spool_write_errors_total";
+/// 1 while spool writes fail (nothing new is acknowledged).
+pub const SPOOL_FAILING: &str = "palletd_spool_failing";
+/// Bytes free on the spool's filesystem.
+pub const SPOOL_FREE_BYTES: &str = "palletd_spool_disk_free_bytes";
 pub const CLOCK_SYNCHRONIZED: &str = "palletd_clock_synchronized";
 pub const REDELIVERIES_SKIPPED: &str = "palletd_redeliveries_skipped_total";
 /// Sparkplug B messages decoded, by `type` (NBIRTH, DDATA, NCMD, STATE, ...).
@@ -149,7 +157,7 @@ pub fn describe() {
     describe_gauge!(
         SPOOL_BYTES,
         Unit::Bytes,
-        "Bytes in the spool's segment files."
+        "Bytes in the spool's files (segments, tombstones, markers, state files): what counts against spool.max_size."
     );
     describe_gauge!(
         SPOOL_UNCONFIRMED,
@@ -162,6 +170,23 @@ pub fn describe() {
     describe_counter!(
         SPOOL_DROPPED,
         "Readings lost because a full spool deleted them before they reached MongoDB (spool.when_full = \"drop_oldest\"), counted when palletd finds them missing (readings of a deleted segment it still held in memory are written, not counted)."
+    );
+    describe_counter!(
+        SPOOL_DAMAGED,
+        "Spool records lost to damage (bit rot, a failing disk), counted once when found, by kind (sample, dead_letter, message_id, unknown: the headers were unreadable); the records around them are kept."
+    );
+    describe_counter!(
+        SPOOL_WRITE_ERRORS,
+        "Failed spool writes and syncs, by kind (disk_full, io, short_write, other); each is retried, and what it may have lost is written again."
+    );
+    describe_gauge!(
+        SPOOL_FAILING,
+        "1 while spool writes or syncs fail: nothing new becomes durable, so nothing new is acknowledged (the broker keeps the messages)."
+    );
+    describe_gauge!(
+        SPOOL_FREE_BYTES,
+        Unit::Bytes,
+        "Bytes free on the spool's filesystem."
     );
     describe_counter!(
         ROLLUPS_WRITTEN,

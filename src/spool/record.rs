@@ -1,0 +1,347 @@
+//! The spool's record format. Sans-IO.
+//!
+//! ```text
+//! len: u32 LE | crc32(body): u32 LE | body (len bytes)
+//! body = lsn: u64 LE | kind: u8 | received_ms: i64 LE | payload
+//!   kind 1 sample:     sensor_len: u16 LE | sensor | BSON sample document
+//!   kind 2 dead letter: BSON dead-letter document
+//!   kind 3 message id:  pkid: u16 LE | digest: u64 LE  (redelivery detection)
+//! ```
+//!
+//! All integers are little-endian whatever the machine, so a spool moves
+//! between an x86 and an ARM box unchanged. Every record has a log sequence
+//! number (LSN), strictly increasing; within one segment (one run of the
+//! spooler) they are consecutive, so a gap between two intact records says
+//! how many records damage cost.
+
+pub(super) const HEADER: usize = 8;
+/// The smallest body: LSN, kind and receive time.
+pub(super) const MIN_BODY: usize = 17;
+/// Records larger than this are damage, not data.
+pub(super) const MAX_RECORD: u32 = 32 * 1024 * 1024;
+const KIND_SAMPLE: u8 = 1;
+const KIND_DEADLETTER: u8 = 2;
+const KIND_MESSAGE_ID: u8 = 3;
+
+/// What one record holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Entry {
+    Sample { sensor: String, doc: Vec<u8> },
+    DeadLetter { doc: Vec<u8> },
+    MessageId { pkid: u16, digest: u64 },
+}
+
+/// A record, owned.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub lsn: u64,
+    pub received_ms: i64,
+    pub entry: Entry,
+}
+
+/// What one record holds, borrowed from where it lies.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum EntryRef<'a> {
+    Sample { sensor: &'a str, doc: &'a [u8] },
+    DeadLetter { doc: &'a [u8] },
+    MessageId { pkid: u16, digest: u64 },
+}
+
+/// A record, borrowed: what is encoded and what is parsed back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RecordRef<'a> {
+    pub lsn: u64,
+    pub received_ms: i64,
+    pub entry: EntryRef<'a>,
+}
+
+impl RecordRef<'_> {
+    /// Appends the record as written (header and body) to `out`, without
+    /// an allocation of its own.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0u8; HEADER]);
+        out.extend_from_slice(&self.lsn.to_le_bytes());
+        match self.entry {
+            EntryRef::Sample { sensor, doc } => {
+                out.push(KIND_SAMPLE);
+                out.extend_from_slice(&self.received_ms.to_le_bytes());
+                out.extend_from_slice(&(sensor.len() as u16).to_le_bytes());
+                out.extend_from_slice(sensor.as_bytes());
+                out.extend_from_slice(doc);
+            }
+            EntryRef::DeadLetter { doc } => {
+                out.push(KIND_DEADLETTER);
+                out.extend_from_slice(&self.received_ms.to_le_bytes());
+                out.extend_from_slice(doc);
+            }
+            EntryRef::MessageId { pkid, digest } => {
+                out.push(KIND_MESSAGE_ID);
+                out.extend_from_slice(&self.received_ms.to_le_bytes());
+                out.extend_from_slice(&pkid.to_le_bytes());
+                out.extend_from_slice(&digest.to_le_bytes());
+            }
+        }
+        let body = start + HEADER;
+        let len = (out.len() - body) as u32;
+        let crc = crc32fast::hash(&out[body..]);
+        out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+        out[start + 4..body].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// A record's body (after the header); `None` when it is not one.
+    fn decode(body: &[u8]) -> Option<RecordRef<'_>> {
+        let lsn = u64::from_le_bytes(body.get(0..8)?.try_into().ok()?);
+        let kind = *body.get(8)?;
+        let received_ms = i64::from_le_bytes(body.get(9..17)?.try_into().ok()?);
+        let rest = body.get(17..)?;
+        let entry = match kind {
+            KIND_SAMPLE => {
+                let n = u16::from_le_bytes(rest.get(0..2)?.try_into().ok()?) as usize;
+                EntryRef::Sample {
+                    sensor: std::str::from_utf8(rest.get(2..2 + n)?).ok()?,
+                    doc: rest.get(2 + n..)?,
+                }
+            }
+            KIND_DEADLETTER => EntryRef::DeadLetter { doc: rest },
+            KIND_MESSAGE_ID => EntryRef::MessageId {
+                pkid: u16::from_le_bytes(rest.get(0..2)?.try_into().ok()?),
+                digest: u64::from_le_bytes(rest.get(2..10)?.try_into().ok()?),
+            },
+            _ => return None,
+        };
+        Some(RecordRef {
+            lsn,
+            received_ms,
+            entry,
+        })
+    }
+
+    pub fn to_owned(&self) -> Record {
+        Record {
+            lsn: self.lsn,
+            received_ms: self.received_ms,
+            entry: match self.entry {
+                EntryRef::Sample { sensor, doc } => Entry::Sample {
+                    sensor: sensor.to_string(),
+                    doc: doc.to_vec(),
+                },
+                EntryRef::DeadLetter { doc } => Entry::DeadLetter { doc: doc.to_vec() },
+                EntryRef::MessageId { pkid, digest } => Entry::MessageId { pkid, digest },
+            },
+        }
+    }
+}
+
+impl Record {
+    pub fn as_ref(&self) -> RecordRef<'_> {
+        RecordRef {
+            lsn: self.lsn,
+            received_ms: self.received_ms,
+            entry: match &self.entry {
+                Entry::Sample { sensor, doc } => EntryRef::Sample { sensor, doc },
+                Entry::DeadLetter { doc } => EntryRef::DeadLetter { doc },
+                Entry::MessageId { pkid, digest } => EntryRef::MessageId {
+                    pkid: *pkid,
+                    digest: *digest,
+                },
+            },
+        }
+    }
+
+    /// Appends the record as written (header and body) to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        self.as_ref().encode_into(out);
+    }
+
+    /// The record as written: header and body.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        self.encode_into(&mut out);
+        out
+    }
+}
+
+/// The records encoded back to back in `bytes` (as appended, or as read
+/// back), in order. Stops at the first that is not a whole record.
+pub fn parse(bytes: &[u8]) -> impl Iterator<Item = RecordRef<'_>> {
+    let mut rest = bytes;
+    std::iter::from_fn(move || {
+        let len = u32::from_le_bytes(rest.get(0..4)?.try_into().ok()?) as usize;
+        let body = rest.get(HEADER..HEADER + len)?;
+        let rec = RecordRef::decode(body)?;
+        rest = &rest[HEADER + len..];
+        Some(rec)
+    })
+}
+
+/// What the bytes at the start of a buffer are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Frame {
+    /// A whole, intact record of this many bytes, with this LSN.
+    Whole { len: usize, lsn: u64 },
+    /// The start of what may be a record: more bytes are needed to tell.
+    Short,
+    /// Not a record.
+    Bad,
+}
+
+/// Checks the record at the start of `buf`: its length, checksum and body.
+pub(super) fn frame(buf: &[u8]) -> Frame {
+    let Some(header) = buf.get(..HEADER) else {
+        return Frame::Short;
+    };
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    if !(MIN_BODY as u32..=MAX_RECORD).contains(&len) {
+        return Frame::Bad;
+    }
+    let Some(body) = buf.get(HEADER..HEADER + len as usize) else {
+        return Frame::Short;
+    };
+    if crc32fast::hash(body) != crc {
+        return Frame::Bad;
+    }
+    match RecordRef::decode(body) {
+        Some(r) => Frame::Whole {
+            len: HEADER + len as usize,
+            lsn: r.lsn,
+        },
+        None => Frame::Bad,
+    }
+}
+
+/// Whether a record might start at `buf[0]` with an LSN in `lsns`: the
+/// cheap checks (length, kind, LSN) that come before the checksum when
+/// looking for the next intact record past damage.
+pub(super) fn plausible(buf: &[u8], lsns: &std::ops::Range<u64>) -> bool {
+    let Some(head) = buf.get(..HEADER + MIN_BODY) else {
+        // Too few bytes left to tell: the caller reads more first.
+        return true;
+    };
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    let lsn = u64::from_le_bytes(head[8..16].try_into().unwrap_or_default());
+    (MIN_BODY as u32..=MAX_RECORD).contains(&len)
+        && (KIND_SAMPLE..=KIND_MESSAGE_ID).contains(&head[16])
+        && lsns.contains(&lsn)
+}
+
+/// What damaged bytes held, as far as their headers can still be read: the
+/// kind of each record and the sensors of the samples, when the lengths
+/// chain from the first record to the end of the bytes.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Kinds {
+    pub samples: u64,
+    pub dead_letters: u64,
+    pub message_ids: u64,
+    /// Sensors of the damaged samples (at most ten).
+    pub sensors: Vec<String>,
+}
+
+/// Reads what it can of damaged bytes that are believed to hold whole
+/// records (see [`Kinds`]); `None` when their lengths do not chain.
+pub(super) fn describe(mut bytes: &[u8]) -> Option<Kinds> {
+    let mut k = Kinds::default();
+    while !bytes.is_empty() {
+        let head = bytes.get(..HEADER + MIN_BODY)?;
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let rec = bytes.get(..HEADER + len)?;
+        match head[16] {
+            KIND_SAMPLE => {
+                k.samples += 1;
+                let name = rec
+                    .get(HEADER + MIN_BODY..HEADER + MIN_BODY + 2)
+                    .and_then(|n| {
+                        let n = u16::from_le_bytes([n[0], n[1]]) as usize;
+                        let at = HEADER + MIN_BODY + 2;
+                        std::str::from_utf8(rec.get(at..at + n)?).ok()
+                    });
+                if let Some(name) = name {
+                    if k.sensors.len() < 10 && !k.sensors.iter().any(|s| s == name) {
+                        k.sensors.push(name.to_string());
+                    }
+                }
+            }
+            KIND_DEADLETTER => k.dead_letters += 1,
+            KIND_MESSAGE_ID => k.message_ids += 1,
+            _ => return None,
+        }
+        bytes = &bytes[HEADER + len..];
+    }
+    Some(k)
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    /// A sample record with a small made-up document.
+    pub fn sample(lsn: u64) -> Record {
+        Record {
+            lsn,
+            received_ms: 7,
+            entry: Entry::Sample {
+                sensor: format!("s{lsn}"),
+                doc: vec![1, 2, 3, lsn as u8],
+            },
+        }
+    }
+
+    #[test]
+    fn records_round_trip() {
+        for r in [
+            sample(5),
+            Record {
+                lsn: 9,
+                received_ms: -1,
+                entry: Entry::DeadLetter { doc: vec![9; 40] },
+            },
+            Record {
+                lsn: 10,
+                received_ms: 3,
+                entry: Entry::MessageId {
+                    pkid: 77,
+                    digest: 123,
+                },
+            },
+        ] {
+            let mut bytes = vec![9u8; 3];
+            r.encode_into(&mut bytes);
+            let bytes = &bytes[3..];
+            assert_eq!(bytes, r.encode().as_slice());
+            assert_eq!(
+                frame(bytes),
+                Frame::Whole {
+                    len: bytes.len(),
+                    lsn: r.lsn
+                }
+            );
+            assert_eq!(frame(&bytes[..bytes.len() - 1]), Frame::Short);
+            assert!(plausible(bytes, &(r.lsn..r.lsn + 1)));
+            assert!(!plausible(bytes, &(r.lsn + 1..r.lsn + 2)));
+            let back: Vec<Record> = parse(bytes).map(|x| x.to_owned()).collect();
+            assert_eq!(back, vec![r.clone()]);
+        }
+    }
+
+    #[test]
+    fn any_flipped_bit_makes_a_record_bad_and_the_kinds_are_read_from_the_headers() {
+        let mut bytes = Vec::new();
+        sample(40).encode_into(&mut bytes);
+        let one = bytes.len();
+        sample(41).encode_into(&mut bytes);
+        for bit in 0..one * 8 {
+            let mut b = bytes.clone();
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert_ne!(
+                frame(&b),
+                Frame::Whole { len: one, lsn: 40 },
+                "bit {bit} flipped"
+            );
+        }
+        let kinds = describe(&bytes).unwrap();
+        assert_eq!(kinds.samples, 2);
+        assert_eq!(kinds.sensors, vec!["s40".to_string(), "s41".to_string()]);
+        assert_eq!(describe(&bytes[..one + 3]), None, "lengths do not chain");
+    }
+}

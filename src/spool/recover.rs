@@ -1,0 +1,194 @@
+//! Recovery: what opening a spool finds, after a clean stop, a crash, a
+//! power cut or damage.
+//!
+//! Every segment is scanned (compressed ones decompressed on the way) with
+//! the [`Scanner`], which skips damage and keeps every intact record after
+//! it. What recovery does with what is not a record:
+//! - In the middle of a segment, or at the end of one that is not the
+//!   newest: damage. The records in between are lost; those at or above
+//!   the checkpoint are counted and logged at ERROR ([`damage::report`]).
+//!   Nothing is cut.
+//! - At the end of the newest segment: a torn write (power lost while it
+//!   was appended) when it starts at or above the durable LSN last recorded
+//!   (`durable`, see [`checkpoint`]): those records were never
+//!   acknowledged, the broker redelivers them, and the tail is cut off
+//!   (WARN). Below it, the records were acknowledged: damage, counted, and
+//!   the bytes stay.
+//! - A compression cut short leaves a temporary file (removed) or both
+//!   forms of a segment (the compressed one is complete: it is renamed into
+//!   place only once synced, so the plain one goes).
+//!
+//! The next LSN is above every LSN the spool ever handed out (the last
+//! record, the checkpoint, the durable LSN) and not below the clock in
+//! microseconds, so LSNs keep growing across a spool that was deleted.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use tracing::warn;
+
+use super::checkpoint;
+use super::damage::{self, Damage};
+use super::fs::{remove_if_there, Storage};
+use super::identity;
+use super::record::{parse, EntryRef};
+use super::scan::{Item, Scanner};
+use super::segment::{dir_bytes, is_compressed, list_segments, segment_name};
+use crate::tags::Tags;
+
+/// What opening found.
+#[derive(Debug)]
+pub struct Recovery {
+    /// First LSN to hand out.
+    pub next_lsn: u64,
+    /// Everything below this is in MongoDB.
+    pub checkpoint: u64,
+    /// Records at or above the checkpoint (to replay).
+    pub records: u64,
+    /// Bytes of all the spool's files.
+    pub bytes: u64,
+    /// Bytes cut from a torn tail.
+    pub torn_bytes: u64,
+    /// Records lost to damage found now (counted and logged).
+    pub damaged: u64,
+    /// Latest message id per packet id, for redelivery detection.
+    pub message_ids: HashMap<u16, u64>,
+    /// The ids the spool's records were written under.
+    pub tags: Tags,
+    /// Segments before the last that are not compressed yet: (first LSN,
+    /// path).
+    pub uncompressed: Vec<(u64, PathBuf)>,
+}
+
+/// Opens (or creates) the spool directory and recovers its state; the
+/// spool belongs to the box with fingerprint `machine`
+/// ([`identity::machine_fingerprint`]).
+pub fn recover(storage: &dyn Storage, dir: &Path, machine: &str) -> io::Result<Recovery> {
+    storage.create_dir_all(dir)?;
+    let checkpoint = checkpoint::read(storage, dir);
+    let durable = checkpoint::read_durable(storage, dir);
+    // What a crash left half made: temporary files of every kind, and a
+    // plain segment whose compressed form is in place.
+    for (name, _) in storage.list(dir)? {
+        if name.ends_with(".tmp") {
+            remove_if_there(storage, &dir.join(&name))?;
+        }
+    }
+    for (first, path) in list_segments(storage, dir)? {
+        let plain = dir.join(segment_name(first));
+        if is_compressed(&path) {
+            remove_if_there(storage, &plain)?;
+        }
+    }
+    let segments = list_segments(storage, dir)?;
+    let mut rec = Recovery {
+        next_lsn: 0,
+        checkpoint,
+        records: 0,
+        bytes: 0,
+        torn_bytes: 0,
+        damaged: 0,
+        message_ids: HashMap::new(),
+        tags: Tags::new(0),
+        uncompressed: Vec::new(),
+    };
+    let mut last_lsn = None;
+    // Records below this were acknowledged.
+    let acknowledged = durable.max(checkpoint);
+    for (i, (first, path)) in segments.iter().enumerate() {
+        let newest = i + 1 == segments.len();
+        let upper = segments.get(i + 1).map_or(u64::MAX, |s| s.0);
+        let compressed = is_compressed(path);
+        if !compressed && !newest {
+            rec.uncompressed.push((*first, path.clone()));
+        }
+        let mut scanner = Scanner::open(storage, path, *first, upper)?;
+        let mut lost = None;
+        loop {
+            match scanner.next()? {
+                Item::Record(bytes, lsn) => {
+                    last_lsn = Some(lsn);
+                    if lsn >= checkpoint {
+                        rec.records += 1;
+                    }
+                    if let Some(EntryRef::MessageId { pkid, digest }) =
+                        parse(bytes).next().map(|r| r.entry)
+                    {
+                        rec.message_ids.insert(pkid, digest);
+                    }
+                }
+                // In the newest segment, what lies at or above the durable
+                // LSN was never acknowledged: the first bad byte there is
+                // where a write was torn (blocks reach the disk in any
+                // order, so intact records may follow it); everything from
+                // there on is cut, and the broker sends it again.
+                Item::Damage(region) | Item::Tail(region)
+                    if newest && !compressed && region.after + 1 >= acknowledged =>
+                {
+                    let cut = file_len(storage, path)?.saturating_sub(region.offset);
+                    warn!(
+                        segment = %path.display(),
+                        offset = region.offset,
+                        cut,
+                        "Spool ends in a torn record (a write cut short by a power loss, never acknowledged: the broker sends it again); cutting it off there."
+                    );
+                    storage.truncate(path, region.offset)?;
+                    rec.torn_bytes = cut;
+                    break;
+                }
+                Item::Damage(region) => {
+                    rec.damaged +=
+                        count(storage, dir, Damage::of(path, &region, upper, checkpoint));
+                }
+                Item::End => break,
+                Item::Tail(region) => {
+                    // Damage to the end: in the newest segment what was
+                    // acknowledged of it, else all up to the next segment.
+                    let end = if newest { acknowledged } else { upper };
+                    lost = Damage::of(path, &region, end, checkpoint);
+                    break;
+                }
+            }
+        }
+        rec.damaged += count(storage, dir, lost);
+    }
+    let now_us = crate::clock::now_us();
+    rec.next_lsn = last_lsn
+        .map_or(0, |l| l + 1)
+        .max(checkpoint)
+        .max(durable)
+        .max(now_us);
+    rec.tags = identity::open(
+        storage,
+        dir,
+        machine,
+        rec.next_lsn,
+        checkpoint,
+        rec.records > 0,
+    )?;
+    rec.bytes = dir_bytes(storage, dir)?;
+    Ok(rec)
+}
+
+/// Reports damage found (once) and returns the records it cost.
+fn count(storage: &dyn Storage, dir: &Path, d: Option<Damage>) -> u64 {
+    match d {
+        Some(d) if damage::report(storage, dir, &d) => d.records(),
+        _ => 0,
+    }
+}
+
+/// The length of the file at `path`.
+fn file_len(storage: &dyn Storage, path: &Path) -> io::Result<u64> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    Ok(storage
+        .list(dir)?
+        .into_iter()
+        .find(|f| f.0 == name)
+        .map_or(0, |f| f.1))
+}
