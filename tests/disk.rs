@@ -191,3 +191,121 @@ async fn a_flipped_bit_in_a_compressed_segment_costs_one_frame_of_records() {
         "an ERROR line says what was lost:\n{log}"
     );
 }
+
+/// With the database down, the spool on a 3 MiB disk: for a while every
+/// fourth-or-so spool write, short write, truncate and fsync fails
+/// (libfiu's POSIX fault points, in the running process), then the disk
+/// fills up and the broker keeps what palletd cannot spool; palletd is
+/// SIGKILLed; it starts again with the database back: every reading is
+/// stored exactly once, and the broker keeps nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_and_fsync_faults_and_a_full_disk_during_an_outage_then_a_kill_lose_nothing() {
+    let disk = Tmpfs::mount("3m");
+    let mut db = Database::start();
+    db.stop();
+    let broker = Broker::start();
+    let config = Config::new(&broker, &db, "fiu")
+        .set(
+            "spool.dir",
+            disk.path().join("spool").to_string_lossy().as_ref(),
+        )
+        .set("spool.compress", false)
+        .set("spool.max_size", "64MiB");
+    let fifo = broker.dir.path().join("fiu-ctl");
+    let fifo_arg = fifo.to_string_lossy().to_string();
+    let mut palletd = Palletd::start_with(
+        &config,
+        Run {
+            under: &["fiu-run", "-x", "-f", &fifo_arg],
+            ..Run::default()
+        },
+    );
+    palletd.subscribed().await;
+    let publisher = Publisher::connect(&broker, "pub-fiu").await;
+    let stream = tokio::spawn(publish_steadily(publisher, 20, 2000.0, 40_000));
+    // Faults on the spool's own calls: positioned writes (and short ones),
+    // truncates, fsyncs.
+    let faults = [
+        "posix/io/rw/pwrite,probability=0.05",
+        "posix/io/rw/pwrite/reduce,probability=0.1",
+        "posix/io/rw/ftruncate,probability=0.2",
+        "posix/io/sync/fdatasync,probability=0.25",
+        "posix/io/sync/fsync,probability=0.25",
+    ];
+    let on: Vec<String> = faults
+        .iter()
+        .map(|f| format!("enable_random name={f}"))
+        .collect();
+    let off: Vec<String> = faults
+        .iter()
+        .map(|f| format!("disable name={}", f.split(',').next().unwrap()))
+        .collect();
+    palletd
+        .wait_metric("palletd_samples_decoded_total", 1000.0)
+        .await;
+    let pid = palletd.child.id();
+    fiu_ctrl(
+        &fifo,
+        pid,
+        &on.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    palletd
+        .wait_until(Duration::from_secs(60), "meeting write faults", |p| {
+            p.metric("palletd_spool_write_errors_total", None) >= 30.0
+        })
+        .await;
+    fiu_ctrl(
+        &fifo,
+        pid,
+        &off.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    // Then the disk fills: writes fail for good, readiness says so, the
+    // broker keeps the rest.
+    palletd
+        .wait_until(Duration::from_secs(60), "out of disk", |p| {
+            p.metric(
+                "palletd_spool_write_errors_total",
+                Some(("kind", "disk_full")),
+            ) >= 1.0
+                && p.readyz().1.contains("spool writes failing")
+        })
+        .await;
+    let sent = stream.await.unwrap();
+    assert!(
+        broker.held_messages().await > 0,
+        "the broker keeps what did not fit"
+    );
+    let errors = palletd.metric("palletd_spool_write_errors_total", None);
+    palletd.kill();
+    eprintln!("spool write errors met before the kill: {errors}");
+
+    db.start_again();
+    let mut stack = Stack::on(broker, db, "fiu", |_| config.clone()).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    while stored_samples(&stack.client, "fiu").await < sent.len() {
+        if tokio::time::Instant::now() >= deadline {
+            std::fs::write("/tmp/fiu-palletd.log", stack.palletd.log()).unwrap();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {} stored; the broker holds {}; free on disk {}:\n{}",
+            stored_samples(&stack.client, "fiu").await,
+            sent.len(),
+            stack.broker.held_messages().await,
+            stack.palletd.metric("palletd_spool_disk_free_bytes", None),
+            stack.palletd.log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_exactly_once(&stack.client, "fiu", &sent, Duration::from_secs(60)).await;
+    stack.all_acknowledged().await;
+    assert_eq!(
+        stack
+            .palletd
+            .metric("palletd_spool_damaged_records_total", None),
+        0.0,
+        "faults and a full disk are not damage"
+    );
+    stack.stop();
+    drop(disk);
+}

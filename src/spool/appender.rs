@@ -51,6 +51,9 @@ const COMMIT_GAP_BYTES: usize = 4096;
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
+/// Failing writes are said at ERROR at most this often.
+const COMPLAIN_EVERY: Duration = Duration::from_secs(60);
+
 /// A request to the appender.
 pub(super) enum Command {
     /// Encoded records, in LSN order; `end` is the LSN after the last.
@@ -277,6 +280,11 @@ impl Appender {
 
     pub fn run(&mut self, mut rx: mpsc::Receiver<Command>, durable: watch::Sender<u64>) {
         let mut failing_since: Option<Instant> = None;
+        // Failures are said at ERROR at most once a minute, with how many.
+        let mut complained: Option<Instant> = None;
+        let mut unsaid = 0u64;
+        // This failure was said at ERROR: its end is said too.
+        let mut said = false;
         let mut backoff = MIN_BACKOFF;
         let mut closing = false;
         // (start, bytes) of the previous group commit.
@@ -318,10 +326,12 @@ impl Appender {
             match committed {
                 Ok(()) => {
                     if let Some(since) = failing_since.take() {
-                        info!(
-                            after = ?Duration::from_secs(since.elapsed().as_secs()),
-                            "Spool writes work again."
-                        );
+                        if std::mem::take(&mut said) {
+                            info!(
+                                after = ?Duration::from_secs(since.elapsed().as_secs()),
+                                "Spool writes work again."
+                            );
+                        }
                         self.shared.failing.store(false, Ordering::Relaxed);
                         backoff = MIN_BACKOFF;
                     }
@@ -333,8 +343,14 @@ impl Appender {
                 Err(e) => {
                     metrics::counter!(telemetry::SPOOL_WRITE_ERRORS, "kind" => error_kind(&e))
                         .increment(1);
+                    unsaid += 1;
+                    if complained.is_none_or(|t| t.elapsed() >= COMPLAIN_EVERY) {
+                        error!(error = %e, failures = unsaid, dir = %self.dir.display(), "Cannot write the spool (disk full or failing?); new messages are not acknowledged until it works again. What was not yet durable is written again.");
+                        complained = Some(Instant::now());
+                        unsaid = 0;
+                        said = true;
+                    }
                     if failing_since.is_none() {
-                        error!(error = %e, dir = %self.dir.display(), "Cannot write the spool (disk full or failing?); new messages are not acknowledged until it works again. What was not yet durable is written again.");
                         failing_since = Some(Instant::now());
                         self.shared.failing.store(true, Ordering::Relaxed);
                     }

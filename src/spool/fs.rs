@@ -9,7 +9,7 @@
 //! cut back), files read from the start, and the directory operations.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -59,19 +59,32 @@ pub fn os() -> Arc<dyn Storage> {
     Arc::new(Os)
 }
 
-struct OsFile(File);
+/// A file appended to with positioned writes (`pwrite`) at the end the
+/// spool keeps track of: only the spool writes that way, so a fault
+/// injected into `pwrite` (libfiu's `posix/io/rw/pwrite`, in the
+/// end-to-end tests) hits the spool's files and nothing else of palletd
+/// (sockets and the runtime's wake-ups use `write`).
+struct OsFile {
+    file: File,
+    end: u64,
+}
 
 impl AppendFile for OsFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.write(buf)
+        use std::os::unix::fs::FileExt;
+        let n = self.file.write_at(buf, self.end)?;
+        self.end += n as u64;
+        Ok(n)
     }
 
     fn sync(&mut self) -> io::Result<()> {
-        self.0.sync_data()
+        self.file.sync_data()
     }
 
     fn set_len(&mut self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)
+        self.file.set_len(len)?;
+        self.end = len;
+        Ok(())
     }
 }
 
@@ -99,8 +112,13 @@ impl Storage for Os {
     }
 
     fn open_append(&self, path: &Path) -> io::Result<Box<dyn AppendFile>> {
-        let f = OpenOptions::new().create(true).append(true).open(path)?;
-        Ok(Box::new(OsFile(f)))
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)?;
+        let end = file.metadata()?.len();
+        Ok(Box::new(OsFile { file, end }))
     }
 
     fn open_read(&self, path: &Path) -> io::Result<Box<dyn ReadFile>> {

@@ -105,17 +105,26 @@ pub fn recover(storage: &dyn Storage, dir: &Path, machine: &str) -> io::Result<R
         }
         let mut scanner = Scanner::open(storage, path, *first, upper)?;
         let mut lost = None;
+        // Where a torn write is cut: after the last record that is a
+        // message's identity (it goes last, so that message is whole) or
+        // below the acknowledged LSN. What lies between that and the tear
+        // is part of a message the broker sends again: kept, it would be
+        // stored twice. (offset, records and last LSN there.)
+        let mut keep = (0, rec.records, last_lsn);
         loop {
+            let at = scanner.offset();
             match scanner.next()? {
                 Item::Record(bytes, lsn) => {
                     last_lsn = Some(lsn);
                     if lsn >= checkpoint {
                         rec.records += 1;
                     }
-                    if let Some(EntryRef::MessageId { pkid, digest }) =
-                        parse(bytes).next().map(|r| r.entry)
-                    {
+                    let entry = parse(bytes).next().map(|r| r.entry);
+                    if let Some(EntryRef::MessageId { pkid, digest }) = entry {
                         rec.message_ids.insert(pkid, digest);
+                    }
+                    if matches!(entry, Some(EntryRef::MessageId { .. })) || lsn < acknowledged {
+                        keep = (at + bytes.len() as u64, rec.records, last_lsn);
                     }
                 }
                 // In the newest segment, what lies at or above the durable
@@ -126,15 +135,19 @@ pub fn recover(storage: &dyn Storage, dir: &Path, machine: &str) -> io::Result<R
                 Item::Damage(region) | Item::Tail(region)
                     if newest && !compressed && region.after + 1 >= acknowledged =>
                 {
-                    let cut = file_len(storage, path)?.saturating_sub(region.offset);
+                    let (offset, records, last) = keep;
+                    let cut = file_len(storage, path)?.saturating_sub(offset);
                     warn!(
                         segment = %path.display(),
-                        offset = region.offset,
+                        offset,
+                        torn_at = region.offset,
                         cut,
-                        "Spool ends in a torn record (a write cut short by a power loss, never acknowledged: the broker sends it again); cutting it off there."
+                        "Spool ends in a torn record (a write cut short by a power loss, never acknowledged: the broker sends it again); cutting it off from the end of the last whole message."
                     );
-                    storage.truncate(path, region.offset)?;
+                    storage.truncate(path, offset)?;
                     rec.torn_bytes = cut;
+                    rec.records = records;
+                    last_lsn = last;
                     break;
                 }
                 Item::Damage(region) => {

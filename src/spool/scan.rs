@@ -100,6 +100,11 @@ impl Scanner {
         }
     }
 
+    /// The stream offset of the next byte to scan (after a record: its end).
+    pub(super) fn offset(&self) -> u64 {
+        self.offset
+    }
+
     pub(super) fn next(&mut self) -> io::Result<Item<'_>> {
         loop {
             match frame(&self.buf[self.pos..]) {

@@ -365,10 +365,6 @@ impl Spooler {
             }
             .encode_into(bytes);
         };
-        if let (Some((pkid, digest)), Some(_)) = (m.id, m.ack) {
-            append(self.next_lsn, EntryRef::MessageId { pkid, digest });
-            self.next_lsn += 1;
-        }
         let mut rejections: Vec<(&'static str, String)> = decoded
             .errors
             .iter()
@@ -416,6 +412,15 @@ impl Spooler {
             append(lsn, EntryRef::DeadLetter { doc: &doc });
             self.next_lsn += 1;
             batch.deadletters += 1;
+        }
+        // The message's identity goes last: recovery cuts a torn write off
+        // at its first bad byte, so a message whose identity is recovered
+        // has all its records in the spool, and its redelivery may be
+        // skipped. (First, a redelivery of a message whose samples were cut
+        // with the torn tail was taken as spooled, and its readings lost.)
+        if let (Some((pkid, digest)), Some(_)) = (m.id, m.ack) {
+            append(self.next_lsn, EntryRef::MessageId { pkid, digest });
+            self.next_lsn += 1;
         }
         acks.push(self.next_lsn, unacked);
     }

@@ -20,7 +20,7 @@ use bson::{doc, Bson, Document};
 use futures_util::TryStreamExt;
 use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
 
-pub const INSTALL_HINT: &str = "run `scripts/install-test-services` (installs Mosquitto, Chromium, promtool and lintian from Debian and SecantusDB from crates.io)";
+pub const INSTALL_HINT: &str = "run `scripts/install-test-services` (installs Mosquitto, libfiu's fiu-utils, Chromium, promtool and lintian from Debian and SecantusDB from crates.io)";
 
 pub const HOUR_MS: i64 = 3_600_000;
 
@@ -561,6 +561,8 @@ pub struct Run<'a> {
     /// `RUST_LOG` (default `palletd=debug,info`).
     pub log: Option<&'a str>,
     pub env: &'a [(&'a str, &'a str)],
+    /// A command palletd runs under (e.g. `fiu-run -x -f FIFO`).
+    pub under: &'a [&'a str],
 }
 
 impl Palletd {
@@ -572,7 +574,15 @@ impl Palletd {
         let dir = tempfile::tempdir().unwrap();
         let conf = config.write_to(dir.path(), "palletd.toml");
         let log = dir.path().join("palletd.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_palletd"))
+        let mut command = match run.under.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(env!("CARGO_BIN_EXE_palletd"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_palletd")),
+        };
+        let child = command
             .arg("run")
             .arg("--config")
             .arg(&conf)
@@ -582,7 +592,12 @@ impl Palletd {
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
-            .unwrap();
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start palletd under {:?}: {e}; {INSTALL_HINT}",
+                    run.under
+                )
+            });
         Palletd {
             child,
             dir,
@@ -1322,4 +1337,62 @@ pub async fn assert_exactly_once(
             check_bucket(&b, HOUR_MS, 200, 256 * 1024);
         }
     }
+}
+
+// ----------------------------------------------------------- disk faults
+
+/// A small tmpfs, mounted for one test (a disk to fill); unmounted when
+/// dropped. Needs root, as `mount` does.
+pub struct Tmpfs {
+    pub dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (as `mount -o size=`, e.g. "3m").
+    pub fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run mount: {e}"));
+        assert!(
+            out.status.success(),
+            "cannot mount a tmpfs (this test needs root, as CI has): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// libfiu's remote control of a process started under `fiu-run -x -f
+/// <fifo>`: runs `fiu-ctrl -c <command>...` on it.
+pub fn fiu_ctrl(fifo: &Path, pid: u32, commands: &[&str]) {
+    let mut c = Command::new("fiu-ctrl");
+    c.arg("-f").arg(fifo);
+    for command in commands {
+        c.args(["-c", command]);
+    }
+    let out = c
+        .arg(pid.to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run fiu-ctrl: {e}; {INSTALL_HINT}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !err.contains("Error"),
+        "fiu-ctrl failed: {err}"
+    );
 }
