@@ -21,7 +21,10 @@
 //!   saves the Sparkplug B alias maps first ([`spooler::sparkplug`]).
 //! - [`spool`]: the crash-safe local log behind one [`spool::Spool`] handle
 //!   (its appender thread, segments, checkpoint, reading back, tombstones
-//!   of segments a full spool deleted).
+//!   of segments a full spool deleted); every file operation goes through
+//!   [`spool::fs`], the seam the property tests put a failing disk behind;
+//!   it survives write and fsync errors, a full disk, torn writes and
+//!   damage, and notices when it was copied to another box.
 //! - [`pipeline`]: a sans-IO core ([`pipeline::core`]) with its flush
 //!   policy ([`pipeline::policy`]), and the task that carries out what it
 //!   decides ([`pipeline::task`]).
@@ -43,6 +46,7 @@
 //! - [`bucket`]: the bucket document and its upsert statements.
 //! - [`flush`]: what a flush hands the store and what comes back.
 //! - [`deadletter`]: dead-letter documents, ids, counting and logging.
+//! - [`tags`]: which spool id a record was written under.
 //! - [`retry`] (backoff) and [`clock`] (time stamps).
 //!
 //! Imports run from the edges to the core; the core never imports an edge.

@@ -309,3 +309,150 @@ async fn write_and_fsync_faults_and_a_full_disk_during_an_outage_then_a_kill_los
     stack.stop();
     drop(disk);
 }
+
+/// Rewrites a spool's id files as if the spool had been made on another
+/// box (its machine fingerprint another), keeping them valid.
+fn as_made_on_another_box(dir: &Path) {
+    for name in ["spool.id", "spool.id.copy"] {
+        let text = std::fs::read_to_string(dir.join(name)).unwrap();
+        let body: String = text
+            .lines()
+            .filter(|l| !l.starts_with("crc "))
+            .map(|l| match l.starts_with("machine ") {
+                true => "machine 0123456789abcdef0123456789abcdef\n".to_string(),
+                false => format!("{l}\n"),
+            })
+            .collect();
+        let crc = crc32fast::hash(body.as_bytes());
+        std::fs::write(dir.join(name), format!("{body}crc {crc:08x}\n")).unwrap();
+    }
+}
+
+/// A spool's id and the ids it keeps for its earlier records.
+fn spool_ids(dir: &Path) -> (String, Vec<String>) {
+    let text = std::fs::read_to_string(dir.join("spool.id")).unwrap();
+    let field = |key: &str| {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(key))
+            .map(|v| v.split(' ').next().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    (field("id ").remove(0), field("previous "))
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+/// Two edge boxes flashed from one image made after a first start (its
+/// spool holds readings and a dead letter not yet in MongoDB), writing one
+/// database behind one shared subscription: each takes a new spool id of
+/// its own, the image's records are stored once (under the old id), and
+/// what each box spools next is told apart by its id, dead letters too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boxes_flashed_from_one_image_take_ids_of_their_own_and_store_everything_once() {
+    let mut db = Database::start();
+    db.stop();
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let alone = Config::new(&broker, &db, "clone");
+    let base = alone.clone().set("mqtt.share_group", "boxes");
+    // The image's first start: readings and a bad payload spooled while
+    // the database was away.
+    let image = alone.another("image", dir.path());
+    let mut p = Palletd::start(&image);
+    p.subscribed().await;
+    let mut publisher = Publisher::connect(&broker, "pub-clone").await;
+    publisher.publish("sensors/bad/telemetry", "not json").await;
+    publisher.flush().await;
+    let mut sent = publish_steadily(publisher, 10, 1000.0, 300).await;
+    p.wait_metric("palletd_samples_decoded_total", 300.0).await;
+    p.kill();
+    let image_dir = dir.path().join("spool-image");
+    let (image_id, _) = spool_ids(&image_dir);
+    as_made_on_another_box(&image_dir);
+    copy_dir(&image_dir, &dir.path().join("spool-box-b"));
+    copy_dir(&image_dir, &dir.path().join("spool-box-c"));
+
+    db.start_again();
+    let client = db.client().await;
+    // One box after the other replays the image (at the same moment both
+    // could write a record of it before either sees the other's: see the
+    // README).
+    let b = Palletd::start(&base.another("box-b", dir.path()));
+    b.ready().await;
+    assert_exactly_once(&client, "clone", &sent, Duration::from_secs(60)).await;
+    let c = Palletd::start(&base.another("box-c", dir.path()));
+    c.ready().await;
+    c.wait_until(
+        Duration::from_secs(30),
+        "done with the image's backlog",
+        |p| {
+            p.metric("palletd_backlog_readings", None) == 0.0
+                && p.log().contains("Spool replay done")
+        },
+    )
+    .await;
+    let (b_id, b_kept) = spool_ids(&dir.path().join("spool-box-b"));
+    let (c_id, c_kept) = spool_ids(&dir.path().join("spool-box-c"));
+    assert!(b_id != image_id && c_id != image_id && b_id != c_id);
+    assert_eq!(
+        b_kept,
+        vec![image_id.clone()],
+        "the old id, for the image's records"
+    );
+    assert_eq!(c_kept, vec![image_id.clone()]);
+    for p in [&b, &c] {
+        assert!(p.log().contains("This spool was made on another box"));
+    }
+
+    // Then both take new readings of the same sensors, and bad payloads.
+    let mut publisher = Publisher::connect(&broker, "pub-clone-2").await;
+    for i in 0..20 {
+        publisher
+            .publish("sensors/bad/telemetry", format!("garbage {i}"))
+            .await;
+    }
+    publisher.flush().await;
+    let more = publish_steadily_from(publisher, 10, 400.0, 300..1500).await;
+    sent.extend(more);
+    assert_exactly_once(&client, "clone", &sent, Duration::from_secs(90)).await;
+    for p in [&b, &c] {
+        assert!(
+            p.metric("palletd_samples_stored_total", None) > 0.0,
+            "both took a share"
+        );
+    }
+    eventually(
+        Duration::from_secs(30),
+        "every dead letter kept",
+        || async {
+            all_docs(&client, "clone", "readings_deadletter")
+                .await
+                .len()
+                == 21
+        },
+    )
+    .await;
+    // The buckets name all three ids.
+    let ids: std::collections::BTreeSet<String> = all_docs(&client, "clone", "readings")
+        .await
+        .iter()
+        .flat_map(|b| {
+            b.get_document("lsns")
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let want: std::collections::BTreeSet<String> = [&image_id, &b_id, &c_id]
+        .iter()
+        .map(|i| format!("s{i}"))
+        .collect();
+    assert_eq!(ids, want);
+}

@@ -9,21 +9,6 @@ use std::time::Duration;
 
 use common::*;
 
-/// A second instance of `base`: its own client id, spool and HTTP port, the
-/// same broker, database and share group.
-fn another(base: &Config, name: &str, dir: &std::path::Path) -> Config {
-    let mut c = base
-        .clone()
-        .set("mqtt.client_id", format!("palletd-{name}"))
-        .set(
-            "spool.dir",
-            dir.join(format!("spool-{name}")).display().to_string(),
-        );
-    let port = free_port();
-    c.http_port = port;
-    c.set("http.listen", format!("127.0.0.1:{port}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_share_the_load_exactly_once_through_a_kill() {
     let broker = Broker::start();
@@ -34,7 +19,7 @@ async fn two_instances_share_the_load_exactly_once_through_a_kill() {
     let a_config = Config::new(&broker, &db, "fleet")
         .set("mqtt.share_group", "palletd")
         .max_delay("300ms");
-    let b_config = another(&a_config, "fleet-b", dir.path());
+    let b_config = a_config.another("fleet-b", dir.path());
     let a = Palletd::start(&a_config);
     let mut b = Palletd::start(&b_config);
     // Both subscribed: the broker only keeps messages for a group with a

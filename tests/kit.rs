@@ -216,6 +216,10 @@ fn alerting_rules_pass_promtool_and_their_unit_tests() {
         "PalletdDeadLettersRising",
         "PalletdSpoolNearlyFull",
         "PalletdNothingStored",
+        "PalletdSpoolDamaged",
+        "PalletdSpoolWritesFailing",
+        "PalletdSpoolWriteErrors",
+        "PalletdSpoolDiskLow",
     ] {
         let tests = std::fs::read_to_string(dir.join("palletd.rules.test.yml")).unwrap();
         assert!(

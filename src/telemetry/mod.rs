@@ -265,6 +265,18 @@ pub fn describe() {
     );
 }
 
+/// Counters that alerts follow with `increase()`, present at 0 from the
+/// start: a first increment right at start (damage found by recovery) is
+/// then seen as the step it is, not as a series that begins at 1.
+fn register_at_zero() {
+    for kind in ["sample", "dead_letter", "message_id", "unknown"] {
+        metrics::counter!(SPOOL_DAMAGED, "kind" => kind).increment(0);
+    }
+    for kind in ["disk_full", "io", "short_write", "other"] {
+        metrics::counter!(SPOOL_WRITE_ERRORS, "kind" => kind).increment(0);
+    }
+}
+
 /// Buckets of the durations of flushes and closer runs (seconds).
 const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -294,6 +306,7 @@ pub fn install() -> Option<PrometheusHandle> {
     match builder.install_recorder() {
         Ok(handle) => {
             describe();
+            register_at_zero();
             Some(handle)
         }
         Err(e) => {

@@ -441,6 +441,21 @@ format = "number"
         self
     }
 
+    /// Another instance of this configuration: its own client id, spool
+    /// (in `dir`) and HTTP port; the same broker, database and share group.
+    pub fn another(&self, name: &str, dir: &Path) -> Config {
+        let mut c = self
+            .clone()
+            .set("mqtt.client_id", format!("palletd-{name}"))
+            .set(
+                "spool.dir",
+                dir.join(format!("spool-{name}")).display().to_string(),
+            );
+        let port = free_port();
+        c.http_port = port;
+        c.set("http.listen", format!("127.0.0.1:{port}"))
+    }
+
     /// Removes `section.key`.
     pub fn unset(mut self, path: &str) -> Config {
         let (section, key) = path.split_once('.').expect("section.key");
