@@ -43,6 +43,10 @@ pub trait AppendFile: Send {
     /// Cuts the file (or extends it with zeros) to `len`; appends go on
     /// from there.
     fn set_len(&mut self, len: u64) -> io::Result<()>;
+    /// Writes `buf` over the start of the file, in place (a small file
+    /// rewritten often: no block freed and allocated again); appends go on
+    /// after it.
+    fn overwrite(&mut self, buf: &[u8]) -> io::Result<()>;
 }
 
 /// A file opened for reading.
@@ -84,6 +88,13 @@ impl AppendFile for OsFile {
     fn set_len(&mut self, len: u64) -> io::Result<()> {
         self.file.set_len(len)?;
         self.end = len;
+        Ok(())
+    }
+
+    fn overwrite(&mut self, buf: &[u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file.write_all_at(buf, 0)?;
+        self.end = self.end.max(buf.len() as u64);
         Ok(())
     }
 }

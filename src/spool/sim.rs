@@ -210,6 +210,22 @@ impl SimAppend {
 }
 
 impl AppendFile for SimAppend {
+    fn overwrite(&mut self, buf: &[u8]) -> io::Result<()> {
+        let mut s = self.sim.state();
+        self.check(&s)?;
+        let faults = s.faults;
+        if s.strike(faults.eio) {
+            return Err(eio());
+        }
+        let f = s.files.get_mut(&self.inode).expect("checked");
+        if f.cache.len() < buf.len() {
+            f.cache.resize(buf.len(), 0);
+        }
+        f.cache[..buf.len()].copy_from_slice(buf);
+        State::mark(f, 0, buf.len());
+        Ok(())
+    }
+
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let mut s = self.sim.state();
         self.check(&s)?;

@@ -608,8 +608,13 @@ async fn applied_ranges(
                 continue;
             };
             if let Ok(pairs) = d.get_document(top).and_then(|l| l.get_array(key)) {
-                let pairs = pairs.iter().filter_map(mongo::as_u64).collect();
-                entry.ranges.push((*tag, pairs));
+                // Every bucket of the window adds its pairs (a window with
+                // full buckets has several).
+                let pairs = pairs.iter().filter_map(mongo::as_u64);
+                match entry.ranges.iter_mut().find(|r| r.0 == *tag) {
+                    Some(r) => r.1.extend(pairs),
+                    None => entry.ranges.push((*tag, pairs.collect())),
+                }
             }
         }
         if let Some(lsn) = d.get("lsn").and_then(mongo::as_u64) {
