@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use palletd::spool::{bench_append, Fsync};
+use palletd::spool::{bench_append, bench_read, Fsync};
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
@@ -41,4 +41,18 @@ fn main() {
             fsyncs as f64 / secs
         );
     }
+    // Reading back what one of them wrote: recovery's scan of every
+    // segment, then every record read in steps of 50,000.
+    let tmp = match &dir {
+        Some(d) => tempfile::tempdir_in(d),
+        None => tempfile::tempdir(),
+    }
+    .expect("temporary directory");
+    bench_append(tmp.path(), Fsync::Off, records, 80).expect("spool bench");
+    let (recover, read, n) = bench_read(tmp.path()).expect("spool read bench");
+    println!(
+        "recovery scan {:>10.0} records/s; read back {:>10.0} records/s ({n} records)",
+        records as f64 / recover.as_secs_f64().max(1e-6),
+        n as f64 / read.as_secs_f64().max(1e-6),
+    );
 }

@@ -192,6 +192,8 @@ pub async fn run(
         dir = %settings.spool.dir.display(),
         bytes = recovered.bytes,
         records_to_replay = recovered.records,
+        torn_bytes_cut = recovered.torn_bytes,
+        damaged_records = recovered.damaged,
         "Spool opened."
     );
     let sparkplug = decoder.has_sparkplug().then(|| {
