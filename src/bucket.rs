@@ -527,6 +527,7 @@ mod tests {
                 sensor: "s".into(),
                 ts_ms,
                 fields,
+                ..Reading::default()
             },
             lsn,
         )

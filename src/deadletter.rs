@@ -37,25 +37,106 @@ pub fn lsn_of(id: bson::oid::ObjectId) -> u64 {
     u64::from_be_bytes(bytes[4..12].try_into().expect("8 bytes"))
 }
 
-/// A whole message that was rejected: its topic and (the first 64 KiB of)
-/// its payload.
+/// A cause is listed with at most this many of the sample indexes it
+/// refused, and its first error text cut to this many bytes.
+const MAX_INDEXES: usize = 100;
+const MAX_ERROR: usize = 512;
+
+/// What was refused of one message, by cause (first seen first): its
+/// dead letter holds the payload once and all of this, however many of the
+/// message's samples were refused. Bounded: the causes are a fixed set,
+/// each keeps its first error and at most [`MAX_INDEXES`] indexes.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Refusals {
+    causes: Vec<Refused>,
+}
+
+/// The samples of a message refused for one cause.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refused {
+    pub cause: &'static str,
+    /// The first error of this cause.
+    pub error: String,
+    pub count: u64,
+    /// Indexes of the refused samples in the message (the first
+    /// [`MAX_INDEXES`]); none for a refusal of the whole message.
+    pub samples: Vec<u32>,
+}
+
+impl Refusals {
+    /// One refusal: the whole message (`index` `None`) or one sample.
+    pub fn add(
+        &mut self,
+        cause: &'static str,
+        index: Option<usize>,
+        error: impl FnOnce() -> String,
+    ) {
+        let r = match self.causes.iter_mut().position(|r| r.cause == cause) {
+            Some(i) => &mut self.causes[i],
+            None => {
+                let mut error = error();
+                error.truncate(crate::decode::truncate(&error, MAX_ERROR).len());
+                self.causes.push(Refused {
+                    cause,
+                    error,
+                    count: 0,
+                    samples: Vec::new(),
+                });
+                self.causes.last_mut().expect("pushed")
+            }
+        };
+        r.count += 1;
+        if let Some(i) = index {
+            if r.samples.len() < MAX_INDEXES {
+                r.samples.push(i as u32);
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.causes.is_empty()
+    }
+
+    pub fn causes(&self) -> &[Refused] {
+        &self.causes
+    }
+}
+
+/// A message that was refused, wholly or some of its samples: its topic,
+/// (the first 64 KiB of) its payload once, and every cause with how many
+/// samples it refused and which (`causes`); `cause` and `error` name the
+/// first.
 pub fn for_message(
     tag: u32,
     lsn: u64,
     received_ms: i64,
     topic: &str,
     payload: &[u8],
-    cause: &str,
-    error: String,
+    refused: &Refusals,
 ) -> Document {
     let keep = payload.len().min(PAYLOAD_MAX);
+    let first = refused.causes.first();
+    let causes: Vec<bson::Bson> = refused
+        .causes
+        .iter()
+        .map(|r| {
+            bson::Bson::Document(doc! {
+                "cause": r.cause,
+                "error": &r.error,
+                "count": r.count as i64,
+                "samples": r.samples.iter().map(|i| i64::from(*i)).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
     let mut doc = doc! {
         "_id": id(tag, lsn),
         "receivedAt": bson::DateTime::from_millis(received_ms),
         "topic": topic,
         "payload": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: payload[..keep].to_vec() },
-        "error": error,
-        "cause": cause,
+        "error": first.map_or("", |r| r.error.as_str()),
+        "cause": first.map_or("", |r| r.cause),
+        "refused": refused.causes.iter().map(|r| r.count as i64).sum::<i64>(),
+        "causes": causes,
     };
     if keep < payload.len() {
         doc.insert("truncated", true);
@@ -134,12 +215,42 @@ mod tests {
         assert_eq!(id(7, 9), id(7, 9));
     }
 
+    fn one(cause: &'static str) -> Refusals {
+        let mut r = Refusals::default();
+        r.add(cause, None, || "e".into());
+        r
+    }
+
     #[test]
     fn large_payloads_are_truncated_and_say_so() {
-        let d = for_message(1, 2, 0, "t", &vec![b'x'; PAYLOAD_MAX + 5], "c", "e".into());
+        let d = for_message(1, 2, 0, "t", &vec![b'x'; PAYLOAD_MAX + 5], &one("c"));
         assert_eq!(d.get_bool("truncated"), Ok(true));
         assert_eq!(d.get_i64("payloadSize"), Ok((PAYLOAD_MAX + 5) as i64));
-        let small = for_message(1, 2, 0, "t", b"abc", "c", "e".into());
+        let small = for_message(1, 2, 0, "t", b"abc", &one("c"));
         assert!(small.get("truncated").is_none());
+    }
+
+    #[test]
+    fn a_message_refused_a_thousand_times_is_one_bounded_document() {
+        let mut r = Refusals::default();
+        for i in 0..1000 {
+            r.add("time_out_of_range", Some(i), || {
+                format!("sample {i}: {}", "x".repeat(2000))
+            });
+        }
+        r.add("bad_field", Some(3), || "sample 3: bad".into());
+        let d = for_message(1, 2, 0, "t", b"[...]", &r);
+        assert_eq!(d.get_str("cause"), Ok("time_out_of_range"));
+        assert_eq!(d.get_i64("refused"), Ok(1001));
+        let causes = d.get_array("causes").unwrap();
+        assert_eq!(causes.len(), 2);
+        let first = causes[0].as_document().unwrap();
+        assert_eq!(first.get_i64("count"), Ok(1000));
+        assert_eq!(first.get_array("samples").unwrap().len(), MAX_INDEXES);
+        assert!(first.get_str("error").unwrap().len() <= MAX_ERROR);
+        assert!(
+            bson::to_vec(&d).unwrap().len() < 4096,
+            "bounded whatever the count"
+        );
     }
 }

@@ -103,11 +103,14 @@ pub enum FieldValue {
 
 /// One sample of one sensor: a timestamp in milliseconds since the Unix epoch
 /// (BSON dates have millisecond precision) and its fields in payload order.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Reading {
     pub sensor: String,
     pub ts_ms: i64,
     pub fields: Vec<(String, FieldValue)>,
+    /// Its place among the samples of its message (a JSON array's element;
+    /// 0 for a message of one), for what a dead letter says it refused.
+    pub index: usize,
 }
 
 /// Why a message or a sample was rejected. `cause()` is a bounded label for
@@ -144,6 +147,16 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
+    /// The index of the sample it refused, when it refused one sample.
+    pub fn index(&self) -> Option<usize> {
+        match self {
+            DecodeError::BadTimestamp { index, .. }
+            | DecodeError::TimeOutOfRange { index, .. }
+            | DecodeError::BadField { index, .. } => Some(*index),
+            _ => None,
+        }
+    }
+
     pub fn cause(&self) -> &'static str {
         match self {
             DecodeError::PayloadTooLarge { .. } => "payload_too_large",
@@ -170,6 +183,61 @@ pub fn check_field_name(name: &str) -> Result<(), BadFieldName> {
         return Err(BadFieldName(name.to_string()));
     }
     Ok(())
+}
+
+/// Field names of a stored sample that are not data: the sample's time,
+/// and in time series mode its sensor and LSN (palletd's own flags start
+/// with `_`).
+pub const RESERVED: &[&str] = &["ts", "sensorId", "lsn"];
+
+/// The field name a payload's name is stored under, the same in every
+/// format: `%`, `.` and NUL anywhere, and `$` or `_` as the first
+/// character, are written `%` and two hex digits (`%25`, `%2E`, `%00`,
+/// `%24`, `%5F`); a name equal to one palletd writes itself ([`RESERVED`])
+/// has its first character written so (`%74s`). So every name maps to a
+/// valid MongoDB field name, distinct names to distinct fields, and none to
+/// palletd's own fields (`ts`, `sensorId`, `lsn`, and its flags, which
+/// start with `_`: `_id`, `_state`, `_historical`). Borrowed when nothing
+/// needs escaping (the usual case).
+pub fn field_name(name: &str) -> std::borrow::Cow<'_, str> {
+    let reserved = RESERVED.contains(&name);
+    let escape = |i: usize, c: char| {
+        matches!(c, '%' | '.' | '\0') || (i == 0 && (matches!(c, '$' | '_') || reserved))
+    };
+    if !name.char_indices().any(|(i, c)| escape(i, c)) {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    let mut out = String::with_capacity(name.len() + 6);
+    for (i, c) in name.char_indices() {
+        if escape(i, c) {
+            out.push_str(&format!("%{:02X}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// The payload's name of a field name made by [`field_name`]; `None` for a
+/// field it cannot have made (palletd's own flags, a bad escape).
+pub fn original_name(field: &str) -> Option<String> {
+    if field.starts_with('_') {
+        return None;
+    }
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = field.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Longest sensor id accepted.
@@ -272,7 +340,7 @@ impl Decoder {
         match result {
             Ok(readings) => {
                 for r in readings {
-                    match self.check_time(&r, now_ms, out.readings.len() + out.errors.len()) {
+                    match self.check_time(&r, now_ms, r.index) {
                         Ok(()) => out.readings.push(r),
                         Err(e) => out.errors.push(e),
                     }
@@ -329,7 +397,7 @@ pub(crate) fn too_many_samples(n: usize, limits: &Limits) -> DecodeError {
     }
 }
 
-pub(crate) fn truncate(s: &str, max: usize) -> &str {
+pub fn truncate(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
     }
@@ -434,7 +502,8 @@ mod tests {
             vec![Reading {
                 sensor: "p7".into(),
                 ts_ms: NOW,
-                fields: vec![("pressure".into(), FieldValue::Num(1013.25))]
+                fields: vec![("pressure".into(), FieldValue::Num(1013.25))],
+                index: 0,
             }]
         );
         assert_eq!(
@@ -457,6 +526,38 @@ mod tests {
         );
         let d = decoder().decode("fleet/telemetry", br#"{"v": 1}"#, NOW);
         assert_eq!(d.errors[0].cause(), "bad_sensor");
+    }
+
+    /// Names that would collide with what palletd writes itself, or that
+    /// MongoDB cannot take in a path, are escaped, the same way whichever
+    /// format they come in (before, JSON refused some and the number
+    /// format and a topic's `{field}` none).
+    #[test]
+    fn reserved_and_awkward_names_are_escaped_the_same_way_in_every_format() {
+        let d = decoder().decode(
+            "fleet/telemetry",
+            br#"{"device": "d1", "sensorId": 1, "lsn": 2, "_id": 3, "a.b": 4, "$set": 5}"#,
+            NOW,
+        );
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        let names: Vec<&str> = d.readings[0].fields.iter().map(|f| f.0.as_str()).collect();
+        assert_eq!(names, ["%73ensorId", "%6Csn", "%5Fid", "a%2Eb", "%24set"]);
+        for (field, stored) in [
+            ("ts", "%74s"),
+            ("lsn", "%6Csn"),
+            ("_id", "%5Fid"),
+            ("x", "x"),
+        ] {
+            let d = decoder().decode(&format!("plant/p7/{field}"), b"1", NOW);
+            assert_eq!(d.readings[0].fields[0].0, stored, "{{field}} = {field}");
+        }
+        for name in ["%73ensorId", "a%2Eb", "%74s"] {
+            assert_eq!(
+                field_name(&original_name(name).unwrap()),
+                name,
+                "reversible"
+            );
+        }
     }
 
     #[test]
@@ -483,8 +584,6 @@ mod tests {
                 br#"{"ts": 946684800}"#,
                 "time_out_of_range",
             ),
-            ("sensors/s1/telemetry", br#"{"a.b": 1}"#, "bad_field"),
-            ("sensors/s1/telemetry", br#"{"$set": 1}"#, "bad_field"),
             ("sensors/s1/telemetry", br#"{"o": {"x": 1}}"#, "bad_field"),
         ];
         for (topic, payload, cause) in cases {

@@ -2,7 +2,7 @@
 //! name comes from the topic's `{field}` or the subscription's `field`, the
 //! time is the arrival time.
 
-use super::{check_field_name, check_sensor, truncate, DecodeError, FieldValue, Limits, Reading};
+use super::{check_sensor, truncate, DecodeError, FieldValue, Limits, Reading};
 use super::{Subscription, TopicMatch};
 
 pub(super) fn decode(
@@ -15,10 +15,13 @@ pub(super) fn decode(
     let sensor = m.sensor.unwrap_or_default();
     check_sensor(sensor, limits)?;
     let field = m.field.or(sub.field.as_deref()).unwrap_or_default();
-    check_field_name(field).map_err(|e| DecodeError::BadField {
-        index: 0,
-        message: e.to_string(),
-    })?;
+    if field.is_empty() {
+        return Err(DecodeError::BadField {
+            index: 0,
+            message: "an empty field name".into(),
+        });
+    }
+    let field = super::field_name(field);
     let text = std::str::from_utf8(payload)
         .map_err(|_| DecodeError::BadPayload("not UTF-8 text".into()))?
         .trim();
@@ -34,5 +37,6 @@ pub(super) fn decode(
         sensor: sensor.to_string(),
         ts_ms: now_ms,
         fields: vec![(field.to_string(), FieldValue::Num(value))],
+        index: 0,
     }])
 }

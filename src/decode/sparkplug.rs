@@ -71,56 +71,12 @@ pub const NAMESPACE: &str = "spBv1.0";
 pub const HISTORICAL: &str = "_historical";
 pub const STATE: &str = "_state";
 pub const BD_SEQ: &str = "_bdSeq";
-/// Field names of a stored sample that are not metrics (the sample's time,
-/// and in time series mode its sensor and LSN).
-const RESERVED: &[&str] = &["ts", "sensorId", "lsn"];
+/// Metric names become field names the way every format's names do
+/// ([`super::field_name`]); [`metric_name`] reverses it.
+pub use super::{field_name, original_name as metric_name, RESERVED};
 
 /// The metric an NCMD names to ask an edge node for a rebirth.
 pub const REBIRTH_METRIC: &str = "Node Control/Rebirth";
-
-/// The field name of a metric name: `%`, `.` and NUL anywhere, and `$` or
-/// `_` as the first character, are written `%` and two hex digits (`%25`,
-/// `%2E`, `%00`, `%24`, `%5F`); a name equal to a field palletd itself
-/// writes (`ts`, `sensorId`, `lsn`) has its first character written so
-/// (`%74s`). So every metric name maps to a valid MongoDB field name,
-/// distinct names to distinct fields, and none to palletd's own fields
-/// (which start with `_`).
-pub fn field_name(metric: &str) -> String {
-    let mut out = String::with_capacity(metric.len());
-    let reserved = RESERVED.contains(&metric);
-    for (i, c) in metric.char_indices() {
-        let escape =
-            matches!(c, '%' | '.' | '\0') || (i == 0 && (matches!(c, '$' | '_') || reserved));
-        if escape {
-            out.push_str(&format!("%{:02X}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// The metric name of a field name made by [`field_name`]; `None` for a
-/// field it cannot have made (palletd's own flags, a bad escape).
-pub fn metric_name(field: &str) -> Option<String> {
-    if field.starts_with('_') {
-        return None;
-    }
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = field.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
 
 /// What a BIRTH said of one metric.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -342,10 +298,12 @@ impl Samples {
                 if historical {
                     part.push((HISTORICAL.into(), FieldValue::Bool(true)));
                 }
+                let index = out.len();
                 out.push(Reading {
                     sensor: sensor.to_string(),
                     ts_ms,
                     fields: part,
+                    index,
                 });
             }
         }
@@ -419,6 +377,7 @@ pub(super) fn decode(
                 sensor,
                 ts_ms: now_ms,
                 fields: state_fields("offline", bd_seq_of(&p.metrics)),
+                index: 0,
             }]);
         }
         state.unborn_asked.remove(&key);
@@ -465,10 +424,12 @@ pub(super) fn decode(
             let bd = bd_seq.or(node.bd_seq);
             return Ok(offline
                 .into_iter()
-                .map(|s| Reading {
+                .enumerate()
+                .map(|(index, s)| Reading {
                     sensor: s,
                     ts_ms: now_ms,
                     fields: state_fields("offline", bd),
+                    index,
                 })
                 .collect());
         }
@@ -550,7 +511,7 @@ pub(super) fn decode(
             });
             continue;
         }
-        let field = field_name(name);
+        let field = field_name(name).into_owned();
         if field.len() > limits.max_field_name_length {
             bad.get_or_insert(DecodeError::OverLimit {
                 cause: "field_name_too_long",
@@ -844,7 +805,8 @@ mod tests {
             vec![Reading {
                 sensor: "G:N".into(),
                 ts_ms: NOW + 5,
-                fields: vec![("Temp%2EC".into(), FieldValue::Num(21.0))]
+                fields: vec![("Temp%2EC".into(), FieldValue::Num(21.0))],
+                index: 0,
             }]
         );
     }
@@ -1119,7 +1081,7 @@ mod tests {
             let f = field_name(&name);
             prop_assert!(crate::decode::check_field_name(&f).is_ok(), "{f:?}");
             prop_assert!(!f.starts_with('_'));
-            prop_assert!(!RESERVED.contains(&f.as_str()));
+            prop_assert!(!RESERVED.contains(&f.as_ref()));
             prop_assert_eq!(metric_name(&f), Some(name));
         }
 

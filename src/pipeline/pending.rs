@@ -601,6 +601,7 @@ mod tests {
                 sensor: "s".into(),
                 ts_ms,
                 fields: vec![("v".into(), FieldValue::Num(1.0))],
+                ..Reading::default()
             },
             lsn,
         )

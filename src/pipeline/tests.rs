@@ -217,6 +217,7 @@ fn sample(lsn: u64, ts_ms: i64, value: i8) -> Sample {
             sensor: String::new(),
             ts_ms,
             fields: vec![("v".into(), FieldValue::Num(value as f64))],
+            ..Reading::default()
         },
         lsn,
     )

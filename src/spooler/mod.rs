@@ -365,25 +365,27 @@ impl Spooler {
             }
             .encode_into(bytes);
         };
-        let mut rejections: Vec<(&'static str, String)> = decoded
-            .errors
-            .iter()
-            .map(|e| (e.cause(), e.to_string()))
-            .collect();
+        // Everything refused of the message goes into one dead letter.
+        let mut refused = deadletter::Refusals::default();
+        for e in &decoded.errors {
+            refused.add(e.cause(), e.index(), || e.to_string());
+        }
         for reading in &decoded.readings {
             if !self.sensors.admit(&reading.sensor, m.received_ms) {
-                rejections.push((
-                    "too_many_sensors",
+                let max = self.sensors.max;
+                refused.add("too_many_sensors", Some(reading.index), || {
                     format!(
-                        "sensor {:?} is new and limits.max_sensors ({}) active sensors are already tracked",
-                        reading.sensor, self.sensors.max
-                    ),
-                ));
+                        "sensor {:?} is new and limits.max_sensors ({max}) active sensors are already tracked",
+                        reading.sensor
+                    )
+                });
                 continue;
             }
             let sample = Sample::encode(reading, self.next_lsn);
             if let Err(too_big) = self.shape.check(sample.as_ref()) {
-                rejections.push(("sample_too_large", too_big.to_string()));
+                refused.add("sample_too_large", Some(reading.index), || {
+                    too_big.to_string()
+                });
                 continue;
             }
             append(
@@ -396,8 +398,10 @@ impl Spooler {
             self.next_lsn += 1;
             batch.samples += 1;
         }
-        for (cause, error) in rejections {
-            reporter.report(cause, &m.topic, &error, 1);
+        if !refused.is_empty() {
+            for r in refused.causes() {
+                reporter.report(r.cause, &m.topic, &r.error, r.count);
+            }
             let lsn = self.next_lsn;
             let doc = deadletter::for_message(
                 self.tag,
@@ -405,8 +409,7 @@ impl Spooler {
                 m.received_ms,
                 &m.topic,
                 &m.payload,
-                cause,
-                error,
+                &refused,
             );
             let doc = bson::to_vec(&doc).unwrap_or_default();
             append(lsn, EntryRef::DeadLetter { doc: &doc });
