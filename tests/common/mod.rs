@@ -1051,11 +1051,23 @@ pub fn check_bucket(b: &Document, window_ms: i64, max_samples: usize, max_bytes:
     assert!(count <= max_samples, "count <= max_samples: {b}");
     let size = b.get_i32("size").expect("size") as usize;
     assert!(size <= max_bytes, "size <= max_bytes: {b}");
+    // What the bucket holds: its samples, and an entry per distinct numeric
+    // name in each of sum, n, min, max and the seal's avg.
     let bytes: usize = samples
         .iter()
         .map(|s| bson::to_vec(s.as_document().unwrap()).unwrap().len())
         .sum();
-    assert_eq!(size, bytes, "size equals the samples' BSON bytes: {b}");
+    let names: std::collections::HashSet<&str> = samples
+        .iter()
+        .flat_map(|s| s.as_document().unwrap().iter())
+        .filter(|(_, v)| matches!(v, Bson::Double(_)))
+        .map(|(k, _)| k.as_str())
+        .collect();
+    let summaries: usize = names.iter().map(|n| 5 * (n.len() + 10)).sum();
+    assert!(
+        bytes + summaries <= size,
+        "size counts what the bucket holds: {bytes} bytes of samples and {summaries} of summaries, size {size}: {b}"
+    );
     assert!(!b.get_bool("closed").expect("closed"), "closed == false");
     let start = b.get_datetime("startTs").unwrap().timestamp_millis();
     let end = b.get_datetime("endTs").unwrap().timestamp_millis();
