@@ -74,3 +74,93 @@ async fn a_message_of_a_thousand_samples_from_a_wrong_clock_is_one_dead_letter()
     assert!(bytes < payload.len() + 4096, "{bytes} bytes of dead letter");
     stack.stop();
 }
+
+/// A TCP proxy in front of the broker that drops the connection the first
+/// time the client sends a SUBSCRIBE (before the broker sees it), then
+/// passes everything.
+async fn subscribe_cutter(broker: u16) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", broker)).await else {
+                continue;
+            };
+            let cut = cut.clone();
+            tokio::spawn(async move {
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let down = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                });
+                // Client to broker, packet by packet: a fixed header (type,
+                // remaining length as a varint), then the rest.
+                loop {
+                    let mut head = [0u8; 1];
+                    if cr.read_exact(&mut head).await.is_err() {
+                        break;
+                    }
+                    let (mut len, mut shift, mut raw) = (0usize, 0, vec![head[0]]);
+                    loop {
+                        let mut b = [0u8; 1];
+                        if cr.read_exact(&mut b).await.is_err() {
+                            return;
+                        }
+                        raw.push(b[0]);
+                        len |= ((b[0] & 0x7f) as usize) << shift;
+                        shift += 7;
+                        if b[0] & 0x80 == 0 {
+                            break;
+                        }
+                    }
+                    let mut body = vec![0u8; len];
+                    if cr.read_exact(&mut body).await.is_err() {
+                        break;
+                    }
+                    if head[0] >> 4 == 8 && !cut.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                        break;
+                    }
+                    raw.extend(body);
+                    if sw.write_all(&raw).await.is_err() {
+                        break;
+                    }
+                }
+                down.abort();
+            });
+        }
+    });
+    port
+}
+
+/// The link drops after palletd's SUBSCRIBE left and before the broker got
+/// it; the broker had made the session at the CONNECT, so the reconnect
+/// says `session_present`. palletd subscribes again (no SUBACK was seen)
+/// and stores what is published. Before, it took the kept session for its
+/// subscriptions: subscribed to nothing, /readyz green, nothing stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_lost_before_the_suback_does_not_leave_palletd_subscribed_to_nothing() {
+    let broker = Broker::start();
+    let proxy = subscribe_cutter(broker.port).await;
+    let db = Database::start();
+    let config =
+        Config::new(&broker, &db, "suback").set("mqtt.url", format!("mqtt://127.0.0.1:{proxy}"));
+    let palletd = Palletd::start(&config);
+    palletd.ready().await;
+    let client = db.client().await;
+    let mut publisher = Publisher::connect(&broker, "pub-suback").await;
+    publisher
+        .json("sub1", serde_json::json!({ "seq": 1, "v": 1.0 }))
+        .await;
+    publisher.flush().await;
+    eventually(Duration::from_secs(20), "the reading stored", || async {
+        stored_samples(&client, "suback").await == 1
+    })
+    .await;
+    assert!(
+        palletd.log().contains("session_present=true"),
+        "{}",
+        palletd.log()
+    );
+}

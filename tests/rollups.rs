@@ -315,3 +315,85 @@ async fn a_partial_rollup_follows_the_open_interval() {
     );
     stack.stop();
 }
+
+/// A rollup the database refuses (here a unique index an operator put on
+/// `count`; in the field, a document over 16 MB from thousands of field
+/// names) is set aside and counted; the others are written, those of later
+/// intervals too. Before, the refusal aborted the pass, and every pass took
+/// the same key first: nothing after it was ever rolled up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollup_the_database_refuses_is_set_aside_and_the_rest_written() {
+    let mut stack = Stack::start("parked", |c| {
+        c.window("1s")
+            .closer("200ms", "1s")
+            .max_delay("200ms")
+            .rollup("2s", false, None)
+    })
+    .await;
+    let unique_count = mongodb::IndexModel::builder()
+        .keys(bson::doc! { "count": 1 })
+        .options(
+            mongodb::options::IndexOptions::builder()
+                .unique(true)
+                .build(),
+        )
+        .build();
+    stack
+        .client
+        .database("parked")
+        .collection::<Document>("readings_2s")
+        .create_index(unique_count)
+        .await
+        .unwrap();
+    let t0 = (now_ms() - 20_000).div_euclid(2000) * 2000;
+    let mut readings: Vec<Reading> = Vec::new();
+    // Two sensors with as many readings in the first interval (one of
+    // their rollups breaks the unique count), a third in the next.
+    for (sensor, start, n) in [("p1", t0, 3), ("p2", t0, 3), ("p3", t0 + 2000, 5)] {
+        for i in 0..n {
+            readings.push((
+                sensor.to_string(),
+                start + i * 100,
+                vec![("v", serde_json::json!(i as f64))],
+            ));
+        }
+    }
+    publish(&mut stack.publisher().await, &readings).await;
+    eventually(
+        Duration::from_secs(60),
+        "the later interval rolled up",
+        || async {
+            stack
+                .docs("readings_2s")
+                .await
+                .iter()
+                .any(|d| d.get_str("sensorId") == Ok("p3"))
+        },
+    )
+    .await;
+    stack
+        .palletd
+        .wait_until(Duration::from_secs(60), "setting a rollup aside", |p| {
+            p.metric("palletd_rollup_keys_parked_total", None) >= 1.0
+        })
+        .await;
+    let rolled: Vec<String> = stack
+        .docs("readings_2s")
+        .await
+        .iter()
+        .map(|d| d.get_str("sensorId").unwrap().to_string())
+        .collect();
+    assert_eq!(rolled.len(), 2, "one of p1 and p2, and p3: {rolled:?}");
+    let parked: Vec<Document> = stack
+        .docs("readings_rollup_due")
+        .await
+        .into_iter()
+        .filter(|d| d.get_bool("parked") == Ok(true))
+        .collect();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert!(
+        parked[0].get_str("error").unwrap().contains("11000"),
+        "{parked:?}"
+    );
+    stack.stop();
+}

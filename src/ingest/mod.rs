@@ -262,6 +262,8 @@ impl Connection {
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut down_since: Option<std::time::Instant> = None;
         let mut disconnecting = false;
+        // The broker acknowledged every subscription (a SUBACK) since this
+        // process started.
         let mut subscribed = false;
         let mut overflow: std::collections::VecDeque<Message> = Default::default();
         loop {
@@ -309,12 +311,13 @@ impl Connection {
                             "Connected to the MQTT broker."
                         ),
                     }
-                    // Subscribe on this process's first connect (the config
-                    // may have changed since the session was made) and
-                    // whenever the broker kept no session. Not on every
-                    // reconnect: each subscribe re-sends retained messages.
+                    // Subscribe until the broker acknowledged it on this
+                    // process (the config may have changed since the
+                    // session was made; a link that dropped before the
+                    // SUBACK may have lost the SUBSCRIBE), and whenever the
+                    // broker kept no session. Not on every reconnect: each
+                    // subscribe re-sends retained messages.
                     if !ack.session_present || !subscribed {
-                        subscribed = true;
                         health.set_subscribed(false);
                         let subs = self
                             .filters
@@ -342,6 +345,7 @@ impl Connection {
                         }
                     }
                     health.set_subscribed(all);
+                    subscribed = all;
                 }
                 Ok(Event::Incoming(Packet::Publish(p))) => {
                     if stop.is_cancelled() {

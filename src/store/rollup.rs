@@ -51,6 +51,9 @@ const SENSORS_PER_QUERY: usize = 500;
 /// Due keys one pass takes at most (the rest wait for the next pass).
 const KEYS_PER_PASS: i64 = 20_000;
 
+/// A key whose rollup cannot be written is tried again this much later.
+const PARKED_FOR: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// (rollup index, sensor, interval start ms).
 type Key = (usize, String, i64);
 
@@ -71,6 +74,8 @@ pub struct Pass {
     pub written: u64,
     /// Write statements sent (rollup upserts and queue deletes).
     pub statements: u64,
+    /// Keys whose rollup could not be written, set aside.
+    pub parked: u64,
 }
 
 pub struct Rollups {
@@ -359,12 +364,39 @@ impl Passes {
         for ((name, start), keys) in groups {
             let spec = self.specs.iter().find(|s| s.name == name);
             for chunk in keys.chunks(SENSORS_PER_QUERY) {
+                // Keys whose rollup cannot be computed or written: parked.
+                let mut failed: Vec<(&Entry, String)> = Vec::new();
                 if let Some(spec) = spec {
                     let sensors: Vec<&str> = chunk.iter().map(|k| k.0.as_str()).collect();
-                    let docs = self
+                    let docs = match self
                         .compute(db, spec, start, &sensors, now_ms, partial)
-                        .await?;
+                        .await
+                    {
+                        Ok(docs) => docs,
+                        // Refused by the server (not the link): each sensor
+                        // alone, so one that cannot be computed is parked
+                        // and the others go on.
+                        Err(e) if refused(&e) => {
+                            let mut docs = Vec::new();
+                            for (entry, sensor) in chunk.iter().zip(&sensors) {
+                                match self
+                                    .compute(db, spec, start, &[sensor], now_ms, partial)
+                                    .await
+                                {
+                                    Ok(d) => docs.extend(d),
+                                    Err(e) if refused(&e) => failed.push((entry, e.to_string())),
+                                    Err(e) => return Err(e),
+                                }
+                            }
+                            docs
+                        }
+                        Err(e) => return Err(e),
+                    };
                     if !docs.is_empty() {
+                        let sensors_of: Vec<String> = docs
+                            .iter()
+                            .map(|d| d.get_str("sensorId").unwrap_or_default().to_string())
+                            .collect();
                         let updates: Vec<Document> = docs
                             .into_iter()
                             .map(|d| {
@@ -372,29 +404,70 @@ impl Passes {
                                 doc! { "q": q, "u": d, "upsert": true }
                             })
                             .collect();
-                        out.written += updates.len() as u64;
                         out.statements += updates.len() as u64;
-                        write(
-                            db,
-                            &Rollups::collection_of(&self.base, spec),
-                            "update",
-                            "updates",
-                            updates,
-                        )
-                        .await?;
+                        let coll = Rollups::collection_of(&self.base, spec);
+                        let errors = write(db, &coll, "update", "updates", updates).await?;
+                        out.written += (sensors_of.len() - errors.len()) as u64;
+                        for (i, error) in errors {
+                            let sensor = &sensors_of[i];
+                            if let Some(entry) = chunk.iter().find(|e| &e.0 == sensor) {
+                                failed.push((entry, error));
+                            }
+                        }
                     }
+                }
+                if !failed.is_empty() {
+                    out.parked += failed.len() as u64;
+                    self.park(db, &name, &failed, now_ms).await?;
                 }
                 // A rollup no longer configured: its keys just go.
                 if !partial {
                     let deletes: Vec<Document> = chunk
                         .iter()
+                        .filter(|e| !failed.iter().any(|f| std::ptr::eq(f.0, *e)))
                         .map(|(_, v, id)| doc! { "q": { "_id": id, "v": v }, "limit": 1 })
                         .collect();
                     out.statements += deletes.len() as u64;
-                    write(db, &self.queue, "delete", "deletes", deletes).await?;
+                    if !deletes.is_empty() {
+                        write(db, &self.queue, "delete", "deletes", deletes).await?;
+                    }
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Parks keys whose rollup could not be computed or written: due again
+    /// in [`PARKED_FOR`] (so they never block a pass), counted, logged at
+    /// most once per pass with the first error.
+    async fn park(
+        &self,
+        db: &Database,
+        rollup: &str,
+        failed: &[(&Entry, String)],
+        now_ms: i64,
+    ) -> mongodb::error::Result<()> {
+        let again = bson::DateTime::from_millis(now_ms + PARKED_FOR.as_millis() as i64);
+        let updates: Vec<Document> = failed
+            .iter()
+            .map(|((_, _, id), error)| {
+                let error = crate::decode::truncate(error, 512);
+                doc! {
+                    "q": { "_id": id },
+                    "u": { "$set": { "due": again, "parked": true, "error": error } },
+                }
+            })
+            .collect();
+        metrics::counter!(telemetry::ROLLUP_KEYS_PARKED).increment(failed.len() as u64);
+        tracing::warn!(
+            rollup,
+            keys = failed.len(),
+            sensor = %failed[0].0 .0,
+            error = %failed[0].1,
+            again = ?PARKED_FOR,
+            "Rollups that cannot be written are set aside (the others go on); tried again later."
+        );
+        write(db, &self.queue, "update", "updates", updates).await?;
         Ok(())
     }
 
@@ -508,19 +581,29 @@ impl Passes {
     }
 }
 
-/// Sends one write command (`update` or `delete`) and fails on any
-/// statement error (the pass is tried again at the closer's next run).
+/// Sends one write command (`update` or `delete`), unordered; returns the
+/// statements the server refused: (index, error).
 async fn write(
     db: &Database,
     coll: &str,
     name: &str,
     field: &str,
     statements: Vec<Document>,
-) -> mongodb::error::Result<()> {
+) -> mongodb::error::Result<Vec<(usize, String)>> {
     let reply = db
         .run_command(doc! { name: coll, field: statements, "ordered": false })
         .await?;
-    mongo::no_write_errors(&reply, &format!("rollup {name}"))
+    Ok(mongo::Reply::parse(&reply)
+        .write_errors
+        .into_iter()
+        .map(|(i, code, msg)| (i, format!("rollup {name} rejected (code {code}): {msg}")))
+        .collect())
+}
+
+/// Whether the server refused a command (it will refuse it again), rather
+/// than the link or the server failing.
+fn refused(e: &mongodb::error::Error) -> bool {
+    matches!(*e.kind, mongodb::error::ErrorKind::Command(_))
 }
 
 /// One rollup document as `palletd query --stats --rollup` shows it.

@@ -62,6 +62,8 @@ pub const SPOOL_REPLAYED: &str = "palletd_spool_replayed_records_total";
 pub const BACKLOG_READINGS: &str = "palletd_backlog_readings";
 pub const ROLLUPS_WRITTEN: &str = "palletd_rollups_written_total";
 pub const ROLLUP_STATEMENTS: &str = "palletd_rollup_statements_total";
+/// Rollup keys set aside because their rollup could not be written.
+pub const ROLLUP_KEYS_PARKED: &str = "palletd_rollup_keys_parked_total";
 pub const CLOSER_SECONDS: &str = "palletd_closer_seconds";
 pub const ROLLUP_PASS_SECONDS: &str = "palletd_rollup_pass_seconds";
 pub const BACKLOG_STORED: &str = "palletd_backlog_samples_stored_total";
@@ -196,6 +198,10 @@ pub fn describe() {
         ROLLUP_STATEMENTS,
         "Write statements rollups cost: keys recorded at flushes, rollup upserts and keys deleted by the closer."
     );
+    describe_counter!(
+        ROLLUP_KEYS_PARKED,
+        "Rollup keys (sensor and interval) whose rollup the database refused (say a document over 16 MB): set aside for an hour so the others go on."
+    );
     describe_histogram!(
         CLOSER_SECONDS,
         "How long one closer run took (sealing; the rollups are computed beside it)."
@@ -272,6 +278,7 @@ fn register_at_zero() {
     for kind in ["sample", "dead_letter", "message_id", "unknown"] {
         metrics::counter!(SPOOL_DAMAGED, "kind" => kind).increment(0);
     }
+    metrics::counter!(ROLLUP_KEYS_PARKED).increment(0);
     for kind in ["disk_full", "io", "short_write", "other"] {
         metrics::counter!(SPOOL_WRITE_ERRORS, "kind" => kind).increment(0);
     }
