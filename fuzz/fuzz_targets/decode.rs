@@ -36,6 +36,9 @@ fn decoder() -> Decoder {
             max_field_name_length: 64,
             max_string_length: 256,
             sensor_id_pattern: regex::Regex::new(&format!("^(?:{DEFAULT_SENSOR_ID_PATTERN})$")).unwrap(),
+            max_sparkplug_nodes: 100,
+            max_sparkplug_devices_per_node: 100,
+            max_sparkplug_aliases: 10_000,
         },
     )
 }

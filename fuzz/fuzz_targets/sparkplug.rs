@@ -39,6 +39,9 @@ fn decoder() -> Decoder {
         max_string_length: 1024,
         sensor_id_pattern: regex::Regex::new(&format!("^(?:{DEFAULT_SENSOR_ID_PATTERN})$"))
             .unwrap(),
+        max_sparkplug_nodes: 100,
+        max_sparkplug_devices_per_node: 100,
+        max_sparkplug_aliases: 10_000,
     };
     Decoder::new(
         vec![Subscription {

@@ -135,6 +135,9 @@ impl Settings {
             max_field_name_length: self.limits.max_field_name_length,
             max_string_length: self.limits.max_string_length,
             sensor_id_pattern: self.bucket.sensor_id_pattern.clone(),
+            max_sparkplug_nodes: self.limits.max_sparkplug_nodes,
+            max_sparkplug_devices_per_node: self.limits.max_sparkplug_devices_per_node,
+            max_sparkplug_aliases: self.limits.max_sparkplug_aliases,
         }
     }
 
@@ -159,6 +162,12 @@ pub struct LimitSettings {
     /// Distinct sensors palletd keeps track of; a new sensor beyond it goes
     /// to the dead letter until idle ones are forgotten.
     pub max_sensors: usize,
+    /// Sparkplug B edge nodes, devices per node and aliases in all that
+    /// BIRTHs may teach (what sparkplug.json holds and is rewritten whole);
+    /// a BIRTH beyond them goes to the dead letter.
+    pub max_sparkplug_nodes: usize,
+    pub max_sparkplug_devices_per_node: usize,
+    pub max_sparkplug_aliases: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -1105,6 +1114,24 @@ impl Validator {
             max_field_name_length: n("max_field_name_length", l.max_field_name_length, 64, 1024),
             max_string_length: n("max_string_length", l.max_string_length, 1024, 1 << 20),
             max_sensors: n("max_sensors", l.max_sensors, 100_000, 100_000_000),
+            max_sparkplug_nodes: n(
+                "max_sparkplug_nodes",
+                l.max_sparkplug_nodes,
+                1000,
+                1_000_000,
+            ),
+            max_sparkplug_devices_per_node: n(
+                "max_sparkplug_devices_per_node",
+                l.max_sparkplug_devices_per_node,
+                1000,
+                1_000_000,
+            ),
+            max_sparkplug_aliases: n(
+                "max_sparkplug_aliases",
+                l.max_sparkplug_aliases,
+                100_000,
+                100_000_000,
+            ),
         }
     }
 

@@ -56,6 +56,9 @@ pub struct RawLimits {
     pub max_field_name_length: Option<i64>,
     pub max_string_length: Option<i64>,
     pub max_sensors: Option<i64>,
+    pub max_sparkplug_nodes: Option<i64>,
+    pub max_sparkplug_devices_per_node: Option<i64>,
+    pub max_sparkplug_aliases: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]

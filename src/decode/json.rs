@@ -541,6 +541,9 @@ mod tests {
             max_field_name_length: 64,
             max_string_length: 64,
             sensor_id_pattern: regex::Regex::new(".*").unwrap(),
+            max_sparkplug_nodes: 100,
+            max_sparkplug_devices_per_node: 100,
+            max_sparkplug_aliases: 10_000,
         }
     }
 

@@ -264,6 +264,10 @@ pub struct Limits {
     pub max_string_length: usize,
     /// Anchored pattern every sensor id must match.
     pub sensor_id_pattern: regex::Regex,
+    /// What Sparkplug B BIRTHs may teach in all (`limits.max_sparkplug_*`).
+    pub max_sparkplug_nodes: usize,
+    pub max_sparkplug_devices_per_node: usize,
+    pub max_sparkplug_aliases: usize,
 }
 
 /// Decodes messages for a set of subscriptions.
@@ -444,6 +448,9 @@ mod tests {
             max_string_length: 32,
             sensor_id_pattern: regex::Regex::new(&format!("^(?:{})$", DEFAULT_SENSOR_ID_PATTERN))
                 .unwrap(),
+            max_sparkplug_nodes: 100,
+            max_sparkplug_devices_per_node: 100,
+            max_sparkplug_aliases: 10_000,
         }
     }
 

@@ -122,6 +122,9 @@ pub struct State {
     /// most [`MAX_UNBORN`], the oldest forgotten first).
     #[serde(skip)]
     unborn_asked: BTreeMap<String, i64>,
+    /// Aliases of all nodes and devices (kept up to date; counted at load).
+    #[serde(skip)]
+    aliases: usize,
 }
 
 /// Nodes never born whose rebirth requests are remembered for the rate
@@ -148,7 +151,9 @@ pub fn save(state: &State) -> Vec<u8> {
 
 /// A state saved by [`save`].
 pub fn load(bytes: &[u8]) -> Result<State, String> {
-    serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    let mut state: State = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    state.aliases = state.size().2;
+    Ok(state)
 }
 
 /// What a Sparkplug message did besides its readings and rejections: for
@@ -338,17 +343,21 @@ pub(super) fn decode(
     if matches!(t.kind, "NCMD" | "DCMD") {
         return Ok(Vec::new());
     }
-    let p = proto::Payload::decode(payload)
+    // The metrics are counted before any is decoded: a payload of many
+    // tiny metrics must not cost memory many times its size first.
+    let max_metrics = limits.max_samples_per_message * limits.max_fields_per_sample;
+    let metrics = count_metrics(payload, max_metrics)
         .map_err(|e| DecodeError::BadPayload(format!("not a Sparkplug B payload: {e}")))?;
-    if p.metrics.len() > limits.max_samples_per_message * limits.max_fields_per_sample {
+    if metrics > max_metrics {
         return Err(DecodeError::OverLimit {
             cause: "too_many_samples",
             message: format!(
-                "{} metrics in one message exceed limits.max_samples_per_message x limits.max_fields_per_sample",
-                p.metrics.len()
+                "more than {max_metrics} metrics in one message (limits.max_samples_per_message x limits.max_fields_per_sample)"
             ),
         });
     }
+    let p = proto::Payload::decode(payload)
+        .map_err(|e| DecodeError::BadPayload(format!("not a Sparkplug B payload: {e}")))?;
     let sensor = match t.device {
         Some(d) => format!("{}:{}:{}", t.group, t.node, d),
         None => format!("{}:{}", t.group, t.node),
@@ -380,8 +389,48 @@ pub(super) fn decode(
                 index: 0,
             }]);
         }
+        if state.nodes.len() >= limits.max_sparkplug_nodes {
+            return Err(over_limit(
+                "too_many_sparkplug_nodes",
+                format!(
+                    "a BIRTH of a new edge node beyond limits.max_sparkplug_nodes ({})",
+                    limits.max_sparkplug_nodes
+                ),
+            ));
+        }
         state.unborn_asked.remove(&key);
         state.nodes.insert(key.clone(), Node::default());
+    }
+    if birth {
+        // What the BIRTH teaches must fit: devices of the node, aliases in all.
+        let node = &state.nodes[&key];
+        let device = t.device.unwrap_or_default();
+        if t.kind == "DBIRTH"
+            && !node.devices.contains_key(device)
+            && node.devices.len() >= limits.max_sparkplug_devices_per_node
+        {
+            return Err(over_limit(
+                "too_many_sparkplug_devices",
+                format!(
+                    "a DBIRTH of a new device beyond limits.max_sparkplug_devices_per_node ({})",
+                    limits.max_sparkplug_devices_per_node
+                ),
+            ));
+        }
+        let replaced = match t.kind {
+            "NBIRTH" => node.aliases.len(),
+            _ => node.devices.get(device).map_or(0, |d| d.aliases.len()),
+        };
+        let taught = p.metrics.iter().filter(|m| m.alias.is_some()).count();
+        if state.aliases - replaced + taught > limits.max_sparkplug_aliases {
+            return Err(over_limit(
+                "too_many_sparkplug_aliases",
+                format!(
+                    "this BIRTH's {taught} aliases would pass limits.max_sparkplug_aliases ({}) in all",
+                    limits.max_sparkplug_aliases
+                ),
+            ));
+        }
     }
     let node = state.nodes.get_mut(&key).expect("inserted above");
     // Sequence numbers: every message of the node but NDEATH has one.
@@ -435,7 +484,9 @@ pub(super) fn decode(
         }
         "NBIRTH" => {
             node.online = true;
-            node.aliases = learn(&p.metrics);
+            let learnt = learn(&p.metrics, limits.max_field_name_length);
+            state.aliases = state.aliases - node.aliases.len() + learnt.len();
+            node.aliases = learnt;
             node.bd_seq = bd_seq_of(&p.metrics);
             outcome.state_changed = true;
             for (name, value) in state_fields("online", node.bd_seq) {
@@ -448,7 +499,9 @@ pub(super) fn decode(
                 .entry(t.device.unwrap_or_default().to_string())
                 .or_default();
             d.online = true;
-            d.aliases = learn(&p.metrics);
+            let learnt = learn(&p.metrics, limits.max_field_name_length);
+            state.aliases = state.aliases - d.aliases.len() + learnt.len();
+            d.aliases = learnt;
             outcome.state_changed = true;
             for (name, value) in state_fields("online", node.bd_seq) {
                 samples.push(payload_ts, false, name, value);
@@ -622,10 +675,17 @@ fn state_fields(state: &str, bd_seq: Option<u64>) -> Vec<(String, FieldValue)> {
     f
 }
 
-/// The alias map a BIRTH's metrics define.
-fn learn(metrics: &[proto::Metric]) -> Aliases {
+/// The alias map a BIRTH's metrics define; a name whose field name would
+/// be longer than `max_name` is not kept (its values are refused as
+/// `field_name_too_long`, its DATA by alias as `unknown_alias`).
+fn learn(metrics: &[proto::Metric], max_name: usize) -> Aliases {
     metrics
         .iter()
+        .filter(|m| {
+            m.name
+                .as_deref()
+                .is_some_and(|n| field_name(n).len() <= max_name)
+        })
         .filter_map(|m| {
             Some((
                 m.alias?,
@@ -636,6 +696,26 @@ fn learn(metrics: &[proto::Metric]) -> Aliases {
             ))
         })
         .collect()
+}
+
+fn over_limit(cause: &'static str, message: String) -> DecodeError {
+    DecodeError::OverLimit { cause, message }
+}
+
+/// How many metrics (field 2) a Sparkplug payload holds, up to `max` + 1,
+/// by walking its top-level fields without decoding them.
+fn count_metrics(payload: &[u8], max: usize) -> Result<usize, prost::DecodeError> {
+    use prost::encoding::{decode_key, skip_field, DecodeContext};
+    let mut buf = payload;
+    let mut n = 0;
+    while !buf.is_empty() && n <= max {
+        let (tag, wire_type) = decode_key(&mut buf)?;
+        if tag == 2 {
+            n += 1;
+        }
+        skip_field(wire_type, tag, &mut buf, DecodeContext::default())?;
+    }
+    Ok(n)
 }
 
 /// The value of the `bdSeq` metric of an NBIRTH or NDEATH.
@@ -714,6 +794,9 @@ mod tests {
             max_string_length: 32,
             sensor_id_pattern: regex::Regex::new(&format!("^(?:{DEFAULT_SENSOR_ID_PATTERN})$"))
                 .unwrap(),
+            max_sparkplug_nodes: 100,
+            max_sparkplug_devices_per_node: 100,
+            max_sparkplug_aliases: 10_000,
         };
         Decoder::new(
             vec![Subscription {
@@ -772,6 +855,105 @@ mod tests {
 
     fn field<'a>(r: &'a Reading, name: &str) -> Option<&'a FieldValue> {
         r.fields.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    /// BIRTHs teach at most the nodes, devices per node and aliases in all
+    /// the limits allow, and no metric name longer than a field name may
+    /// be; beyond, a BIRTH is refused (the state unchanged) with a cause
+    /// of its own. Before, BIRTHs under ever new ids grew the state (kept
+    /// in memory, rewritten whole to sparkplug.json) without bound.
+    #[test]
+    fn births_teach_no_more_than_the_limits() {
+        let mut d = decoder(false);
+        d.limits.max_sparkplug_nodes = 2;
+        d.limits.max_sparkplug_devices_per_node = 1;
+        let cause = |out: &crate::decode::Decoded| out.errors.first().map(|e| e.cause());
+        assert_eq!(
+            cause(&d.decode("spBv1.0/G/NBIRTH/N1", &nbirth(0), NOW)),
+            None
+        );
+        assert_eq!(
+            cause(&d.decode("spBv1.0/G/NBIRTH/N2", &nbirth(0), NOW)),
+            None
+        );
+        assert_eq!(
+            cause(&d.decode("spBv1.0/G/NBIRTH/N3", &nbirth(0), NOW)),
+            Some("too_many_sparkplug_nodes")
+        );
+        // Born again, a known node is no new one.
+        assert_eq!(
+            cause(&d.decode("spBv1.0/G/NBIRTH/N2", &nbirth(1), NOW)),
+            None
+        );
+        assert_eq!(
+            cause(&d.decode("spBv1.0/G/DBIRTH/N1/D1", &nbirth(0), NOW)),
+            None
+        );
+        assert_eq!(
+            cause(&d.decode("spBv1.0/G/DBIRTH/N1/D2", &nbirth(0), NOW)),
+            Some("too_many_sparkplug_devices")
+        );
+        // Three aliases per BIRTH: a third BIRTH would pass 7 in all.
+        let mut d = decoder(false);
+        d.limits.max_sparkplug_aliases = 7;
+        assert_eq!(
+            cause(&d.decode("spBv1.0/G/NBIRTH/N1", &nbirth(0), NOW)),
+            None
+        );
+        assert_eq!(
+            cause(&d.decode("spBv1.0/G/NBIRTH/N2", &nbirth(0), NOW)),
+            None
+        );
+        assert_eq!(
+            cause(&d.decode("spBv1.0/G/DBIRTH/N1/D1", &nbirth(0), NOW)),
+            Some("too_many_sparkplug_aliases")
+        );
+        // Replacing a node's own aliases is no growth.
+        assert_eq!(
+            cause(&d.decode("spBv1.0/G/NBIRTH/N1", &nbirth(2), NOW)),
+            None
+        );
+        assert_eq!(d.sparkplug_state().size(), (2, 0, 6));
+        // A name too long for a field is not learnt.
+        let mut d = decoder(false);
+        d.limits.max_field_name_length = 5;
+        let out = d.decode("spBv1.0/G/NBIRTH/N1", &nbirth(0), NOW);
+        assert!(
+            out.errors
+                .iter()
+                .any(|e| e.cause() == "field_name_too_long"),
+            "{:?}",
+            out.errors
+        );
+        assert_eq!(
+            d.sparkplug_state().size().2,
+            2,
+            "bdSeq and Count, not Temp%2EC"
+        );
+        let saved = load(&save(d.sparkplug_state())).unwrap();
+        assert_eq!(
+            saved.aliases,
+            d.sparkplug_state().aliases,
+            "recounted at load"
+        );
+    }
+
+    /// A payload's metrics are counted before any is decoded.
+    #[test]
+    fn too_many_metrics_are_refused_before_they_are_decoded() {
+        let mut d = decoder(false);
+        let many: Vec<proto::Metric> = (0..401)
+            .map(|i| metric(Some("m"), i, DataType::Double, Value::DoubleValue(1.0)))
+            .collect();
+        let out = d.decode("spBv1.0/G/NBIRTH/N1", &payload(0, many), NOW);
+        assert_eq!(
+            out.errors[0].cause(),
+            "too_many_samples",
+            "{:?}",
+            out.errors
+        );
+        assert_eq!(count_metrics(&nbirth(0), 10), Ok(3));
+        assert!(count_metrics(&[0x12, 0xff], 10).is_err(), "cut short");
     }
 
     #[test]

@@ -158,6 +158,7 @@ impl Spooler {
                 }
                 _ => {}
             }
+            let save_due = self.sparkplug.as_ref().and_then(|f| f.save_due());
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => break,
@@ -192,6 +193,11 @@ impl Spooler {
                 _ = tokio::time::sleep(Duration::from_millis(2)), if self.acker.waiting() > 0 => {
                     self.acker.retry();
                 }
+                // The Sparkplug B state, once per interval at most.
+                _ = tokio::time::sleep_until(save_due.unwrap_or_else(Instant::now).into()), if save_due.is_some() => {
+                    self.save_sparkplug().await;
+                    self.release(&mut acks);
+                }
             }
         }
         rx.close();
@@ -202,6 +208,14 @@ impl Spooler {
         }
         let end = self.next_lsn;
         loop {
+            // What was taught is saved before its acknowledgements go.
+            if !self.save_sparkplug().await {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = abort.cancelled() => return Err(acks.len()),
+                }
+                continue;
+            }
             self.release(&mut acks);
             if self.spool.durable() >= end {
                 break;
@@ -226,8 +240,19 @@ impl Spooler {
         }
     }
 
+    /// Saves the Sparkplug B state if a change waits; true when none does.
+    async fn save_sparkplug(&mut self) -> bool {
+        match &mut self.sparkplug {
+            Some(file) => file.save(self.decoder.sparkplug_state()).await,
+            None => true,
+        }
+    }
+
     fn release(&mut self, acks: &mut AckQueue<Unacked>) {
-        let durable = self.spool.durable();
+        // A message waits for its records to be durable and, when its batch
+        // changed the Sparkplug B state, for that to be saved.
+        let gate = self.sparkplug.as_ref().map_or(u64::MAX, |f| f.gate());
+        let durable = self.spool.durable().min(gate);
         let acker = &mut self.acker;
         acks.pop_ready(durable, |u| {
             if let Some(a) = u.ack {
@@ -260,9 +285,10 @@ impl Spooler {
 
     /// Appends a batch to the spool, then offers it to the pipeline.
     async fn send(&mut self, batch: Batch) {
-        // What a BIRTH taught is on disk before its acknowledgement can go.
+        // What a BIRTH taught is on disk before its acknowledgement can go:
+        // the batch's messages wait for the next save if it changed.
         if let Some(file) = &mut self.sparkplug {
-            file.save_if_changed(self.decoder.sparkplug_state()).await;
+            file.batch_done(batch.first);
         }
         for (kind, n) in &batch.sparkplug {
             metrics::counter!(telemetry::SPARKPLUG_MESSAGES, "type" => *kind).increment(*n);

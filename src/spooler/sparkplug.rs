@@ -3,13 +3,14 @@
 //! device palletd has heard a BIRTH from ([`crate::decode::sparkplug::State`]).
 //!
 //! The spooler saves it (a new file, fsync, rename, fsync of the directory)
-//! before it appends a batch of messages that changed it, so a BIRTH is
-//! never acknowledged before what it taught is on disk: after a crash or a
-//! restart, DATA messages decode with the aliases of the last BIRTH. If the
-//! save fails (a full or broken disk), palletd says so at ERROR, counts it
-//! and tries again with the next batch that changes the state; if it is
-//! lost, DATA messages go to the dead letter as `unknown_alias` (with their
-//! payload) until the node's next BIRTH, so nothing is lost silently.
+//! at most every [`SAVE_EVERY`], and holds the acknowledgements of the
+//! messages from the first batch that changed it since the last save until
+//! a save covers them ([`StateFile::gate`]): a BIRTH is never acknowledged
+//! before what it taught is on disk (after a crash or a restart, DATA
+//! messages decode with the aliases of the last BIRTH), and a mass rebirth
+//! of a thousand nodes costs a few saves, not one per batch. If a save
+//! fails (a full or broken disk), palletd says so, counts it and tries
+//! again at the next interval, the acknowledgements waiting meanwhile.
 //!
 //! A file that cannot be read as a state is moved aside to
 //! `sparkplug.json.unreadable` and palletd starts without aliases.
@@ -25,18 +26,49 @@ use crate::telemetry;
 /// The file's name in the spool directory.
 pub const FILE_NAME: &str = "sparkplug.json";
 
+/// Saves are at least this far apart.
+pub const SAVE_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
 pub struct StateFile {
     path: PathBuf,
-    /// A change not yet saved (an earlier save failed).
-    unsaved: bool,
+    /// The first LSN of the first batch that changed the state since the
+    /// last save: acknowledgements of messages from there on wait.
+    unsaved_from: Option<u64>,
+    /// A change in the batch being made.
+    changed: bool,
+    last_save: Option<std::time::Instant>,
 }
 
 impl StateFile {
     pub fn new(spool_dir: &Path) -> StateFile {
         StateFile {
             path: spool_dir.join(FILE_NAME),
-            unsaved: false,
+            unsaved_from: None,
+            changed: false,
+            last_save: None,
         }
+    }
+
+    /// Messages whose records lie at or above this LSN wait for a save.
+    pub fn gate(&self) -> u64 {
+        self.unsaved_from.unwrap_or(u64::MAX)
+    }
+
+    /// The batch starting at `first` is appended: if it changed the state,
+    /// its messages wait for the next save.
+    pub fn batch_done(&mut self, first: u64) {
+        if std::mem::take(&mut self.changed) {
+            self.unsaved_from.get_or_insert(first);
+        }
+    }
+
+    /// When the next save is due, if one is.
+    pub fn save_due(&self) -> Option<std::time::Instant> {
+        self.unsaved_from?;
+        Some(
+            self.last_save
+                .map_or_else(std::time::Instant::now, |t| t + SAVE_EVERY),
+        )
     }
 
     /// The saved state, or an empty one (none saved yet, or unreadable).
@@ -64,26 +96,33 @@ impl StateFile {
         }
     }
 
-    /// Notes that `state` changed; [`StateFile::save_if_changed`] saves it.
+    /// Notes that the state changed in the batch being made.
     pub fn changed(&mut self) {
-        self.unsaved = true;
+        self.changed = true;
     }
 
-    /// Saves `state` if it changed since the last successful save.
-    pub async fn save_if_changed(&mut self, state: &State) {
-        if !self.unsaved {
-            return;
+    /// Saves `state` (everything taught by the batches made so far) if a
+    /// change waits; true when nothing waits any more.
+    pub async fn save(&mut self, state: &State) -> bool {
+        if self.unsaved_from.is_none() {
+            return true;
         }
+        self.last_save = Some(std::time::Instant::now());
         let bytes = crate::decode::sparkplug::save(state);
         let path = self.path.clone();
         let saved = tokio::task::spawn_blocking(move || write_atomically(&path, &bytes))
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e)));
         match saved {
-            Ok(()) => self.unsaved = false,
+            Ok(()) => {
+                metrics::counter!(telemetry::SPARKPLUG_STATE_SAVES).increment(1);
+                self.unsaved_from = None;
+                true
+            }
             Err(e) => {
                 metrics::counter!(telemetry::SPARKPLUG_SAVE_ERRORS).increment(1);
-                warn!(path = %self.path.display(), error = %e, "Cannot save the Sparkplug B state; trying again with the next BIRTH or DEATH. Until it is saved, a restart forgets the aliases learnt since the last save.");
+                warn!(path = %self.path.display(), error = %e, "Cannot save the Sparkplug B state; trying again shortly. The BIRTHs and DEATHs it holds are not acknowledged until it is saved.");
+                false
             }
         }
     }

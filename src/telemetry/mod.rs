@@ -93,6 +93,8 @@ pub const SPARKPLUG_SKIPPED: &str = "palletd_sparkplug_metrics_skipped_total";
 pub const SPARKPLUG_STALE_DEATHS: &str = "palletd_sparkplug_stale_deaths_total";
 /// Rebirth requests (NCMD) published, and not published for a full queue.
 pub const SPARKPLUG_REBIRTHS: &str = "palletd_sparkplug_rebirth_requests_total";
+/// Saves of the Sparkplug B state (sparkplug.json).
+pub const SPARKPLUG_STATE_SAVES: &str = "palletd_sparkplug_state_saves_total";
 /// Saves of the Sparkplug B state (sparkplug.json) that failed.
 pub const SPARKPLUG_SAVE_ERRORS: &str = "palletd_sparkplug_state_save_errors_total";
 
@@ -264,6 +266,10 @@ pub fn describe() {
     describe_counter!(
         SPARKPLUG_REBIRTHS,
         "Sparkplug B rebirth requests (NCMD Node Control/Rebirth), by outcome (sent, or dropped for a full client queue)."
+    );
+    describe_counter!(
+        SPARKPLUG_STATE_SAVES,
+        "Saves of the Sparkplug B alias maps (sparkplug.json), at most one per 200 ms; BIRTHs and DEATHs are acknowledged once saved."
     );
     describe_counter!(
         SPARKPLUG_SAVE_ERRORS,
