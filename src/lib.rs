@@ -62,6 +62,7 @@ pub const VERSION: &str = concat!(
 );
 
 pub mod bucket;
+pub mod budget;
 pub mod clock;
 pub mod config;
 pub mod deadletter;
@@ -159,6 +160,23 @@ async fn watch_spool(spool: spool::Spool, health: Arc<telemetry::Health>, done: 
     }
 }
 
+/// Every second, the bytes held by the ingest queue and the feed.
+async fn watch_memory(
+    queue: Arc<budget::Budget>,
+    feed: Arc<budget::Budget>,
+    done: CancellationToken,
+) {
+    loop {
+        for (part, b) in [("ingest", &queue), ("feed", &feed)] {
+            metrics::gauge!(telemetry::MEMORY_BYTES, "part" => part).set(b.used() as f64);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = done.cancelled() => return,
+        }
+    }
+}
+
 fn redact(text: &str, settings: &Settings) -> String {
     text.replace(settings.mongodb.uri.expose(), "***")
 }
@@ -201,11 +219,16 @@ pub async fn run(
         decoder.set_sparkplug_state(file.load());
         file
     });
-    let connection = ingest::Connection::new(&settings.mqtt, &settings.subscriptions)
+    let mut connection = ingest::Connection::new(&settings.mqtt, &settings.subscriptions)
         .map_err(|e| RunError::Config(e.to_string()))?;
-    // Batches of messages on their way to the pipeline's memory; room for
-    // those that arrive during a long flush (memory is bounded by
-    // flush.max_pending_samples; what does not fit is read back from disk).
+    // limits.max_memory, in byte budgets: the messages on their way to the
+    // spool (beyond, ingest stops reading from the broker), the batches on
+    // their way to the pipeline's memory (beyond, they are read back from
+    // disk), and what waits for MongoDB (beyond, it waits on disk).
+    let memory = settings.limits.split();
+    let queue = Arc::new(budget::Budget::new(memory.ingest));
+    let feed_budget = Arc::new(budget::Budget::new(memory.feed));
+    connection.limit_queue(queue.clone());
     let (feed_tx, feed_rx) = mpsc::channel(16_384);
     let spooler = spooler::Spooler {
         decoder,
@@ -221,12 +244,16 @@ pub async fn run(
         ),
         health: health.clone(),
         sparkplug,
+        queue: queue.clone(),
+        feed_budget: feed_budget.clone(),
+        deadletter_room: spooler::DeadLetterRoom::new(settings.spool.max_size),
     };
     let core = pipeline::Core::new(
         pipeline::Config {
             shape,
             tags: recovered.tags.clone(),
             max_pending: settings.flush.max_pending_samples,
+            max_pending_bytes: memory.pending,
             max_lateness_ms: settings.bucket.max_lateness.as_millis() as i64,
             max_delay: settings.flush.max_delay,
             behind: pipeline::Config::behind_for(settings.flush.max_delay),
@@ -277,6 +304,7 @@ pub async fn run(
         tracker.spawn(server);
     }
     tracker.spawn(watch_spool(spool.clone(), health.clone(), done.clone()));
+    tracker.spawn(watch_memory(queue, feed_budget, done.clone()));
     tracker.spawn(telemetry::systemd::supervise(
         db,
         health.clone(),

@@ -164,3 +164,39 @@ async fn a_link_lost_before_the_suback_does_not_leave_palletd_subscribed_to_noth
         palletd.log()
     );
 }
+
+/// A device sends garbage while the database is away: its dead letters
+/// take at most a tenth of `spool.max_size`, the rest are dropped and
+/// counted, and the good sensors' readings are spooled and stored as ever.
+/// Before, dead letters took the spool like anything else: enough garbage
+/// filled it and stopped every sensor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_take_at_most_their_share_of_the_spool() {
+    let mut stack = Stack::without_database("deadshare", |c| c.set("spool.max_size", "1MiB")).await;
+    let mut publisher = stack.publisher().await;
+    let garbage = format!("not json {}", "#".repeat(2000));
+    for _ in 0..200 {
+        publisher
+            .publish("sensors/noisy/telemetry", garbage.clone())
+            .await;
+    }
+    publisher.flush().await;
+    let good = Publisher::connect(&stack.broker, "pub-deadshare-good").await;
+    let sent = publish_steadily(good, 10, 2000.0, 1000).await;
+    stack.all_acknowledged().await;
+    let dropped = stack
+        .palletd
+        .metric("palletd_dead_letters_dropped_total", None);
+    assert!(dropped >= 100.0, "{dropped} dropped");
+    stack.db.start_again();
+    assert_exactly_once(&stack.client, "deadshare", &sent, Duration::from_secs(60)).await;
+    let dead = stack.docs("readings_deadletter").await;
+    let bytes: usize = dead.iter().map(|d| bson::to_vec(d).unwrap().len()).sum();
+    assert!(bytes <= 110 * 1024, "{bytes} bytes of dead letters");
+    assert_eq!(
+        dead.len() + dropped as usize,
+        200,
+        "every one stored or counted"
+    );
+    stack.stop();
+}

@@ -168,6 +168,35 @@ pub struct LimitSettings {
     pub max_sparkplug_nodes: usize,
     pub max_sparkplug_devices_per_node: usize,
     pub max_sparkplug_aliases: usize,
+    /// Bytes palletd's buffers may hold in all (see [`LimitSettings::split`]).
+    pub max_memory: u64,
+}
+
+/// What each part may hold of `limits.max_memory`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemorySplit {
+    /// Messages received, on their way to the spool (beyond: palletd stops
+    /// reading from the broker).
+    pub ingest: usize,
+    /// Spooled batches on their way to the pipeline's memory (beyond: read
+    /// back from the spool).
+    pub feed: usize,
+    /// Samples and dead letters waiting for MongoDB (beyond: they wait on
+    /// disk).
+    pub pending: usize,
+}
+
+impl LimitSettings {
+    /// An eighth for the ingest queue, an eighth for the feed, the rest for
+    /// what waits for MongoDB.
+    pub fn split(&self) -> MemorySplit {
+        let all = self.max_memory as usize;
+        MemorySplit {
+            ingest: all / 8,
+            feed: all / 8,
+            pending: all - 2 * (all / 8),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -1100,6 +1129,10 @@ impl Validator {
     }
 
     fn limits(&mut self, l: RawLimits) -> LimitSettings {
+        let max_memory = self.size("limits.max_memory", l.max_memory, 64 << 20);
+        if max_memory < 4 << 20 {
+            self.err("limits.max_memory", "must be at least 4MiB");
+        }
         let mut n = |key: &str, raw: Option<i64>, default: i64, max: i64| {
             self.int_in(&format!("limits.{key}"), raw, default, 1, max) as usize
         };
@@ -1132,6 +1165,7 @@ impl Validator {
                 100_000,
                 100_000_000,
             ),
+            max_memory,
         }
     }
 

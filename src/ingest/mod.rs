@@ -52,6 +52,14 @@ pub struct Message {
     pub duplicate: bool,
 }
 
+impl Message {
+    /// Bytes it holds while it waits for the spooler (payload, topic, and
+    /// the message itself).
+    pub fn cost(&self) -> usize {
+        self.payload.len() + self.topic.len() + std::mem::size_of::<Message>()
+    }
+}
+
 /// FNV-1a over topic and payload: a stable digest to recognise redeliveries.
 pub fn digest(topic: &str, payload: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -169,10 +177,6 @@ impl Acker {
     }
 }
 
-/// Messages ingest holds while the spooler's channel is full, before it
-/// stops polling the broker (see the overflow in [`Connection::run`]).
-const MAX_OVERFLOW: usize = 65_536;
-
 /// Capacity of rumqttc's request channel: one slot for every packet id that
 /// can be in flight, plus subscriptions and the disconnect.
 const REQUEST_CAPACITY: usize = 65_536 + 64;
@@ -208,6 +212,8 @@ pub struct Connection {
     client: AsyncClient,
     eventloop: EventLoop,
     filters: Vec<(String, QoS)>,
+    /// Bytes of messages on their way to the spooler.
+    queue: Arc<crate::budget::Budget>,
 }
 
 impl Connection {
@@ -233,7 +239,15 @@ impl Connection {
             client,
             eventloop,
             filters,
+            queue: Arc::new(crate::budget::Budget::new(usize::MAX)),
         })
+    }
+
+    /// Messages received and not yet taken by the spooler may hold this
+    /// budget's bytes; beyond, the loop stops reading from the broker (the
+    /// spooler takes them off the budget as it takes them).
+    pub fn limit_queue(&mut self, budget: Arc<crate::budget::Budget>) {
+        self.queue = budget;
     }
 
     pub fn acker(&self) -> Acker {
@@ -274,7 +288,11 @@ impl Connection {
                 permit = tx.reserve(), if !overflow.is_empty() => {
                     match (permit, overflow.pop_front()) {
                         (Ok(permit), Some(m)) => permit.send(m),
-                        _ => overflow.clear(),
+                        _ => {
+                            for m in overflow.drain(..) {
+                                self.queue.sub(m.cost());
+                            }
+                        }
                     }
                     continue;
                 }
@@ -289,7 +307,11 @@ impl Connection {
                     health.ingest_beat();
                     continue;
                 }
-                ev = self.eventloop.poll() => ev,
+                // Over its byte budget, the queue to the spooler takes no
+                // more: reading from the broker waits (the broker keeps
+                // what it has not sent; QoS 1 waits in its window).
+                _ = self.queue.room(), if self.queue.over() => continue,
+                ev = self.eventloop.poll(), if !self.queue.over() => ev,
             };
             health.ingest_beat();
             match event {
@@ -375,27 +397,18 @@ impl Connection {
                         id,
                         duplicate,
                     };
+                    self.queue.add(msg.cost());
                     if overflow.is_empty() {
                         match tx.try_send(msg) {
                             Ok(()) => {}
                             Err(mpsc::error::TrySendError::Full(m)) => overflow.push_back(m),
-                            Err(mpsc::error::TrySendError::Closed(_)) => {
+                            Err(mpsc::error::TrySendError::Closed(m)) => {
+                                self.queue.sub(m.cost());
                                 debug!("Spooler closed; message left to the broker.")
                             }
                         }
                     } else {
                         overflow.push_back(msg);
-                    }
-                    // Unacknowledged QoS 1/2 messages are bounded by the
-                    // packet ids (and the broker's in-flight window); only a
-                    // QoS 0 flood can reach this, and then reading waits.
-                    if overflow.len() >= MAX_OVERFLOW {
-                        while let Some(m) = overflow.pop_front() {
-                            tokio::select! {
-                                r = tx.send(m) => if r.is_err() { overflow.clear(); },
-                                _ = stop.cancelled() => { overflow.clear(); }
-                            }
-                        }
                     }
                 }
                 Ok(Event::Outgoing(Outgoing::Disconnect)) => {

@@ -88,6 +88,14 @@ pub const MAX_SENSORS_PER_FLUSH: usize = 1000;
 /// most about this long behind one.
 const BACKLOG_FLUSH_TARGET: Duration = Duration::from_secs(1);
 
+/// Bytes of memory a held sample costs besides its document (its slot).
+const SLOT_BYTES: usize = 32;
+
+/// Bytes a dead letter held in memory costs (as BSON).
+fn deadletter_bytes(d: &DeadLetter) -> usize {
+    bson::to_vec(&d.1).map_or(1024, |b| b.len())
+}
+
 /// Backlog flush sizes (samples), whatever the last one measured.
 const BACKLOG_FLUSH_MIN: usize = 1_000;
 const BACKLOG_FLUSH_MAX: usize = 100_000;
@@ -102,6 +110,9 @@ pub struct Config {
     /// The spool ids its records were written under (dead-letter ids).
     pub tags: Tags,
     pub max_pending: usize,
+    /// Memory for samples and dead letters, in bytes (its share of
+    /// `limits.max_memory`): what does not fit stays on disk.
+    pub max_pending_bytes: usize,
     pub max_lateness_ms: i64,
     /// How long a sensor's oldest pending sample may wait (`flush.max_delay`).
     pub max_delay: Duration,
@@ -296,6 +307,10 @@ pub struct Core {
     caught_up_ms: i64,
     /// Samples per record read back (to estimate the backlog on disk).
     samples_per_record: f64,
+    /// Bytes per record taken in lately (to size reads by bytes).
+    record_bytes: f64,
+    /// Bytes of the dead letters held.
+    deadletter_bytes: usize,
     /// The core's monotonic clock starts here (deadlines never follow a
     /// step of the wall clock).
     epoch: Instant,
@@ -345,6 +360,8 @@ impl Core {
             outage: false,
             caught_up_ms: 0,
             samples_per_record: 0.5,
+            record_bytes: 128.0,
+            deadletter_bytes: 0,
             epoch: now,
             now,
             config,
@@ -397,9 +414,32 @@ impl Core {
         self.pending() + self.deadletters.len()
     }
 
-    /// Room for the live lane: whatever memory has left.
+    /// Bytes memory holds: each sample's document and its slot, and the
+    /// dead letters.
+    pub fn held_bytes(&self) -> usize {
+        self.live.bytes()
+            + self.backlog.bytes()
+            + SLOT_BYTES * self.pending()
+            + self.deadletter_bytes
+    }
+
+    /// Room for the live lane, in records: whatever memory has left, by
+    /// count and by bytes (at the records' mean size lately).
     fn live_room(&self) -> usize {
-        self.config.max_pending.saturating_sub(self.held())
+        let bytes = self
+            .config
+            .max_pending_bytes
+            .saturating_sub(self.held_bytes());
+        let by_bytes = (bytes as f64 / self.record_bytes.max(1.0)) as usize;
+        self.config
+            .max_pending
+            .saturating_sub(self.held())
+            .min(by_bytes)
+    }
+
+    /// Whether records of `bytes` fit into memory now.
+    fn fits_bytes(&self, bytes: usize) -> bool {
+        self.held_bytes() + bytes <= self.config.max_pending_bytes
     }
 
     /// Room for the backlog lane: at most half of memory.
@@ -450,7 +490,10 @@ impl Core {
     /// Records the spooler appended: taken into the live lane if they
     /// continue it and fit; else they stay on disk.
     pub fn feed(&mut self, f: Feed, now: Instant, now_ms: i64) {
-        if f.first != self.cursor || f.records > self.live_room() {
+        if f.first != self.cursor
+            || f.records > self.live_room()
+            || !self.fits_bytes(f.bytes.len() + SLOT_BYTES * f.records)
+        {
             return;
         }
         self.hold_records(Lane::Live, &f.bytes, f.spooled.min(now), now_ms);
@@ -546,6 +589,10 @@ impl Core {
             let seen = samples as f64 / records as f64;
             self.samples_per_record = 0.9 * self.samples_per_record + 0.1 * seen;
         }
+        if records > 0 {
+            let seen = (bytes.len() + SLOT_BYTES * records) as f64 / records as f64;
+            self.record_bytes = 0.9 * self.record_bytes + 0.1 * seen;
+        }
         last
     }
 
@@ -553,6 +600,7 @@ impl Core {
         if self.deadletters.is_empty() {
             self.deadletters_since = Some(self.mono(now));
         }
+        self.deadletter_bytes += deadletter_bytes(&d);
         self.deadletters.push(d);
     }
 
@@ -831,6 +879,7 @@ impl Core {
         }
         let runs = self.lane(lane).take(&ids);
         let deadletters = std::mem::take(&mut self.deadletters);
+        self.deadletter_bytes = 0;
         self.deadletters_since = None;
         let low = runs
             .iter()

@@ -76,6 +76,7 @@ pub async fn run(
         rate: 0.0,
     };
     let pending = metrics::gauge!(telemetry::PENDING_SAMPLES);
+    let pending_bytes = metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "pending");
     let mut closer_failing = false;
     // The last write's reply was lost: the next resolve says what it did.
     let mut interrupted = false;
@@ -109,6 +110,7 @@ pub async fn run(
         }
         core.set_durable(spool.durable());
         pending.set(core.unwritten() as f64);
+        pending_bytes.set(core.held_bytes() as f64);
         meter.update(&core, &health);
         let now = Instant::now();
         let Some(action) = core.poll(now, now_ms()) else {

@@ -199,6 +199,8 @@ fn config_replaying(
         shape: SHAPE,
         tags: Tags::new(1),
         max_pending,
+        // About as tight as the count: both bounds take turns.
+        max_pending_bytes: max_pending * 100,
         max_lateness_ms: 3_600_000,
         max_delay: Duration::from_secs(1),
         behind: Duration::from_secs(3),
@@ -289,6 +291,7 @@ impl World {
                     records: 1,
                     bytes: rec.encode().into(),
                     spooled: self.now,
+                    held: None,
                 };
                 self.core.feed(feed, self.now, self.now_ms);
             }
@@ -1062,4 +1065,60 @@ fn after_a_restart_live_readings_go_first_while_the_backlog_drains() {
     w.drain().unwrap();
     w.check().unwrap();
     assert_eq!(w.core.backlog_status().readings, 0);
+}
+
+/// Memory is bounded in bytes, not only in samples: records of 2 KiB each
+/// against 64 KiB for pending samples (the count bound far away). The core
+/// takes in what fits, leaves the rest on disk and reads it back as room
+/// frees; it never holds more than its bytes and one record, and every
+/// sample is stored in the end.
+#[test]
+fn memory_held_stays_within_its_bytes_whatever_the_records_size() {
+    const BUDGET: usize = 64 * 1024;
+    const RECORDS: usize = 2_000;
+    let mut w = World::new(Mode::Buckets, 1_000_000);
+    w.core = Core::new(
+        Config {
+            max_pending_bytes: BUDGET,
+            ..config(Mode::Buckets, 1000, 1000, 1_000_000)
+        },
+        w.t0,
+    );
+    let text = "x".repeat(2000);
+    let mut peak = 0;
+    let mut record = 0;
+    for i in 0..RECORDS {
+        let reading = Reading {
+            ts_ms: w.now_ms,
+            fields: vec![("note".into(), FieldValue::Str(text.clone()))],
+            ..Reading::default()
+        };
+        let doc = Sample::encode(&reading, 0).doc.into_bytes();
+        record = record.max(doc.len());
+        w.append(
+            Entry::Sample {
+                sensor: format!("s{}", i % 100),
+                doc,
+            },
+            true,
+        );
+        w.sync();
+        peak = peak.max(w.core.held_bytes());
+        if i % 20 == 19 {
+            for _ in 0..5 {
+                w.act().unwrap();
+                peak = peak.max(w.core.held_bytes());
+            }
+        }
+        w.now += Duration::from_millis(1);
+        w.now_ms += 1;
+    }
+    assert!(
+        peak <= BUDGET + record + 64,
+        "held {peak} bytes, budget {BUDGET}"
+    );
+    assert!(peak > BUDGET / 2, "the budget was reached ({peak} bytes)");
+    w.drain().unwrap();
+    w.check().unwrap();
+    assert_eq!(w.db.stored.len(), RECORDS);
 }

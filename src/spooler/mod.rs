@@ -52,6 +52,9 @@ pub struct Feed {
     /// the pipeline takes them in (it takes nothing while a write waits out
     /// an outage).
     pub spooled: Instant,
+    /// Its bytes in the feed's budget, given back once the pipeline took it
+    /// in (`None`: no budget).
+    pub held: Option<std::sync::Arc<crate::budget::Held>>,
 }
 
 /// Messages handled together: one spool append and one feed for all.
@@ -110,6 +113,56 @@ pub struct Spooler {
     /// Where the Sparkplug B state is saved (with a `sparkplug_b`
     /// subscription).
     pub sparkplug: Option<sparkplug::StateFile>,
+    /// Bytes of messages ingest handed on and not yet taken here.
+    pub queue: std::sync::Arc<crate::budget::Budget>,
+    /// Bytes of batches offered to the pipeline and not yet taken in: a
+    /// batch that does not fit stays on disk only (it is read back).
+    pub feed_budget: std::sync::Arc<crate::budget::Budget>,
+    /// Dead letters in the spool not yet in MongoDB, within their share.
+    pub deadletter_room: DeadLetterRoom,
+}
+
+/// Dead letters may take at most this share of `spool.max_size`: bad
+/// input alone never fills the spool and stops the good sensors.
+pub const DEADLETTER_SHARE: f64 = 0.1;
+
+/// The dead letters spooled and not yet confirmed in MongoDB, in bytes.
+#[derive(Debug)]
+pub struct DeadLetterRoom {
+    limit: u64,
+    /// (LSN, bytes) of each, oldest first.
+    held: std::collections::VecDeque<(u64, u64)>,
+    bytes: u64,
+    /// When a dropped one was last logged, and how many since.
+    logged: Option<(Instant, u64)>,
+}
+
+impl DeadLetterRoom {
+    /// Room for `DEADLETTER_SHARE` of a spool of `max_size` bytes.
+    pub fn new(max_size: u64) -> DeadLetterRoom {
+        DeadLetterRoom {
+            limit: (max_size as f64 * DEADLETTER_SHARE) as u64,
+            held: Default::default(),
+            bytes: 0,
+            logged: None,
+        }
+    }
+
+    /// Whether a dead letter of `bytes` may be spooled at `lsn` (everything
+    /// below `confirmed` is in MongoDB); it is counted if so.
+    fn admit(&mut self, lsn: u64, bytes: u64, confirmed: u64) -> bool {
+        while self.held.front().is_some_and(|(l, _)| *l < confirmed) {
+            if let Some((_, b)) = self.held.pop_front() {
+                self.bytes -= b;
+            }
+        }
+        if self.bytes + bytes > self.limit {
+            return false;
+        }
+        self.held.push_back((lsn, bytes));
+        self.bytes += bytes;
+        true
+    }
 }
 
 impl Spooler {
@@ -297,12 +350,13 @@ impl Spooler {
             return;
         }
         metrics::counter!(telemetry::SAMPLES_DECODED).increment(batch.samples as u64);
-        let feed = Feed {
+        let mut feed = Feed {
             first: batch.first,
             end: self.next_lsn,
             records: batch.samples + batch.deadletters,
             bytes: batch.bytes.into(),
             spooled: Instant::now(),
+            held: None,
         };
         if self
             .spool
@@ -313,9 +367,16 @@ impl Spooler {
             error!("The spool's appender stopped; the messages are left to the broker.");
             return;
         }
-        // Never wait for the pipeline: what it cannot take now it reads back
-        // from the spool.
-        let _ = self.feed.try_send(feed);
+        // Never wait for the pipeline: what it cannot take now (no room in
+        // the channel or in the feed's byte budget) it reads back from the
+        // spool.
+        match crate::budget::Held::try_take(&self.feed_budget, feed.bytes.len()) {
+            Some(held) => {
+                feed.held = Some(std::sync::Arc::new(held));
+                let _ = self.feed.try_send(feed);
+            }
+            None => metrics::counter!(telemetry::FEED_SKIPPED).increment(1),
+        }
     }
 
     /// Counts what a Sparkplug B message did, notes a state to save and
@@ -367,6 +428,7 @@ impl Spooler {
         reporter: &mut Reporter,
         batch: &mut Batch,
     ) {
+        self.queue.sub(m.cost());
         let unacked = Unacked {
             ack: m.ack,
             received_ms: m.received_ms,
@@ -438,9 +500,30 @@ impl Spooler {
                 &refused,
             );
             let doc = bson::to_vec(&doc).unwrap_or_default();
-            append(lsn, EntryRef::DeadLetter { doc: &doc });
-            self.next_lsn += 1;
-            batch.deadletters += 1;
+            let confirmed = self.spool.checkpointed();
+            if self.deadletter_room.admit(lsn, doc.len() as u64, confirmed) {
+                append(lsn, EntryRef::DeadLetter { doc: &doc });
+                self.next_lsn += 1;
+                batch.deadletters += 1;
+            } else {
+                let cause = refused.causes()[0].cause;
+                metrics::counter!(telemetry::DEAD_LETTERS_DROPPED, "cause" => cause).increment(1);
+                let room = &mut self.deadletter_room;
+                match &mut room.logged {
+                    Some((at, n)) if at.elapsed() < Duration::from_secs(60) => *n += 1,
+                    _ => {
+                        let suppressed = room.logged.map_or(0, |l| l.1);
+                        tracing::warn!(
+                            topic = %m.topic,
+                            cause,
+                            share_bytes = room.limit,
+                            suppressed,
+                            "Dead letters fill their share of the spool (a tenth of spool.max_size) until MongoDB takes them: this one is dropped, counted in palletd_dead_letters_dropped_total. Good readings are spooled as ever."
+                        );
+                        room.logged = Some((Instant::now(), 0));
+                    }
+                }
+            }
         }
         // The message's identity goes last: recovery cuts a torn write off
         // at its first bad byte, so a message whose identity is recovered

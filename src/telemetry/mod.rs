@@ -62,6 +62,13 @@ pub const SPOOL_REPLAYED: &str = "palletd_spool_replayed_records_total";
 pub const BACKLOG_READINGS: &str = "palletd_backlog_readings";
 pub const ROLLUPS_WRITTEN: &str = "palletd_rollups_written_total";
 pub const ROLLUP_STATEMENTS: &str = "palletd_rollup_statements_total";
+/// Dead letters not spooled: their share of the spool was full.
+pub const DEAD_LETTERS_DROPPED: &str = "palletd_dead_letters_dropped_total";
+/// Spooled batches not offered to the pipeline's memory (its feed's byte
+/// budget spent): read back from the spool instead.
+pub const FEED_SKIPPED: &str = "palletd_feed_skipped_batches_total";
+/// Bytes held in a memory budget, by part (`limits.max_memory`).
+pub const MEMORY_BYTES: &str = "palletd_memory_bytes";
 /// Rollup keys set aside because their rollup could not be written.
 pub const ROLLUP_KEYS_PARKED: &str = "palletd_rollup_keys_parked_total";
 pub const CLOSER_SECONDS: &str = "palletd_closer_seconds";
@@ -199,6 +206,19 @@ pub fn describe() {
     describe_counter!(
         ROLLUP_STATEMENTS,
         "Write statements rollups cost: keys recorded at flushes, rollup upserts and keys deleted by the closer."
+    );
+    describe_counter!(
+        DEAD_LETTERS_DROPPED,
+        "Dead letters (whole messages) dropped because dead letters filled their share of the spool (a tenth of spool.max_size) while MongoDB did not take them, by the first cause; good readings are not affected."
+    );
+    describe_counter!(
+        FEED_SKIPPED,
+        "Spooled batches the pipeline's memory had no room for (limits.max_memory): read back from the spool later."
+    );
+    describe_gauge!(
+        MEMORY_BYTES,
+        Unit::Bytes,
+        "Bytes held in palletd's memory budget (limits.max_memory), by part: ingest (messages on their way to the spool), feed (spooled batches on their way to memory), pending (samples and dead letters waiting for MongoDB)."
     );
     describe_counter!(
         ROLLUP_KEYS_PARKED,
