@@ -110,6 +110,101 @@ fn decode(c: &mut Criterion) {
     g.finish();
 }
 
+/// The worst shapes found for each decoder, per byte, beside an ordinary
+/// payload of about the same size (criterion prints each one's bytes/s:
+/// work linear in the bytes shows as rates of the same order).
+fn hostile(c: &mut Criterion) {
+    use palletd::decode::sparkplug::{proto, DataType};
+    use prost::Message as _;
+    let mut d = decoder();
+    let readings = format!("[{}]", (0..1000).map(payload).collect::<Vec<_>>().join(","));
+    let future = NOW + 10 * 365 * 86_400_000;
+    let clock = format!(
+        "[{}]",
+        (0..1000)
+            .map(|i| format!(r#"{{"ts":{},"temp":21.5,"humidity":40.25}}"#, future + i))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let wide = format!(
+        "{{{}}}",
+        (0..15_000)
+            .map(|i| format!(r#""k{i:05}":{i}"#))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let long_array = format!(
+        r#"{{"v":[{}]}}"#,
+        (0..40_000)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let metric = |i: usize, name: bool| proto::Metric {
+        name: name.then(|| format!("metric-{i:05}")),
+        alias: Some(i as u64),
+        datatype: Some(DataType::Double as u32),
+        value: Some(proto::metric::Value::DoubleValue(1.0)),
+        ..Default::default()
+    };
+    let birth = proto::Payload {
+        seq: Some(1),
+        metrics: (0..2000).map(|i| metric(i, true)).collect(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let many = proto::Payload {
+        seq: Some(2),
+        metrics: (0..40_000)
+            .map(|i| proto::Metric {
+                alias: Some(i as u64),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let json = "sensors/s00042/telemetry";
+    let cases: [(&str, &str, &[u8]); 7] = [
+        (
+            "json: 1,000 ordinary readings (baseline)",
+            json,
+            readings.as_bytes(),
+        ),
+        (
+            "json: 1,000 samples ten years ahead",
+            json,
+            clock.as_bytes(),
+        ),
+        ("json: one object of 15,000 keys", json, wide.as_bytes()),
+        (
+            "json: an array of 40,000 numbers",
+            json,
+            long_array.as_bytes(),
+        ),
+        ("json: 100,000 nested arrays", json, deep.as_bytes()),
+        (
+            "sparkplug: NBIRTH of 2,000 metrics",
+            "spBv1.0/evil/NBIRTH/n0",
+            &birth,
+        ),
+        (
+            "sparkplug: NDATA of 40,000 metrics by unknown aliases",
+            "spBv1.0/evil/NDATA/n0",
+            &many,
+        ),
+    ];
+    let mut g = c.benchmark_group("hostile");
+    for (name, topic, bytes) in cases {
+        g.throughput(Throughput::Bytes(bytes.len() as u64));
+        g.bench_function(name, |b| {
+            b.iter(|| d.decode(black_box(topic), black_box(bytes), NOW))
+        });
+    }
+    g.finish();
+}
+
 /// One flush of 1,000 sensors with 20 readings each: push into memory,
 /// take them, plan statements, encode each statement to BSON.
 fn statements(c: &mut Criterion) {
@@ -161,5 +256,5 @@ fn statements(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode, statements);
+criterion_group!(benches, decode, hostile, statements);
 criterion_main!(benches);

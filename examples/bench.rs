@@ -86,6 +86,36 @@ enum Cli {
     /// The closer's cost per sealed bucket with rollups off and on: palletd
     /// (buckets) with short windows, so windows close during the run.
     Closer(CloserArgs),
+    /// Hostile devices beside good sensors: the good sensors' throughput,
+    /// lag and CPU without and with 1% hostile messages (wrong-clock
+    /// batches, 15,000-key objects, oversized Sparkplug BIRTHs), then the
+    /// database stopped for a while with both flowing: palletd's RSS and
+    /// the dead letters' bytes in the spool against their budgets.
+    Hostile(HostileArgs),
+}
+
+#[derive(clap::Args)]
+struct HostileArgs {
+    /// Good sensors.
+    #[arg(long, default_value_t = 1000)]
+    sensors: usize,
+    /// Good readings per second, all sensors together (one per message).
+    #[arg(long, default_value_t = 10000.0)]
+    rate: f64,
+    /// Hostile messages' share of all messages.
+    #[arg(long, default_value_t = 0.01)]
+    share: f64,
+    /// Seconds of each measured phase.
+    #[arg(long, default_value_t = 60)]
+    secs: u64,
+    /// Seconds the database is stopped (SIGSTOP) in the last phase.
+    #[arg(long, default_value_t = 60)]
+    outage_secs: u64,
+    /// palletd's spool.max_size (dead letters may take a tenth).
+    #[arg(long, default_value = "256MiB")]
+    spool_max_size: String,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(clap::Args)]
@@ -235,6 +265,7 @@ fn main() -> anyhow::Result<()> {
         Cli::QueryRss(args) => query_rss(args),
         Cli::Wan(args) => wan(args),
         Cli::Closer(args) => closer(args),
+        Cli::Hostile(args) => hostile(args),
     }
 }
 
@@ -1804,5 +1835,324 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     println!("{}", table(&results));
     println!("machine: {}", doc["machine"]);
     println!("raw results: {}", path.display());
+    Ok(())
+}
+
+// -------------------------------------------------------------- hostile
+
+/// The hostile messages, sent in turn: a batch of 1,000 samples from a
+/// device whose clock is ten years ahead (JSON, 53 KB), an object of
+/// 15,000 distinct keys (195 KB), and a Sparkplug DBIRTH of a new device
+/// with 2,000 metrics, half of them named over `max_field_name_length`
+/// (140 KB), after BIRTHs that used up `limits.max_sparkplug_aliases`.
+struct Hostile {
+    clock: Vec<u8>,
+    wide: Vec<u8>,
+}
+
+impl Hostile {
+    fn new() -> Hostile {
+        let future = chrono::Utc::now().timestamp_millis() + 10 * 365 * 86_400_000;
+        let clock: Vec<serde_json::Value> = (0..1000)
+            .map(|i| json!({"ts": future + i * 1000, "temp": 21.5, "humidity": 40.25}))
+            .collect();
+        let mut wide = serde_json::Map::new();
+        for i in 0..15_000 {
+            wide.insert(format!("k{i:05}"), json!(i));
+        }
+        Hostile {
+            clock: serde_json::to_vec(&clock).expect("json"),
+            wide: serde_json::to_vec(&wide).expect("json"),
+        }
+    }
+
+    fn birth(seq: u64, metrics: usize) -> Vec<u8> {
+        use palletd::decode::sparkplug::{proto, DataType};
+        use prost::Message as _;
+        let long = "x".repeat(95);
+        let metrics = (0..metrics)
+            .map(|i| proto::Metric {
+                name: Some(if i % 2 == 0 {
+                    format!("metric-{i:04}")
+                } else {
+                    format!("{long}-{i:04}")
+                }),
+                alias: Some(i as u64),
+                datatype: Some(DataType::Double as u32),
+                value: Some(proto::metric::Value::DoubleValue(1.0)),
+                ..Default::default()
+            })
+            .collect();
+        proto::Payload {
+            timestamp: Some(chrono::Utc::now().timestamp_millis() as u64),
+            seq: Some(seq % 256),
+            metrics,
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+}
+
+/// Publishes hostile messages at `per_s` until `stop`, in turn; before
+/// that, an NBIRTH and the DBIRTHs that fill the alias limit (so every
+/// BIRTH after is refused). Counts what it sent by kind.
+async fn publish_hostile(
+    port: u16,
+    per_s: f64,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    sent: Arc<[std::sync::atomic::AtomicU64; 3]>,
+) -> anyhow::Result<()> {
+    use std::sync::atomic::Ordering;
+    let mut opts = MqttOptions::new("bench-hostile", "127.0.0.1", port);
+    opts.set_max_packet_size(1 << 20, 1 << 20);
+    opts.set_inflight(100);
+    opts.set_keep_alive(Duration::from_secs(30));
+    let (client, mut eventloop) = AsyncClient::new(opts, 1000);
+    tokio::spawn(async move { while eventloop.poll().await.is_ok() {} });
+    let hostile = Hostile::new();
+    let mut seq = 0;
+    client
+        .publish(
+            "spBv1.0/evil/NBIRTH/n0",
+            QoS::AtLeastOnce,
+            false,
+            Hostile::birth(seq, 1),
+        )
+        .await?;
+    // 50 devices of 2,000 aliases: limits.max_sparkplug_aliases (100,000).
+    for d in 0..50 {
+        seq += 1;
+        let topic = format!("spBv1.0/evil/DBIRTH/n0/d{d}");
+        client
+            .publish(topic, QoS::AtLeastOnce, false, Hostile::birth(seq, 2000))
+            .await?;
+    }
+    let birth = Hostile::birth(seq, 2000);
+    let started = Instant::now();
+    let mut n: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let due = (started.elapsed().as_secs_f64() * per_s) as u64;
+        while n < due {
+            let kind = (n % 3) as usize;
+            let (topic, payload) = match kind {
+                0 => (format!("bench/clock{}/data", n % 10), hostile.clock.clone()),
+                1 => (format!("bench/wide{}/data", n % 10), hostile.wide.clone()),
+                _ => (format!("spBv1.0/evil/DBIRTH/n0/d{}", 50 + n), birth.clone()),
+            };
+            client
+                .publish(topic, QoS::AtLeastOnce, false, payload)
+                .await?;
+            sent[kind].fetch_add(1, Ordering::Relaxed);
+            n += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = client.disconnect().await;
+    Ok(())
+}
+
+/// What one palletd showed while a phase ran: peaks of its RSS, of its
+/// memory budgets' bytes and of the dead letters' bytes in its spool.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+struct Peaks {
+    rss: u64,
+    memory: f64,
+    deadletter_spool: f64,
+}
+
+/// Samples a palletd twice a second into `peaks` until `stop`.
+fn sample_peaks(
+    pid: u32,
+    port: u16,
+    peaks: Arc<std::sync::Mutex<Peaks>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024);
+        let (mut memory, mut deadletter) = (0.0, 0.0);
+        if let Ok(body) = http_get(port, "/metrics") {
+            for l in body.lines() {
+                let value = || l.split_whitespace().last()?.parse::<f64>().ok();
+                if l.starts_with(palletd::telemetry::MEMORY_BYTES) {
+                    memory += value().unwrap_or(0.0);
+                } else if l.starts_with(palletd::telemetry::SPOOL_DEADLETTER_BYTES) {
+                    deadletter = value().unwrap_or(0.0);
+                }
+            }
+        }
+        {
+            let mut p = peaks.lock().unwrap_or_else(|e| e.into_inner());
+            p.rss = p.rss.max(rss);
+            p.memory = p.memory.max(memory);
+            p.deadletter_spool = p.deadletter_spool.max(deadletter);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// A counter's value summed over its labels.
+fn counter_sum(port: u16, name: &str) -> f64 {
+    http_get(port, "/metrics")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn hostile(args: HostileArgs) -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let svc = Services::start(&args.run)?;
+    let sink = start_sink_with(
+        &args.run,
+        "buckets",
+        &svc,
+        &svc.mongodb_uri(),
+        "",
+        &format!("max_size = \"{}\"", args.spool_max_size),
+        "[[subscription]]\ntopic = \"spBv1.0/#\"\nformat = \"sparkplug_b\"\n",
+    )?;
+    let (pid, port) = (sink.pids()[0], sink.procs[0].1);
+    let rt = tokio::runtime::Runtime::new()?;
+    let peaks = Arc::new(std::sync::Mutex::new(Peaks::default()));
+    let sampler_stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (peaks, stop) = (peaks.clone(), sampler_stop.clone());
+        std::thread::spawn(move || sample_peaks(pid, port, peaks, stop))
+    };
+    let take_peaks = || std::mem::take(&mut *peaks.lock().unwrap_or_else(|e| e.into_inner()));
+    eprintln!("== hostile: warm-up 15 s");
+    step(&args.run, &svc, &sink, args.sensors, args.rate, 15)?;
+    take_peaks();
+
+    let mut rows = Vec::new();
+    let mut measure = |label: &str, m: &Measured, peaks: Peaks| {
+        let good = m.step.durable.max(1) as f64;
+        let row = json!({
+            "phase": label,
+            "offered_per_s": m.step.target_per_s,
+            "durable_per_s": m.step.achieved_per_s,
+            "published": m.step.published,
+            "durable": m.step.durable,
+            "sustained": m.step.sustained,
+            "lag_p50_s": quantile(&m.before.live_age, &m.after.live_age, 0.5),
+            "lag_p99_s": quantile(&m.before.live_age, &m.after.live_age, 0.99),
+            "cpu_us_per_good_reading": m.cpu.as_secs_f64() * 1e6 / good,
+            "peak_rss_mb": peaks.rss as f64 / 1e6,
+            "peak_memory_budget_mb": peaks.memory / 1e6,
+            "peak_deadletter_spool_mb": peaks.deadletter_spool / 1e6,
+            "dead_letters_dropped": counter_sum(port, palletd::telemetry::DEAD_LETTERS_DROPPED),
+        });
+        eprintln!("  {row}");
+        rows.push(row);
+    };
+
+    eprintln!("== good sensors only, {} s", args.secs);
+    let m = step(&args.run, &svc, &sink, args.sensors, args.rate, args.secs)?;
+    measure("good only", &m, take_peaks());
+
+    // Hostile messages are `share` of all messages.
+    let hostile_per_s = args.rate * args.share / (1.0 - args.share);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent: Arc<[AtomicU64; 3]> = Arc::new(Default::default());
+    let publisher = rt.spawn(publish_hostile(
+        svc.broker_port,
+        hostile_per_s,
+        stop.clone(),
+        sent.clone(),
+    ));
+    std::thread::sleep(Duration::from_secs(5));
+    take_peaks();
+    eprintln!(
+        "== with {hostile_per_s:.0} hostile messages/s beside them, {} s",
+        args.secs
+    );
+    let m = step(&args.run, &svc, &sink, args.sensors, args.rate, args.secs)?;
+    measure("with 1% hostile", &m, take_peaks());
+
+    eprintln!(
+        "== database stopped for {} s with both flowing",
+        args.outage_secs
+    );
+    let db_pid = svc._db.0.id().to_string();
+    let signal = |sig: &str| Command::new("kill").args([sig, &db_pid]).status();
+    let outage = {
+        let secs = args.outage_secs;
+        let db_pid = db_pid.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(5));
+            let _ = Command::new("kill").args(["-STOP", &db_pid]).status();
+            std::thread::sleep(Duration::from_secs(secs));
+            let _ = Command::new("kill").args(["-CONT", &db_pid]).status();
+        })
+    };
+    // Publishing goes on 60 s after the database is back: the backlog
+    // drains meanwhile.
+    let m = step(
+        &args.run,
+        &svc,
+        &sink,
+        args.sensors,
+        args.rate,
+        args.outage_secs + 65,
+    );
+    let _ = outage.join();
+    signal("-CONT")?;
+    let m = m?;
+    stop.store(true, Ordering::Relaxed);
+    let _ = rt.block_on(publisher);
+    measure("database stopped, then back", &m, take_peaks());
+    sampler_stop.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+
+    let sent: Vec<u64> = sent.iter().map(|n| n.load(Ordering::Relaxed)).collect();
+    let out = json!({
+        "scenario": "hostile",
+        "sensors": args.sensors,
+        "good_rate": args.rate,
+        "hostile_share": args.share,
+        "hostile_per_s": hostile_per_s,
+        "hostile_sent": {"wrong_clock": sent[0], "wide_object": sent[1], "oversized_birth": sent[2]},
+        "spool_max_size": args.spool_max_size,
+        "max_memory_mb": 64.0 * 1.048576,
+        "dead_letters_total": counter_sum(port, palletd::telemetry::DEAD_LETTERS),
+        "phases": rows,
+        "machine": machine(),
+    });
+    println!("| phase | good readings/s offered / durable | lag p50 / p99 s | CPU µs / good reading | peak RSS MB | memory budgets peak MB (of 67) | dead letters in spool peak MB | dead letters dropped |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in out["phases"].as_array().into_iter().flatten() {
+        let f = |k: &str, d: usize| fmt(r[k].as_f64(), d);
+        println!(
+            "| {} | {} / {}{} | {} / {} | {} | {} | {} | {} | {} |",
+            r["phase"].as_str().unwrap_or(""),
+            f("offered_per_s", 0),
+            f("durable_per_s", 0),
+            if r["sustained"].as_bool() == Some(true) {
+                ""
+            } else {
+                " (not sustained)"
+            },
+            f("lag_p50_s", 2),
+            f("lag_p99_s", 2),
+            f("cpu_us_per_good_reading", 1),
+            f("peak_rss_mb", 0),
+            f("peak_memory_budget_mb", 1),
+            f("peak_deadletter_spool_mb", 1),
+            f("dead_letters_dropped", 0),
+        );
+    }
+    std::fs::create_dir_all(&args.run.out)?;
+    let name = format!(
+        "hostile-{}.json",
+        chrono::Utc::now().format("%Y-%m-%dT%H%M%SZ")
+    );
+    std::fs::write(args.run.out.join(name), serde_json::to_string_pretty(&out)?)?;
+    eprintln!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
 }

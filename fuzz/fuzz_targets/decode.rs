@@ -4,7 +4,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use palletd::decode::{Subscription, DEFAULT_SENSOR_ID_PATTERN};
-use palletd::decode::{check_field_name, Decoder, FieldValue, Limits, PayloadFormat, TopicPattern};
+use palletd::decode::{check_field_name, field_name, original_name, RESERVED};
+use palletd::decode::{Decoder, FieldValue, Limits, PayloadFormat, TopicPattern};
 
 fn subscription(topic: &str, format: PayloadFormat, sensor_field: Option<&str>) -> Subscription {
     Subscription {
@@ -58,7 +59,12 @@ fuzz_target!(|data: &[u8]| {
         assert!((r.ts_ms - NOW).abs() <= 7 * 86_400_000);
         assert!(r.fields.len() <= 32);
         for (name, value) in &r.fields {
-            assert!(check_field_name(name).is_ok() && name != "ts");
+            // Escaped the one way of every format: valid, none of
+            // palletd's own, and the payload's name recoverable.
+            assert!(check_field_name(name).is_ok(), "{name:?}");
+            assert!(!RESERVED.contains(&name.as_str()) && !name.starts_with('_'), "{name:?}");
+            let original = original_name(name).expect("an escape field_name made");
+            assert_eq!(field_name(&original), name.as_str());
             if let FieldValue::Num(x) = value {
                 assert!(x.is_finite());
             }

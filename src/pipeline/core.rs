@@ -91,10 +91,10 @@ const BACKLOG_FLUSH_TARGET: Duration = Duration::from_secs(1);
 /// Bytes of memory a held sample costs besides its document (its slot).
 const SLOT_BYTES: usize = 32;
 
-/// Bytes a dead letter held in memory costs (as BSON).
-fn deadletter_bytes(d: &DeadLetter) -> usize {
-    bson::to_vec(&d.1).map_or(1024, |b| b.len())
-}
+/// Dead letters held in memory are written as soon as they hold this many
+/// bytes (else after `max_delay`, like a sensor): a flood of large ones
+/// neither takes the memory of good readings nor waits in the spool.
+const DEADLETTER_FLUSH_BYTES: usize = 1 << 20;
 
 /// Backlog flush sizes (samples), whatever the last one measured.
 const BACKLOG_FLUSH_MIN: usize = 1_000;
@@ -223,6 +223,8 @@ enum Busy {
         low: Option<u64>,
         samples: usize,
         deadletters: usize,
+        /// Bytes of the spooled dead letters in the write.
+        spooled_deadletter_bytes: u64,
         started: Instant,
     },
     Seal,
@@ -309,8 +311,13 @@ pub struct Core {
     samples_per_record: f64,
     /// Bytes per record taken in lately (to size reads by bytes).
     record_bytes: f64,
-    /// Bytes of the dead letters held.
+    /// Bytes of the dead letters held, and of those of them read from the
+    /// spool (not made here from a refused sample).
     deadletter_bytes: usize,
+    spooled_deadletter_bytes: u64,
+    /// Bytes of spooled dead letters written to MongoDB so far (the
+    /// spooler's dead-letter share frees by them).
+    deadletter_bytes_written: u64,
     /// The core's monotonic clock starts here (deadlines never follow a
     /// step of the wall clock).
     epoch: Instant,
@@ -362,6 +369,8 @@ impl Core {
             samples_per_record: 0.5,
             record_bytes: 128.0,
             deadletter_bytes: 0,
+            spooled_deadletter_bytes: 0,
+            deadletter_bytes_written: 0,
             epoch: now,
             now,
             config,
@@ -421,6 +430,11 @@ impl Core {
             + self.backlog.bytes()
             + SLOT_BYTES * self.pending()
             + self.deadletter_bytes
+    }
+
+    /// Bytes of spooled dead letters written to MongoDB since the start.
+    pub fn deadletter_bytes_written(&self) -> u64 {
+        self.deadletter_bytes_written
     }
 
     /// Room for the live lane, in records: whatever memory has left, by
@@ -576,7 +590,10 @@ impl Core {
                     }
                 }
                 EntryRef::DeadLetter { doc } => match bson::from_slice(doc) {
-                    Ok(d) => self.hold_deadletter((rec.lsn, d), now),
+                    Ok(d) => {
+                        self.spooled_deadletter_bytes += doc.len() as u64;
+                        self.hold_deadletter((rec.lsn, d), doc.len(), now)
+                    }
                     Err(_) => tracing::error!(
                         lsn = rec.lsn,
                         "Unreadable dead letter in the spool; skipped."
@@ -596,11 +613,12 @@ impl Core {
         last
     }
 
-    fn hold_deadletter(&mut self, d: DeadLetter, now: Instant) {
+    /// Holds a dead letter of about `bytes` (as BSON).
+    fn hold_deadletter(&mut self, d: DeadLetter, bytes: usize, now: Instant) {
         if self.deadletters.is_empty() {
             self.deadletters_since = Some(self.mono(now));
         }
-        self.deadletter_bytes += deadletter_bytes(&d);
+        self.deadletter_bytes += bytes;
         self.deadletters.push(d);
     }
 
@@ -620,7 +638,8 @@ impl Core {
                 "sample_too_large",
                 &error,
             );
-            self.hold_deadletter((sample.lsn, doc), now);
+            let bytes = sample.doc.as_bytes().len() + error.len() + 128;
+            self.hold_deadletter((sample.lsn, doc), bytes, now);
             return;
         }
         if lane == Lane::Backlog && self.not_needed_again(sample.lsn) {
@@ -763,9 +782,10 @@ impl Core {
             }
         }
         let pressure = self.live_room() == 0 && self.live.count() > 0;
-        let deadletters_due = self
-            .deadletters_since
-            .is_some_and(|t| mono - t >= self.config.max_delay.as_millis() as i64);
+        let deadletters_due = self.deadletter_bytes >= DEADLETTER_FLUSH_BYTES
+            || self
+                .deadletters_since
+                .is_some_and(|t| mono - t >= self.config.max_delay.as_millis() as i64);
         let backlog_ready = self.backlog.count() >= self.backlog_batch
             || (self.backlog.count() > 0 && self.back_from >= self.back_to);
         let backlog_turn = backlog_ready && self.share.backlog_owed(self.config.backfill_share);
@@ -880,6 +900,7 @@ impl Core {
         let runs = self.lane(lane).take(&ids);
         let deadletters = std::mem::take(&mut self.deadletters);
         self.deadletter_bytes = 0;
+        let spooled_deadletter_bytes = std::mem::take(&mut self.spooled_deadletter_bytes);
         self.deadletters_since = None;
         let low = runs
             .iter()
@@ -892,6 +913,7 @@ impl Core {
             low,
             samples: batch.samples(),
             deadletters: batch.deadletters.len(),
+            spooled_deadletter_bytes,
             started: now,
         });
         Action::Write(batch)
@@ -942,9 +964,17 @@ impl Core {
         now_ms: i64,
     ) -> Flushed {
         self.now = now;
-        let Some(Busy::Write { lane, started, .. }) = self.busy.take() else {
+        let Some(Busy::Write {
+            lane,
+            started,
+            spooled_deadletter_bytes,
+            ..
+        }) = self.busy.take()
+        else {
             return Flushed::default();
         };
+        // The store writes a batch's dead letters before it returns.
+        self.deadletter_bytes_written += spooled_deadletter_bytes;
         let took = now.saturating_duration_since(started);
         // (A write left empty by a resolve says nothing of the database.)
         if written.met_errors || batch.runs.iter().any(|r| !r.samples.is_empty()) {
@@ -996,7 +1026,8 @@ impl Core {
                             "rejected_by_database",
                             error,
                         );
-                        self.hold_deadletter((sample.lsn, doc), now);
+                        let bytes = sample.doc.as_bytes().len() + error.len() + 128;
+                        self.hold_deadletter((sample.lsn, doc), bytes, now);
                     }
                     Outcome::Unknown => {
                         report.unknown += 1;

@@ -243,6 +243,7 @@ pub async fn run(
                     return Err(core.leftover());
                 };
                 let report = core.written(batch, written, Instant::now(), now_ms());
+                health.set_deadletter_bytes_written(core.deadletter_bytes_written());
                 meter.drained += report.backlog_stored;
                 record(&report, started.elapsed());
                 health.flush_finished(report.samples_stored);

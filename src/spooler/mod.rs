@@ -126,13 +126,18 @@ pub struct Spooler {
 /// input alone never fills the spool and stops the good sensors.
 pub const DEADLETTER_SHARE: f64 = 0.1;
 
-/// The dead letters spooled and not yet confirmed in MongoDB, in bytes.
+/// The dead letters spooled and not yet in MongoDB, in bytes: they free
+/// their share as the pipeline writes them (oldest first, by the bytes it
+/// reports written) or as the checkpoint passes them.
 #[derive(Debug)]
 pub struct DeadLetterRoom {
     limit: u64,
     /// (LSN, bytes) of each, oldest first.
     held: std::collections::VecDeque<(u64, u64)>,
     bytes: u64,
+    /// The pipeline's count of dead-letter bytes written that has been
+    /// taken off `held` already.
+    credited: u64,
     /// When a dropped one was last logged, and how many since.
     logged: Option<(Instant, u64)>,
 }
@@ -144,24 +149,38 @@ impl DeadLetterRoom {
             limit: (max_size as f64 * DEADLETTER_SHARE) as u64,
             held: Default::default(),
             bytes: 0,
+            credited: 0,
             logged: None,
         }
     }
 
-    /// Whether a dead letter of `bytes` may be spooled at `lsn` (everything
-    /// below `confirmed` is in MongoDB); it is counted if so.
-    fn admit(&mut self, lsn: u64, bytes: u64, confirmed: u64) -> bool {
-        while self.held.front().is_some_and(|(l, _)| *l < confirmed) {
-            if let Some((_, b)) = self.held.pop_front() {
+    /// Whether a dead letter of `bytes` may be spooled at `lsn`: everything
+    /// below `confirmed` is in MongoDB, and `written` bytes of spooled dead
+    /// letters were written since the start. It is counted if so.
+    fn admit(&mut self, lsn: u64, bytes: u64, confirmed: u64, written: u64) -> bool {
+        let mut credit = written.saturating_sub(self.credited);
+        while let Some(&(l, b)) = self.held.front() {
+            if l < confirmed || b <= credit {
+                credit = credit.saturating_sub(b);
+                self.credited += b;
+                self.held.pop_front();
                 self.bytes -= b;
+            } else {
+                break;
             }
         }
-        if self.bytes + bytes > self.limit {
-            return false;
+        if self.held.is_empty() {
+            // Bytes written of dead letters of an earlier run (a replay)
+            // free nothing of this one's.
+            self.credited = self.credited.max(written);
         }
-        self.held.push_back((lsn, bytes));
-        self.bytes += bytes;
-        true
+        let admitted = self.bytes + bytes <= self.limit;
+        if admitted {
+            self.held.push_back((lsn, bytes));
+            self.bytes += bytes;
+        }
+        metrics::gauge!(telemetry::SPOOL_DEADLETTER_BYTES).set(self.bytes as f64);
+        admitted
     }
 }
 
@@ -501,7 +520,11 @@ impl Spooler {
             );
             let doc = bson::to_vec(&doc).unwrap_or_default();
             let confirmed = self.spool.checkpointed();
-            if self.deadletter_room.admit(lsn, doc.len() as u64, confirmed) {
+            let written = self.health.deadletter_bytes_written();
+            if self
+                .deadletter_room
+                .admit(lsn, doc.len() as u64, confirmed, written)
+            {
                 append(lsn, EntryRef::DeadLetter { doc: &doc });
                 self.next_lsn += 1;
                 batch.deadletters += 1;
@@ -535,5 +558,29 @@ impl Spooler {
             self.next_lsn += 1;
         }
         acks.push(self.next_lsn, unacked);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeadLetterRoom;
+
+    #[test]
+    fn dead_letters_free_their_share_as_they_are_written_or_checkpointed() {
+        // A share of 100 bytes.
+        let mut room = DeadLetterRoom::new(1000);
+        assert!(room.admit(1, 60, 0, 0));
+        assert!(room.admit(2, 40, 0, 0));
+        assert!(!room.admit(3, 1, 0, 0), "full while nothing is written");
+        // The pipeline wrote the first (60 bytes): its room is free.
+        assert!(room.admit(4, 60, 0, 60));
+        assert!(!room.admit(5, 1, 0, 60));
+        // The checkpoint passed the second.
+        assert!(room.admit(6, 40, 3, 60));
+        assert_eq!(room.bytes, 100);
+        // Everything written: what an earlier run's replay adds to the
+        // count frees nothing of what comes next.
+        assert!(room.admit(7, 100, 0, 60 + 100 + 500));
+        assert!(!room.admit(8, 1, 0, 60 + 100 + 500));
     }
 }

@@ -30,6 +30,9 @@ pub struct Health {
     backlog_eta_secs: AtomicU64,
     /// Spool writes or syncs are failing (nothing new is acknowledged).
     spool_failing: AtomicBool,
+    /// Bytes of spooled dead letters written to MongoDB so far (by the
+    /// pipeline; the spooler's dead-letter share frees by them).
+    deadletter_bytes_written: AtomicU64,
     /// Woken when the database answers again after it did not.
     database_back: tokio::sync::Notify,
     /// The sensors quiet the longest: (sensor, last reading ms), for the
@@ -43,6 +46,15 @@ pub struct Health {
 pub const ATTEMPT_BOUND: Duration = Duration::from_secs(300);
 
 impl Health {
+    pub fn set_deadletter_bytes_written(&self, bytes: u64) {
+        self.deadletter_bytes_written
+            .store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn deadletter_bytes_written(&self) -> u64 {
+        self.deadletter_bytes_written.load(Ordering::Relaxed)
+    }
+
     pub fn set_broker_connected(&self, up: bool) {
         self.broker_connected.store(up, Ordering::Relaxed);
         if !up {

@@ -64,6 +64,9 @@ pub const ROLLUPS_WRITTEN: &str = "palletd_rollups_written_total";
 pub const ROLLUP_STATEMENTS: &str = "palletd_rollup_statements_total";
 /// Dead letters not spooled: their share of the spool was full.
 pub const DEAD_LETTERS_DROPPED: &str = "palletd_dead_letters_dropped_total";
+/// Bytes of the dead letters in the spool not yet confirmed in MongoDB
+/// (at most a tenth of `spool.max_size`).
+pub const SPOOL_DEADLETTER_BYTES: &str = "palletd_spool_deadletter_bytes";
 /// Spooled batches not offered to the pipeline's memory (its feed's byte
 /// budget spent): read back from the spool instead.
 pub const FEED_SKIPPED: &str = "palletd_feed_skipped_batches_total";
@@ -210,6 +213,11 @@ pub fn describe() {
     describe_counter!(
         DEAD_LETTERS_DROPPED,
         "Dead letters (whole messages) dropped because dead letters filled their share of the spool (a tenth of spool.max_size) while MongoDB did not take them, by the first cause; good readings are not affected."
+    );
+    describe_gauge!(
+        SPOOL_DEADLETTER_BYTES,
+        Unit::Bytes,
+        "Bytes of dead letters in the spool not yet confirmed in MongoDB, as of the last dead letter spooled (at most a tenth of spool.max_size)."
     );
     describe_counter!(
         FEED_SKIPPED,
