@@ -2040,6 +2040,7 @@ fn hostile(args: HostileArgs) -> anyhow::Result<()> {
             "published": m.step.published,
             "durable": m.step.durable,
             "sustained": m.step.sustained,
+            "drained_after_s": m.step.drained_after_s,
             "lag_p50_s": quantile(&m.before.live_age, &m.after.live_age, 0.5),
             "lag_p99_s": quantile(&m.before.live_age, &m.after.live_age, 0.99),
             "cpu_us_per_good_reading": m.cpu.as_secs_f64() * 1e6 / good,
@@ -2079,31 +2080,74 @@ fn hostile(args: HostileArgs) -> anyhow::Result<()> {
         "== database stopped for {} s with both flowing",
         args.outage_secs
     );
+    // Not `step`: a backlog that grows is the point here. The simulator
+    // runs through the outage and 60 s past it; then everything published
+    // must become durable.
     let db_pid = svc._db.0.id().to_string();
     let signal = |sig: &str| Command::new("kill").args([sig, &db_pid]).status();
-    let outage = {
-        let secs = args.outage_secs;
-        let db_pid = db_pid.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_secs(5));
-            let _ = Command::new("kill").args(["-STOP", &db_pid]).status();
-            std::thread::sleep(Duration::from_secs(secs));
-            let _ = Command::new("kill").args(["-CONT", &db_pid]).status();
-        })
-    };
-    // Publishing goes on 60 s after the database is back: the backlog
-    // drains meanwhile.
-    let m = step(
-        &args.run,
-        &svc,
-        &sink,
-        args.sensors,
-        args.rate,
-        args.outage_secs + 65,
-    );
-    let _ = outage.join();
+    let before = sink.scrape()?;
+    let cpu_before = sink.cpu();
+    let started = Instant::now();
+    let secs = args.outage_secs + 65;
+    let mut sim = Command::new(&args.run.palletd)
+        .arg("simulate")
+        .arg("--url")
+        .arg(format!("mqtt://127.0.0.1:{}", svc.broker_port))
+        .args(["--sensors", &args.sensors.to_string(), "--rate"])
+        .arg(format!("{}", args.rate / args.sensors as f64))
+        .arg("--duration")
+        .arg(format!("{secs}s"))
+        .args(["--topic", TOPIC, "--batch-share", "0", "--qos", "1"])
+        .args(["--sensor-prefix", "s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    std::thread::sleep(Duration::from_secs(5));
+    signal("-STOP")?;
+    std::thread::sleep(Duration::from_secs(args.outage_secs));
     signal("-CONT")?;
-    let m = m?;
+    let mut report = String::new();
+    if let Some(mut out) = sim.stdout.take() {
+        let _ = out.read_to_string(&mut report);
+    }
+    let _ = sim.wait();
+    let seconds = started.elapsed().as_secs_f64();
+    let (published, sim_lag) = parse_report(&report).unwrap_or((0, f64::NAN));
+    let end = Instant::now();
+    let mut drained = None;
+    let mut after = sink.scrape()?;
+    while end.elapsed() < Duration::from_secs(300) {
+        after = sink.scrape()?;
+        if after.stored - before.stored >= published as f64 {
+            drained = Some(end.elapsed().as_secs_f64());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let durable = (after.stored - before.stored) as u64;
+    let m = Measured {
+        step: Step {
+            target_per_s: args.rate,
+            seconds,
+            published,
+            durable,
+            achieved_per_s: durable as f64 / seconds,
+            simulator_max_lag_s: sim_lag,
+            max_backlog: 0.0,
+            drained_after_s: drained,
+            sustained: drained.is_some(),
+            note: String::new(),
+        },
+        before,
+        after,
+        cpu: sink.cpu().saturating_sub(cpu_before),
+    };
+    eprintln!(
+        "    {published} published, {durable} durable, {}",
+        drained.map_or("not all durable within 300 s".to_string(), |d| format!(
+            "all durable {d:.0} s after the last publish"
+        ))
+    );
     stop.store(true, Ordering::Relaxed);
     let _ = rt.block_on(publisher);
     measure("database stopped, then back", &m, take_peaks());
@@ -2148,11 +2192,16 @@ fn hostile(args: HostileArgs) -> anyhow::Result<()> {
         );
     }
     std::fs::create_dir_all(&args.run.out)?;
-    let name = format!(
-        "hostile-{}.json",
-        chrono::Utc::now().format("%Y-%m-%dT%H%M%SZ")
+    let name = format!("hostile-{}", chrono::Utc::now().format("%Y-%m-%dT%H%M%SZ"));
+    std::fs::write(
+        args.run.out.join(format!("{name}.json")),
+        serde_json::to_string_pretty(&out)?,
+    )?;
+    // palletd's log beside it (what it said of the limits and the outage).
+    let _ = std::fs::copy(
+        svc.dir.path().join("buckets-0.log"),
+        args.run.out.join(format!("{name}-palletd.log")),
     );
-    std::fs::write(args.run.out.join(name), serde_json::to_string_pretty(&out)?)?;
     eprintln!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
 }

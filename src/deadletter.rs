@@ -20,8 +20,9 @@ pub const PAYLOAD_MAX: usize = 64 * 1024;
 /// How often one cause of rejection is logged at most.
 const LOG_EVERY: Duration = Duration::from_secs(60);
 
-/// A dead letter waiting to be written: its spool LSN and its document.
-pub type DeadLetter = (u64, Document);
+/// A dead letter waiting to be written: its spool LSN and its document,
+/// as the BSON bytes it was spooled as (sent on without decoding).
+pub type DeadLetter = (u64, bson::RawDocumentBuf);
 
 /// The `_id` of the dead letter of spool `tag` with this LSN.
 pub fn id(tag: u32, lsn: u64) -> bson::oid::ObjectId {

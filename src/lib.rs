@@ -246,7 +246,10 @@ pub async fn run(
         sparkplug,
         queue: queue.clone(),
         feed_budget: feed_budget.clone(),
-        deadletter_room: spooler::DeadLetterRoom::new(settings.spool.max_size),
+        deadletter_room: spooler::DeadLetterRoom::new(
+            settings.spool.max_size,
+            settings.limits.max_deadletter_rate,
+        ),
     };
     let core = pipeline::Core::new(
         pipeline::Config {

@@ -170,6 +170,9 @@ pub struct LimitSettings {
     pub max_sparkplug_aliases: usize,
     /// Bytes palletd's buffers may hold in all (see [`LimitSettings::split`]).
     pub max_memory: u64,
+    /// Bytes of dead letters spooled per second in the long run (a minute's
+    /// worth at once).
+    pub max_deadletter_rate: u64,
 }
 
 /// What each part may hold of `limits.max_memory`.
@@ -1133,6 +1136,17 @@ impl Validator {
         if max_memory < 4 << 20 {
             self.err("limits.max_memory", "must be at least 4MiB");
         }
+        let max_deadletter_rate = self.size(
+            "limits.max_deadletter_rate",
+            l.max_deadletter_rate,
+            64 << 10,
+        );
+        if max_deadletter_rate < 1024 {
+            self.err(
+                "limits.max_deadletter_rate",
+                "must be at least 1KiB (a second)",
+            );
+        }
         let mut n = |key: &str, raw: Option<i64>, default: i64, max: i64| {
             self.int_in(&format!("limits.{key}"), raw, default, 1, max) as usize
         };
@@ -1166,6 +1180,7 @@ impl Validator {
                 100_000_000,
             ),
             max_memory,
+            max_deadletter_rate,
         }
     }
 

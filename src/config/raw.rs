@@ -60,6 +60,7 @@ pub struct RawLimits {
     pub max_sparkplug_devices_per_node: Option<i64>,
     pub max_sparkplug_aliases: Option<i64>,
     pub max_memory: Option<RawSize>,
+    pub max_deadletter_rate: Option<RawSize>,
 }
 
 #[derive(Debug, Deserialize)]

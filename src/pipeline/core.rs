@@ -589,16 +589,23 @@ impl Core {
                         }
                     }
                 }
-                EntryRef::DeadLetter { doc } => match bson::from_slice(doc) {
-                    Ok(d) => {
-                        self.spooled_deadletter_bytes += doc.len() as u64;
-                        self.hold_deadletter((rec.lsn, d), doc.len(), now)
+                // Kept as the bytes spooled (checked by the record's CRC;
+                // its elements walked once here).
+                EntryRef::DeadLetter { doc } => {
+                    match bson::RawDocumentBuf::from_bytes(doc.to_vec())
+                        .ok()
+                        .filter(|d| d.iter().all(|e| e.is_ok()))
+                    {
+                        Some(d) => {
+                            self.spooled_deadletter_bytes += doc.len() as u64;
+                            self.hold_deadletter((rec.lsn, d), doc.len(), now)
+                        }
+                        None => tracing::error!(
+                            lsn = rec.lsn,
+                            "Unreadable dead letter in the spool; skipped."
+                        ),
                     }
-                    Err(_) => tracing::error!(
-                        lsn = rec.lsn,
-                        "Unreadable dead letter in the spool; skipped."
-                    ),
-                },
+                }
                 EntryRef::MessageId { .. } => {}
             }
         }
@@ -613,7 +620,19 @@ impl Core {
         last
     }
 
-    /// Holds a dead letter of about `bytes` (as BSON).
+    /// Holds a dead letter made here (of a sample refused after it was
+    /// spooled).
+    fn hold_made_deadletter(&mut self, lsn: u64, doc: &bson::Document, now: Instant) {
+        match bson::RawDocumentBuf::from_document(doc) {
+            Ok(raw) => {
+                let bytes = raw.as_bytes().len();
+                self.hold_deadletter((lsn, raw), bytes, now)
+            }
+            Err(e) => tracing::error!(lsn, error = %e, "Cannot encode a dead letter; skipped."),
+        }
+    }
+
+    /// Holds a dead letter of `bytes` (as BSON).
     fn hold_deadletter(&mut self, d: DeadLetter, bytes: usize, now: Instant) {
         if self.deadletters.is_empty() {
             self.deadletters_since = Some(self.mono(now));
@@ -638,8 +657,7 @@ impl Core {
                 "sample_too_large",
                 &error,
             );
-            let bytes = sample.doc.as_bytes().len() + error.len() + 128;
-            self.hold_deadletter((sample.lsn, doc), bytes, now);
+            self.hold_made_deadletter(sample.lsn, &doc, now);
             return;
         }
         if lane == Lane::Backlog && self.not_needed_again(sample.lsn) {
@@ -1026,8 +1044,7 @@ impl Core {
                             "rejected_by_database",
                             error,
                         );
-                        let bytes = sample.doc.as_bytes().len() + error.len() + 128;
-                        self.hold_deadletter((sample.lsn, doc), bytes, now);
+                        self.hold_made_deadletter(sample.lsn, &doc, now);
                     }
                     Outcome::Unknown => {
                         report.unknown += 1;

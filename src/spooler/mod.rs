@@ -138,26 +138,56 @@ pub struct DeadLetterRoom {
     /// The pipeline's count of dead-letter bytes written that has been
     /// taken off `held` already.
     credited: u64,
+    /// Bytes per second dead letters may be spooled at in the long run
+    /// (`limits.max_deadletter_rate`), a minute's worth at once: what a
+    /// flood costs the database stays bounded too.
+    rate: f64,
+    tokens: f64,
+    refilled: Option<Instant>,
     /// When a dropped one was last logged, and how many since.
     logged: Option<(Instant, u64)>,
 }
 
 impl DeadLetterRoom {
-    /// Room for `DEADLETTER_SHARE` of a spool of `max_size` bytes.
-    pub fn new(max_size: u64) -> DeadLetterRoom {
+    /// Room for `DEADLETTER_SHARE` of a spool of `max_size` bytes, at
+    /// `rate` bytes per second.
+    pub fn new(max_size: u64, rate: u64) -> DeadLetterRoom {
+        let rate = rate as f64;
         DeadLetterRoom {
             limit: (max_size as f64 * DEADLETTER_SHARE) as u64,
             held: Default::default(),
             bytes: 0,
             credited: 0,
+            rate,
+            tokens: Self::burst_of(rate),
+            refilled: None,
             logged: None,
+        }
+    }
+
+    /// A minute's worth, and at least two of the largest dead letters.
+    fn burst_of(rate: f64) -> f64 {
+        (rate * 60.0).max(2.0 * (deadletter::PAYLOAD_MAX as f64 + 16_384.0))
+    }
+
+    /// Why the last dead letter was not admitted.
+    fn full_reason(&self, bytes: u64) -> &'static str {
+        if self.bytes + bytes > self.limit {
+            "share"
+        } else {
+            "rate"
         }
     }
 
     /// Whether a dead letter of `bytes` may be spooled at `lsn`: everything
     /// below `confirmed` is in MongoDB, and `written` bytes of spooled dead
     /// letters were written since the start. It is counted if so.
-    fn admit(&mut self, lsn: u64, bytes: u64, confirmed: u64, written: u64) -> bool {
+    fn admit(&mut self, lsn: u64, bytes: u64, confirmed: u64, written: u64, now: Instant) -> bool {
+        if let Some(then) = self.refilled {
+            let add = now.saturating_duration_since(then).as_secs_f64() * self.rate;
+            self.tokens = (self.tokens + add).min(Self::burst_of(self.rate));
+        }
+        self.refilled = Some(now);
         let mut credit = written.saturating_sub(self.credited);
         while let Some(&(l, b)) = self.held.front() {
             if l < confirmed || b <= credit {
@@ -174,10 +204,11 @@ impl DeadLetterRoom {
             // free nothing of this one's.
             self.credited = self.credited.max(written);
         }
-        let admitted = self.bytes + bytes <= self.limit;
+        let admitted = self.bytes + bytes <= self.limit && self.tokens >= bytes as f64;
         if admitted {
             self.held.push_back((lsn, bytes));
             self.bytes += bytes;
+            self.tokens -= bytes as f64;
         }
         metrics::gauge!(telemetry::SPOOL_DEADLETTER_BYTES).set(self.bytes as f64);
         admitted
@@ -523,15 +554,17 @@ impl Spooler {
             let written = self.health.deadletter_bytes_written();
             if self
                 .deadletter_room
-                .admit(lsn, doc.len() as u64, confirmed, written)
+                .admit(lsn, doc.len() as u64, confirmed, written, Instant::now())
             {
                 append(lsn, EntryRef::DeadLetter { doc: &doc });
                 self.next_lsn += 1;
                 batch.deadletters += 1;
             } else {
                 let cause = refused.causes()[0].cause;
-                metrics::counter!(telemetry::DEAD_LETTERS_DROPPED, "cause" => cause).increment(1);
                 let room = &mut self.deadletter_room;
+                let reason = room.full_reason(doc.len() as u64);
+                metrics::counter!(telemetry::DEAD_LETTERS_DROPPED, "cause" => cause, "reason" => reason)
+                    .increment(1);
                 match &mut room.logged {
                     Some((at, n)) if at.elapsed() < Duration::from_secs(60) => *n += 1,
                     _ => {
@@ -539,9 +572,11 @@ impl Spooler {
                         tracing::warn!(
                             topic = %m.topic,
                             cause,
+                            reason,
                             share_bytes = room.limit,
+                            rate_bytes_per_second = room.rate,
                             suppressed,
-                            "Dead letters fill their share of the spool (a tenth of spool.max_size) until MongoDB takes them: this one is dropped, counted in palletd_dead_letters_dropped_total. Good readings are spooled as ever."
+                            "Dead letters come faster than limits.max_deadletter_rate, or fill their share of the spool (a tenth of spool.max_size) until MongoDB takes them: this one is dropped, counted in palletd_dead_letters_dropped_total. Good readings are spooled as ever."
                         );
                         room.logged = Some((Instant::now(), 0));
                     }
@@ -564,23 +599,46 @@ impl Spooler {
 #[cfg(test)]
 mod tests {
     use super::DeadLetterRoom;
+    use std::time::{Duration, Instant};
 
     #[test]
     fn dead_letters_free_their_share_as_they_are_written_or_checkpointed() {
         // A share of 100 bytes.
-        let mut room = DeadLetterRoom::new(1000);
-        assert!(room.admit(1, 60, 0, 0));
-        assert!(room.admit(2, 40, 0, 0));
-        assert!(!room.admit(3, 1, 0, 0), "full while nothing is written");
+        let mut room = DeadLetterRoom::new(1000, 1 << 30);
+        let t = Instant::now();
+        assert!(room.admit(1, 60, 0, 0, t));
+        assert!(room.admit(2, 40, 0, 0, t));
+        assert!(!room.admit(3, 1, 0, 0, t), "full while nothing is written");
+        assert_eq!(room.full_reason(1), "share");
         // The pipeline wrote the first (60 bytes): its room is free.
-        assert!(room.admit(4, 60, 0, 60));
-        assert!(!room.admit(5, 1, 0, 60));
+        assert!(room.admit(4, 60, 0, 60, t));
+        assert!(!room.admit(5, 1, 0, 60, t));
         // The checkpoint passed the second.
-        assert!(room.admit(6, 40, 3, 60));
+        assert!(room.admit(6, 40, 3, 60, t));
         assert_eq!(room.bytes, 100);
         // Everything written: what an earlier run's replay adds to the
         // count frees nothing of what comes next.
-        assert!(room.admit(7, 100, 0, 60 + 100 + 500));
-        assert!(!room.admit(8, 1, 0, 60 + 100 + 500));
+        assert!(room.admit(7, 100, 0, 60 + 100 + 500, t));
+        assert!(!room.admit(8, 1, 0, 60 + 100 + 500, t));
+    }
+
+    #[test]
+    fn dead_letters_come_in_at_their_rate_after_a_minutes_burst() {
+        // 10 KiB/s: a minute's burst is 600 KiB (over twice the largest
+        // dead letter), then 10 KiB a second.
+        let mut room = DeadLetterRoom::new(1 << 40, 10 * 1024);
+        let t = Instant::now();
+        let mut n = 0;
+        while room.admit(n, 1024, 0, 0, t) {
+            n += 1;
+        }
+        assert_eq!(n, 600, "the burst");
+        assert_eq!(room.full_reason(1024), "rate");
+        let later = t + Duration::from_secs(3);
+        let mut m = 0;
+        while room.admit(n + m, 1024, 0, 0, later) {
+            m += 1;
+        }
+        assert_eq!(m, 30, "three seconds' worth");
     }
 }

@@ -445,10 +445,7 @@ impl Mongo {
         while !rest.is_empty() {
             let (batch_len, reply) = self
                 .write_until_answered("write dead letters", &mut backoff, abort, |m| {
-                    let docs = rest.iter().map(|d| {
-                        RawDocumentBuf::from_document(&d.1)
-                            .unwrap_or_else(|_| RawDocumentBuf::new())
-                    });
+                    let docs = rest.iter().map(|d| d.1.clone());
                     m.batch_command("insert", collection, "documents", docs, false)
                 })
                 .await?;
