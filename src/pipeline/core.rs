@@ -171,8 +171,10 @@ pub enum Action {
     Write(Batch),
     /// Seal the windows that are over at `now_ms` (held back, while a
     /// backlog drains, to before the backlog's oldest window); report with
-    /// [`Core::sealed`].
-    Seal { now_ms: i64 },
+    /// [`Core::sealed`]. `late`: after [`SEAL_FLUSH_ROUNDS`] flushes, live
+    /// sensors still hold samples of windows it closes (late readings kept
+    /// arriving); they go into new buckets.
+    Seal { now_ms: i64, late: bool },
     /// Shutdown: everything in memory is written.
     Done,
 }
@@ -853,7 +855,10 @@ impl Core {
     fn seal(&mut self, now: Instant, now_ms: i64, live_durable: bool) -> Option<Action> {
         let Some(grace) = self.config.seal_grace_ms else {
             self.busy = Some(Busy::Seal);
-            return Some(Action::Seal { now_ms });
+            return Some(Action::Seal {
+                now_ms,
+                late: false,
+            });
         };
         let (at, rounds) = *self.seal_at.get_or_insert((now_ms, 0));
         // Windows the backlog holds readings of stay open (a seal at `at`
@@ -867,16 +872,17 @@ impl Core {
             Some(ts) => at.min(self.config.shape.window_start(ts) + grace),
             None => at,
         };
-        if rounds < SEAL_FLUSH_ROUNDS {
-            let closing = self.live.holding_windows_ending_by(at - grace);
-            if !closing.is_empty() {
-                self.seal_at = Some((at, rounds + 1));
-                return self.flush_or_wait(Lane::Live, closing, live_durable, now);
-            }
+        let closing = self.live.holding_windows_ending_by(at - grace);
+        if rounds < SEAL_FLUSH_ROUNDS && !closing.is_empty() {
+            self.seal_at = Some((at, rounds + 1));
+            return self.flush_or_wait(Lane::Live, closing, live_durable, now);
         }
         self.seal_at = None;
         self.busy = Some(Busy::Seal);
-        Some(Action::Seal { now_ms: at })
+        Some(Action::Seal {
+            now_ms: at,
+            late: !closing.is_empty(),
+        })
     }
 
     fn flush_backlog(&mut self, now: Instant) -> Action {

@@ -261,7 +261,12 @@ pub async fn run(
                     "Flushed."
                 );
             }
-            Action::Seal { now_ms } => {
+            Action::Seal { now_ms, late } => {
+                if late {
+                    debug!(
+                        "Sealing while late readings of the closing windows are still in memory; they go into new buckets."
+                    );
+                }
                 let started = Instant::now();
                 let sealed = store.seal(now_ms).await;
                 metrics::histogram!(telemetry::CLOSER_SECONDS)

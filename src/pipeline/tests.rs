@@ -532,12 +532,14 @@ impl World {
                     None => self.restart(),
                 }
             }
-            Action::Seal { now_ms } => {
+            Action::Seal { now_ms, late } => {
                 // Nothing held of a window the seal closes (a sample the
                 // database refuses never goes into a bucket, nor do those
                 // refused with it).
+                // (Unless late readings of them kept arriving through the
+                // core's flush rounds: then they go into new buckets.)
                 let held = self.log.iter().filter(|r| r.lsn >= self.checkpoint);
-                for r in held.filter(|_| self.mode == Mode::Buckets) {
+                for r in held.filter(|_| self.mode == Mode::Buckets && !late) {
                     if let Entry::Sample { doc, .. } = &r.entry {
                         let d = bson::RawDocument::from_bytes(doc).unwrap();
                         let sample = SampleRef::from_doc(d, r.lsn).unwrap();
