@@ -17,6 +17,10 @@ use crate::telemetry;
 /// Payloads are kept up to this size (`truncated: true` beyond).
 pub const PAYLOAD_MAX: usize = 64 * 1024;
 
+/// What is kept of a payload while dead letters come faster than
+/// `limits.max_deadletter_rate`.
+pub const PAYLOAD_CUT: usize = 256;
+
 /// How often one cause of rejection is logged at most.
 const LOG_EVERY: Duration = Duration::from_secs(60);
 
@@ -114,8 +118,9 @@ pub fn for_message(
     topic: &str,
     payload: &[u8],
     refused: &Refusals,
+    keep_max: usize,
 ) -> Document {
-    let keep = payload.len().min(PAYLOAD_MAX);
+    let keep = payload.len().min(keep_max);
     let first = refused.causes.first();
     let causes: Vec<bson::Bson> = refused
         .causes
@@ -224,10 +229,18 @@ mod tests {
 
     #[test]
     fn large_payloads_are_truncated_and_say_so() {
-        let d = for_message(1, 2, 0, "t", &vec![b'x'; PAYLOAD_MAX + 5], &one("c"));
+        let d = for_message(
+            1,
+            2,
+            0,
+            "t",
+            &vec![b'x'; PAYLOAD_MAX + 5],
+            &one("c"),
+            PAYLOAD_MAX,
+        );
         assert_eq!(d.get_bool("truncated"), Ok(true));
         assert_eq!(d.get_i64("payloadSize"), Ok((PAYLOAD_MAX + 5) as i64));
-        let small = for_message(1, 2, 0, "t", b"abc", &one("c"));
+        let small = for_message(1, 2, 0, "t", b"abc", &one("c"), PAYLOAD_MAX);
         assert!(small.get("truncated").is_none());
     }
 
@@ -240,7 +253,7 @@ mod tests {
             });
         }
         r.add("bad_field", Some(3), || "sample 3: bad".into());
-        let d = for_message(1, 2, 0, "t", b"[...]", &r);
+        let d = for_message(1, 2, 0, "t", b"[...]", &r, PAYLOAD_MAX);
         assert_eq!(d.get_str("cause"), Ok("time_out_of_range"));
         assert_eq!(d.get_i64("refused"), Ok(1001));
         let causes = d.get_array("causes").unwrap();

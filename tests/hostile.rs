@@ -200,3 +200,53 @@ async fn dead_letters_take_at_most_their_share_of_the_spool() {
     );
     stack.stop();
 }
+
+/// A flood of large bad payloads faster than `limits.max_deadletter_rate`:
+/// the first ones keep their payload (the burst), the rest keep its first
+/// 256 bytes, and every message is recorded; good readings are stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_past_their_rate_keep_the_start_of_the_payload_and_every_message_is_recorded()
+{
+    // 1 KiB/s: the burst is two of the largest dead letters.
+    let mut stack = Stack::start("deadrate", |c| c.set("limits.max_deadletter_rate", "1KiB")).await;
+    let mut publisher = stack.publisher().await;
+    let garbage = format!("not json {}", "#".repeat(60_000));
+    for _ in 0..10 {
+        publisher
+            .publish("sensors/noisy/telemetry", garbage.clone())
+            .await;
+    }
+    publisher
+        .json("good1", serde_json::json!({ "seq": 1, "temp": 1.0 }))
+        .await;
+    publisher.flush().await;
+    stack.wait_stored(1).await;
+    eventually(
+        Duration::from_secs(30),
+        "every message recorded",
+        || async { stack.docs("readings_deadletter").await.len() == 10 },
+    )
+    .await;
+    let dead = stack.docs("readings_deadletter").await;
+    let kept: Vec<usize> = dead
+        .iter()
+        .map(|d| match d.get("payload") {
+            Some(bson::Bson::Binary(b)) => b.bytes.len(),
+            _ => 0,
+        })
+        .collect();
+    let whole = kept.iter().filter(|n| **n == garbage.len()).count();
+    let cut = kept.iter().filter(|n| **n == 256).count();
+    assert_eq!((whole, cut), (2, 8), "{kept:?}");
+    assert!(dead
+        .iter()
+        .filter(|d| d.get_bool("truncated") == Ok(true))
+        .all(|d| d.get_i64("payloadSize") == Ok(garbage.len() as i64)));
+    assert_eq!(
+        stack
+            .palletd
+            .metric("palletd_dead_letter_payloads_cut_total", None),
+        8.0
+    );
+    stack.stop();
+}

@@ -1136,8 +1136,11 @@ impl Validator {
         if max_memory < 4 << 20 {
             self.err("limits.max_memory", "must be at least 4MiB");
         }
-        let max_deadletter_rate =
-            self.size("limits.max_deadletter_rate", l.max_deadletter_rate, 1 << 20);
+        let max_deadletter_rate = self.size(
+            "limits.max_deadletter_rate",
+            l.max_deadletter_rate,
+            64 << 10,
+        );
         if max_deadletter_rate < 1024 {
             self.err(
                 "limits.max_deadletter_rate",

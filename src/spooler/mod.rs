@@ -170,24 +170,22 @@ impl DeadLetterRoom {
         (rate * 60.0).max(2.0 * (deadletter::PAYLOAD_MAX as f64 + 16_384.0))
     }
 
-    /// Why the last dead letter was not admitted.
-    fn full_reason(&self, bytes: u64) -> &'static str {
-        if self.bytes + bytes > self.limit {
-            "share"
-        } else {
-            "rate"
-        }
-    }
-
-    /// Whether a dead letter of `bytes` may be spooled at `lsn`: everything
-    /// below `confirmed` is in MongoDB, and `written` bytes of spooled dead
-    /// letters were written since the start. It is counted if so.
-    fn admit(&mut self, lsn: u64, bytes: u64, confirmed: u64, written: u64, now: Instant) -> bool {
+    /// Whether a dead letter of `bytes` keeps within the rate now.
+    fn rate_allows(&mut self, bytes: u64, now: Instant) -> bool {
         if let Some(then) = self.refilled {
             let add = now.saturating_duration_since(then).as_secs_f64() * self.rate;
             self.tokens = (self.tokens + add).min(Self::burst_of(self.rate));
         }
         self.refilled = Some(now);
+        self.tokens >= bytes as f64
+    }
+
+    /// Whether a dead letter of `bytes` may be spooled at `lsn`: everything
+    /// below `confirmed` is in MongoDB, and `written` bytes of spooled dead
+    /// letters were written since the start. It is counted if so.
+    /// (`charged`: it counts against the rate; one whose payload was cut
+    /// to [`deadletter::PAYLOAD_CUT`] does not.)
+    fn admit(&mut self, lsn: u64, bytes: u64, confirmed: u64, written: u64, charged: bool) -> bool {
         let mut credit = written.saturating_sub(self.credited);
         while let Some(&(l, b)) = self.held.front() {
             if l < confirmed || b <= credit {
@@ -204,11 +202,13 @@ impl DeadLetterRoom {
             // free nothing of this one's.
             self.credited = self.credited.max(written);
         }
-        let admitted = self.bytes + bytes <= self.limit && self.tokens >= bytes as f64;
+        let admitted = self.bytes + bytes <= self.limit;
         if admitted {
             self.held.push_back((lsn, bytes));
             self.bytes += bytes;
-            self.tokens -= bytes as f64;
+            if charged {
+                self.tokens -= bytes as f64;
+            }
         }
         metrics::gauge!(telemetry::SPOOL_DEADLETTER_BYTES).set(self.bytes as f64);
         admitted
@@ -541,6 +541,21 @@ impl Spooler {
                 reporter.report(r.cause, &m.topic, &r.error, r.count);
             }
             let lsn = self.next_lsn;
+            // Faster than limits.max_deadletter_rate, a dead letter keeps
+            // only the start of its payload: every refused message is
+            // recorded, a flood of large ones costs little.
+            let whole = (m.payload.len().min(deadletter::PAYLOAD_MAX) + 1024) as u64;
+            let charged = self.deadletter_room.rate_allows(whole, Instant::now());
+            let keep = if charged {
+                deadletter::PAYLOAD_MAX
+            } else {
+                deadletter::PAYLOAD_CUT
+            };
+            if keep < m.payload.len().min(deadletter::PAYLOAD_MAX) {
+                let cause = refused.causes()[0].cause;
+                metrics::counter!(telemetry::DEAD_LETTER_PAYLOADS_CUT, "cause" => cause)
+                    .increment(1);
+            }
             let doc = deadletter::for_message(
                 self.tag,
                 lsn,
@@ -548,13 +563,14 @@ impl Spooler {
                 &m.topic,
                 &m.payload,
                 &refused,
+                keep,
             );
             let doc = bson::to_vec(&doc).unwrap_or_default();
             let confirmed = self.spool.checkpointed();
             let written = self.health.deadletter_bytes_written();
             if self
                 .deadletter_room
-                .admit(lsn, doc.len() as u64, confirmed, written, Instant::now())
+                .admit(lsn, doc.len() as u64, confirmed, written, charged)
             {
                 append(lsn, EntryRef::DeadLetter { doc: &doc });
                 self.next_lsn += 1;
@@ -562,9 +578,7 @@ impl Spooler {
             } else {
                 let cause = refused.causes()[0].cause;
                 let room = &mut self.deadletter_room;
-                let reason = room.full_reason(doc.len() as u64);
-                metrics::counter!(telemetry::DEAD_LETTERS_DROPPED, "cause" => cause, "reason" => reason)
-                    .increment(1);
+                metrics::counter!(telemetry::DEAD_LETTERS_DROPPED, "cause" => cause).increment(1);
                 match &mut room.logged {
                     Some((at, n)) if at.elapsed() < Duration::from_secs(60) => *n += 1,
                     _ => {
@@ -572,11 +586,9 @@ impl Spooler {
                         tracing::warn!(
                             topic = %m.topic,
                             cause,
-                            reason,
                             share_bytes = room.limit,
-                            rate_bytes_per_second = room.rate,
                             suppressed,
-                            "Dead letters come faster than limits.max_deadletter_rate, or fill their share of the spool (a tenth of spool.max_size) until MongoDB takes them: this one is dropped, counted in palletd_dead_letters_dropped_total. Good readings are spooled as ever."
+                            "Dead letters fill their share of the spool (a tenth of spool.max_size) until MongoDB takes them: this one is dropped, counted in palletd_dead_letters_dropped_total. Good readings are spooled as ever."
                         );
                         room.logged = Some((Instant::now(), 0));
                     }
@@ -605,21 +617,22 @@ mod tests {
     fn dead_letters_free_their_share_as_they_are_written_or_checkpointed() {
         // A share of 100 bytes.
         let mut room = DeadLetterRoom::new(1000, 1 << 30);
-        let t = Instant::now();
-        assert!(room.admit(1, 60, 0, 0, t));
-        assert!(room.admit(2, 40, 0, 0, t));
-        assert!(!room.admit(3, 1, 0, 0, t), "full while nothing is written");
-        assert_eq!(room.full_reason(1), "share");
+        assert!(room.admit(1, 60, 0, 0, true));
+        assert!(room.admit(2, 40, 0, 0, true));
+        assert!(
+            !room.admit(3, 1, 0, 0, false),
+            "full while nothing is written"
+        );
         // The pipeline wrote the first (60 bytes): its room is free.
-        assert!(room.admit(4, 60, 0, 60, t));
-        assert!(!room.admit(5, 1, 0, 60, t));
+        assert!(room.admit(4, 60, 0, 60, true));
+        assert!(!room.admit(5, 1, 0, 60, true));
         // The checkpoint passed the second.
-        assert!(room.admit(6, 40, 3, 60, t));
+        assert!(room.admit(6, 40, 3, 60, true));
         assert_eq!(room.bytes, 100);
         // Everything written: what an earlier run's replay adds to the
         // count frees nothing of what comes next.
-        assert!(room.admit(7, 100, 0, 60 + 100 + 500, t));
-        assert!(!room.admit(8, 1, 0, 60 + 100 + 500, t));
+        assert!(room.admit(7, 100, 0, 60 + 100 + 500, true));
+        assert!(!room.admit(8, 1, 0, 60 + 100 + 500, true));
     }
 
     #[test]
@@ -629,14 +642,17 @@ mod tests {
         let mut room = DeadLetterRoom::new(1 << 40, 10 * 1024);
         let t = Instant::now();
         let mut n = 0;
-        while room.admit(n, 1024, 0, 0, t) {
+        while room.rate_allows(1024, t) {
+            assert!(room.admit(n, 1024, 0, 0, true));
             n += 1;
         }
         assert_eq!(n, 600, "the burst");
-        assert_eq!(room.full_reason(1024), "rate");
+        // Over the rate, cut ones are still admitted (the share allows).
+        assert!(room.admit(n, 300, 0, 0, false));
         let later = t + Duration::from_secs(3);
         let mut m = 0;
-        while room.admit(n + m, 1024, 0, 0, later) {
+        while room.rate_allows(1024, later) {
+            assert!(room.admit(n + 1 + m, 1024, 0, 0, true));
             m += 1;
         }
         assert_eq!(m, 30, "three seconds' worth");

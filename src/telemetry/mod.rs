@@ -64,6 +64,9 @@ pub const ROLLUPS_WRITTEN: &str = "palletd_rollups_written_total";
 pub const ROLLUP_STATEMENTS: &str = "palletd_rollup_statements_total";
 /// Dead letters not spooled: their share of the spool was full.
 pub const DEAD_LETTERS_DROPPED: &str = "palletd_dead_letters_dropped_total";
+/// Dead letters whose payload was cut to its first 256 bytes: they came
+/// faster than `limits.max_deadletter_rate`.
+pub const DEAD_LETTER_PAYLOADS_CUT: &str = "palletd_dead_letter_payloads_cut_total";
 /// Bytes of the dead letters in the spool not yet confirmed in MongoDB
 /// (at most a tenth of `spool.max_size`).
 pub const SPOOL_DEADLETTER_BYTES: &str = "palletd_spool_deadletter_bytes";
@@ -213,6 +216,10 @@ pub fn describe() {
     describe_counter!(
         DEAD_LETTERS_DROPPED,
         "Dead letters (whole messages) dropped because dead letters filled their share of the spool (a tenth of spool.max_size) while MongoDB did not take them, by the first cause; good readings are not affected."
+    );
+    describe_counter!(
+        DEAD_LETTER_PAYLOADS_CUT,
+        "Dead letters that kept only the first 256 bytes of their payload because dead letters came faster than limits.max_deadletter_rate, by the first cause."
     );
     describe_gauge!(
         SPOOL_DEADLETTER_BYTES,
