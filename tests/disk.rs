@@ -371,6 +371,15 @@ async fn boxes_flashed_from_one_image_take_ids_of_their_own_and_store_everything
     publisher.flush().await;
     let mut sent = publish_steadily(publisher, 10, 1000.0, 300).await;
     p.wait_metric("palletd_samples_decoded_total", 300.0).await;
+    // Decoded is not yet durable: a reading killed before its fsync stays
+    // with the broker, for the image's session, which no box resumes. Every
+    // message acknowledged, all 300 are in the image's spool.
+    eventually(
+        Duration::from_secs(30),
+        "the broker holds no message for the image",
+        || async { broker.held_messages().await == 0 },
+    )
+    .await;
     p.kill();
     let image_dir = dir.path().join("spool-image");
     let (image_id, _) = spool_ids(&image_dir);
