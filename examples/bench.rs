@@ -294,16 +294,7 @@ fn wan(args: WanArgs) -> anyhow::Result<()> {
         "",
     )?;
     let total_secs = 30 + args.before_secs + args.cut_secs + args.drain_limit_secs + 60;
-    let mut sim = Command::new(&args.run.palletd)
-        .arg("simulate")
-        .arg("--url")
-        .arg(format!("mqtt://127.0.0.1:{}", svc.broker_port))
-        .args(["--sensors", &args.sensors.to_string(), "--rate"])
-        .arg(format!("{}", args.rate / args.sensors as f64))
-        .arg("--duration")
-        .arg(format!("{total_secs}s"))
-        .args(["--topic", TOPIC, "--batch-share", "0", "--qos", "1"])
-        .args(["--sensor-prefix", "s"])
+    let mut sim = simulator(&args.run, &svc, args.sensors, args.rate, total_secs)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
@@ -1405,6 +1396,22 @@ struct Measured {
     cpu: Duration,
 }
 
+/// `palletd simulate` offering `total` readings/s from `sensors` JSON
+/// sensors for `secs` seconds (QoS 1, one reading per message).
+fn simulator(args: &RunArgs, svc: &Services, sensors: usize, total: f64, secs: u64) -> Command {
+    let mut sim = Command::new(&args.palletd);
+    sim.arg("simulate")
+        .arg("--url")
+        .arg(format!("mqtt://127.0.0.1:{}", svc.broker_port))
+        .args(["--sensors", &sensors.to_string(), "--rate"])
+        .arg(format!("{}", total / sensors as f64))
+        .arg("--duration")
+        .arg(format!("{secs}s"))
+        .args(["--topic", TOPIC, "--batch-share", "0", "--qos", "1"])
+        .args(["--sensor-prefix", "s"]);
+    sim
+}
+
 /// Offers `total` readings/s for `secs` seconds and watches the sink.
 fn step(
     args: &RunArgs,
@@ -1417,24 +1424,7 @@ fn step(
     let before = sink.scrape()?;
     let cpu_before = sink.cpu();
     let started = Instant::now();
-    let mut sim = Command::new(&args.palletd)
-        .arg("simulate")
-        .arg("--url")
-        .arg(format!("mqtt://127.0.0.1:{}", svc.broker_port))
-        .args(["--sensors", &sensors.to_string(), "--rate"])
-        .arg(format!("{}", total / sensors as f64))
-        .arg("--duration")
-        .arg(format!("{secs}s"))
-        .args([
-            "--topic",
-            TOPIC,
-            "--batch-share",
-            "0",
-            "--qos",
-            "1",
-            "--sensor-prefix",
-            "s",
-        ])
+    let mut sim = simulator(args, svc, sensors, total, secs)
         .args(if sink.sparkplug {
             &["--format", "sparkplug_b", "--devices-per-node", "10"][..]
         } else {
@@ -2089,16 +2079,7 @@ fn hostile(args: HostileArgs) -> anyhow::Result<()> {
     let cpu_before = sink.cpu();
     let started = Instant::now();
     let secs = args.outage_secs + 65;
-    let mut sim = Command::new(&args.run.palletd)
-        .arg("simulate")
-        .arg("--url")
-        .arg(format!("mqtt://127.0.0.1:{}", svc.broker_port))
-        .args(["--sensors", &args.sensors.to_string(), "--rate"])
-        .arg(format!("{}", args.rate / args.sensors as f64))
-        .arg("--duration")
-        .arg(format!("{secs}s"))
-        .args(["--topic", TOPIC, "--batch-share", "0", "--qos", "1"])
-        .args(["--sensor-prefix", "s"])
+    let mut sim = simulator(&args.run, &svc, args.sensors, args.rate, secs)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
