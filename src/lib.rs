@@ -160,9 +160,11 @@ async fn watch_spool(spool: spool::Spool, health: Arc<telemetry::Health>, done: 
     }
 }
 
-/// Every second, the bytes held by the ingest queue and the feed.
+/// Every second, the bytes held by the ingest queue, the spool's write
+/// queue and the feed.
 async fn watch_memory(
     queue: Arc<budget::Budget>,
+    spool: spool::Spool,
     feed: Arc<budget::Budget>,
     done: CancellationToken,
 ) {
@@ -170,6 +172,7 @@ async fn watch_memory(
         for (part, b) in [("ingest", &queue), ("feed", &feed)] {
             metrics::gauge!(telemetry::MEMORY_BYTES, "part" => part).set(b.used() as f64);
         }
+        metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "spool").set(spool.queued() as f64);
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = done.cancelled() => return,
@@ -307,7 +310,12 @@ pub async fn run(
         tracker.spawn(server);
     }
     tracker.spawn(watch_spool(spool.clone(), health.clone(), done.clone()));
-    tracker.spawn(watch_memory(queue, feed_budget, done.clone()));
+    tracker.spawn(watch_memory(
+        queue,
+        spool.clone(),
+        feed_budget,
+        done.clone(),
+    ));
     tracker.spawn(telemetry::systemd::supervise(
         db,
         health.clone(),

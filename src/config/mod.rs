@@ -181,6 +181,9 @@ pub struct MemorySplit {
     /// Messages received, on their way to the spool (beyond: palletd stops
     /// reading from the broker).
     pub ingest: usize,
+    /// Encoded batches on their way into the spool's files (beyond: the
+    /// spooler waits for the disk, and ingest behind it).
+    pub spool: usize,
     /// Spooled batches on their way to the pipeline's memory (beyond: read
     /// back from the spool).
     pub feed: usize,
@@ -190,14 +193,15 @@ pub struct MemorySplit {
 }
 
 impl LimitSettings {
-    /// An eighth for the ingest queue, an eighth for the feed, the rest for
-    /// what waits for MongoDB.
+    /// An eighth for the ingest queue, a sixteenth for the spool's write
+    /// queue, an eighth for the feed, the rest for what waits for MongoDB.
     pub fn split(&self) -> MemorySplit {
         let all = self.max_memory as usize;
         MemorySplit {
             ingest: all / 8,
+            spool: all / 16,
             feed: all / 8,
-            pending: all - 2 * (all / 8),
+            pending: all - 2 * (all / 8) - all / 16,
         }
     }
 }
@@ -497,8 +501,9 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     let closer = v.closer(closer);
     let retention = v.retention(retention);
     let http = v.http(http);
-    let spool = v.spool(spool, base);
+    let mut spool = v.spool(spool, base);
     let limits = v.limits(limits);
+    spool.max_queued = limits.split().spool;
     let subscriptions: Vec<Subscription> = subs
         .into_iter()
         .enumerate()
@@ -1228,6 +1233,7 @@ impl Validator {
             fsync,
             compress: s.compress.unwrap_or(true),
             when_full,
+            max_queued: crate::spool::DEFAULT_MAX_QUEUED,
         }
     }
 

@@ -440,6 +440,7 @@ impl Appender {
             self.shared
                 .bytes
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            self.shared.queued.sub(bytes.len());
         }
         self.sync_open()
     }

@@ -120,13 +120,22 @@ pub struct SpoolSettings {
     /// Compress segments the appender moved on from.
     pub compress: bool,
     pub when_full: WhenFull,
+    /// Bytes of appends on their way to the appender thread (its queue);
+    /// past them [`Spool::append`] waits. Counted against `max_size` too,
+    /// so a slow disk cannot carry the spool past it.
+    pub max_queued: usize,
 }
 
+/// [`SpoolSettings::max_queued`] of `limits.max_memory`'s default.
+pub const DEFAULT_MAX_QUEUED: usize = 4 << 20;
+
 /// Numbers the appender keeps and the tasks read.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shared {
     /// Bytes in all the spool's files.
     bytes: AtomicU64,
+    /// Bytes appended and not yet in a segment.
+    queued: crate::budget::Budget,
     /// LSN of the stored checkpoint (everything below is in MongoDB).
     checkpoint: AtomicU64,
     fsyncs: AtomicU64,
@@ -139,6 +148,21 @@ struct Shared {
     failing: AtomicBool,
     /// The appender is asked to stop (also while writes fail).
     closing: AtomicBool,
+}
+
+impl Shared {
+    fn new(max_queued: usize) -> Shared {
+        Shared {
+            bytes: AtomicU64::new(0),
+            queued: crate::budget::Budget::new(max_queued),
+            checkpoint: AtomicU64::new(0),
+            fsyncs: AtomicU64::new(0),
+            requested: AtomicU64::new(0),
+            stuck: AtomicBool::new(false),
+            failing: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+        }
+    }
 }
 
 /// The appender has stopped: nothing more can be spooled.
@@ -201,7 +225,7 @@ fn start(
     let segment_size = (settings.max_size / 4).clamp(16 * 1024, 64 * 1024 * 1024);
     let (tx, rx) = mpsc::channel(1024);
     let (durable_tx, durable) = watch::channel(recovery.next_lsn);
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(Shared::new(settings.max_queued));
     shared.bytes.store(recovery.bytes, Ordering::Relaxed);
     shared
         .checkpoint
@@ -273,11 +297,19 @@ impl AppenderThread {
 impl Spool {
     /// Appends encoded records (in LSN order, `end` the LSN after the last);
     /// they become durable later, see [`Spool::durable`].
+    /// Waits while the appender's queue holds `max_queued` bytes.
     pub async fn append(&self, bytes: bytes::Bytes, end: u64) -> Result<(), Stopped> {
+        self.shared.queued.room().await;
+        self.shared.queued.add(bytes.len());
         self.tx
             .send(Command::Append { bytes, end })
             .await
             .map_err(|_| Stopped)
+    }
+
+    /// Bytes appended and not yet written (the appender's queue).
+    pub fn queued(&self) -> usize {
+        self.shared.queued.used()
     }
 
     /// Everything below this LSN is durable on local disk.
@@ -332,7 +364,7 @@ impl Spool {
     /// drop): new messages must not be taken.
     pub fn is_full(&self) -> bool {
         match self.when_full {
-            WhenFull::Stop => self.bytes() >= self.max_size,
+            WhenFull::Stop => self.bytes() + self.queued() as u64 >= self.max_size,
             WhenFull::DropOldest => self.shared.stuck.load(Ordering::Relaxed),
         }
     }
@@ -388,6 +420,7 @@ pub fn bench_read(dir: &Path) -> io::Result<(Duration, Duration, u64)> {
         fsync: Fsync::Off,
         compress: false,
         when_full: WhenFull::Stop,
+        max_queued: DEFAULT_MAX_QUEUED,
     };
     let started = Instant::now();
     let (spool, _, thread) = open(&settings)?;
@@ -420,6 +453,7 @@ pub fn bench_append(
         fsync,
         compress: false,
         when_full: WhenFull::Stop,
+        max_queued: DEFAULT_MAX_QUEUED,
     };
     let (spool, recovery, thread) = open(&settings)?;
     let started = Instant::now();

@@ -42,6 +42,7 @@ fn start_with(
         fsync: Fsync::Batch,
         compress,
         when_full,
+        max_queued: DEFAULT_MAX_QUEUED,
     };
     start(os(), &settings, &rec).unwrap()
 }
@@ -477,7 +478,7 @@ impl Rig {
 
     fn at(sim: Sim, segment_size: u64, rec: &Recovery, written: BTreeMap<u64, Record>) -> Rig {
         let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared::new(DEFAULT_MAX_QUEUED));
         shared.checkpoint.store(rec.checkpoint, Ordering::Relaxed);
         shared.requested.store(rec.checkpoint, Ordering::Relaxed);
         let app = Appender::new(Start {
@@ -1148,4 +1149,66 @@ fn a_torn_write_takes_the_whole_message_it_tore_with_it() {
             .unwrap();
         assert_eq!(got, whole, "tear in {tear_in}: the first message alone");
     }
+}
+
+/// Appends the appender has not written yet count against
+/// `spool.max_size`, and its queue is bounded in bytes: a disk that stalls
+/// (here every write fails) can carry neither the spool past its size nor
+/// palletd's memory past `max_queued`. Mutant this kills: the spooler saw
+/// only the bytes in the files, and the appender's queue took 1,024
+/// batches of any size (in CI a slow disk let 2,000 messages through a
+/// full 64 KiB spool, all acknowledged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_waiting_for_the_disk_count_against_the_size_and_are_bounded_in_bytes() {
+    let sim = Sim::new(5);
+    let settings = SpoolSettings {
+        dir: sim_dir(),
+        max_size: 64 * 1024,
+        fsync: Fsync::Batch,
+        compress: false,
+        when_full: WhenFull::Stop,
+        max_queued: 256 * 1024,
+    };
+    let (spool, rec, thread) = open_on(Arc::new(sim.clone()), &settings, BOX).unwrap();
+    sim.set_faults(Faults {
+        eio: 1.0,
+        ..Faults::default()
+    });
+    let mut lsn = rec.next_lsn;
+    let mut batch = || {
+        let mut bytes = Vec::new();
+        for _ in 0..100 {
+            bytes.extend_from_slice(&reading(lsn).encode());
+            lsn += 1;
+        }
+        (bytes::Bytes::from(bytes), lsn)
+    };
+    let mut appended = 0;
+    while appended < settings.max_size as usize {
+        let (bytes, end) = batch();
+        appended += bytes.len();
+        spool.append(bytes, end).await.unwrap();
+    }
+    assert!(spool.bytes() < settings.max_size, "nothing written");
+    assert!(spool.is_full(), "what waits for the disk counts");
+    while spool.queued() < settings.max_queued {
+        let (bytes, end) = batch();
+        spool.append(bytes, end).await.unwrap();
+    }
+    let (bytes, end) = batch();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), spool.append(bytes.clone(), end))
+            .await
+            .is_err(),
+        "a full queue makes the next append wait"
+    );
+    sim.set_faults(Faults::default());
+    spool.append(bytes, end).await.unwrap();
+    let mut spool = spool;
+    spool.wait_durable(end).await.unwrap();
+    assert_eq!(spool.queued(), 0);
+    drop(spool);
+    tokio::task::spawn_blocking(move || thread.finish())
+        .await
+        .unwrap();
 }

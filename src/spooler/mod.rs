@@ -251,7 +251,7 @@ impl Spooler {
                     error!(
                         bytes = self.spool.bytes(),
                         max_size = self.spool.max_size(),
-                        unconfirmed_records = self.next_lsn.saturating_sub(self.spool.checkpointed()),
+                        queued_bytes = self.spool.queued(),
                         "Spool is full: not acknowledging new messages until the database takes the backlog. The broker keeps them up to its own per-client limit (Mosquitto: max_queued_messages, 1000 by default, then it drops them); spool.when_full = \"drop_oldest\" keeps the newest instead."
                     );
                 }
