@@ -124,16 +124,16 @@ impl Buckets {
         abort: &CancellationToken,
     ) -> Result<Resolution, Aborted> {
         let shape = self.shape;
-        // Per window, the sensors with uncertain samples in it.
-        let mut windows: HashMap<i64, Vec<&str>> = HashMap::new();
-        for r in req {
-            for &(_, ts) in &r.samples {
-                let sensors = windows.entry(shape.window_start(ts)).or_default();
-                if sensors.last() != Some(&r.sensor.as_str()) {
-                    sensors.push(&r.sensor);
-                }
-            }
-        }
+        // The (sensor, window) pairs with uncertain samples.
+        let pairs: Vec<(&str, i64)> = req
+            .iter()
+            .flat_map(|r| {
+                r.samples
+                    .iter()
+                    .map(|&(_, ts)| (r.sensor.as_str(), shape.window_start(ts)))
+            })
+            .collect();
+        let lookups = lookups(pairs);
         // The ids the uncertain samples were written under (one, but for a
         // spool copied from another box).
         let mut tags: Vec<u32> = req
@@ -145,7 +145,7 @@ impl Buckets {
         let coll = self.collection.clone();
         let found = mongo
             .read_retrying("read applied LSNs", abort, |db, concern| {
-                applied_ranges(db.collection(&coll), concern, &windows, &tags)
+                applied_ranges(db.collection(&coll), concern, &lookups, &tags)
             })
             .await?;
         let mut out = Resolution::default();
@@ -272,31 +272,42 @@ impl Buckets {
     /// `{sensorId, startTs}` index. One attempt: the fill only improves
     /// packing, correctness never depends on it.
     async fn learn_fills(&self, mongo: &mut Mongo, batch: &mut Batch) {
-        let mut unknown: Vec<(String, i64)> = Vec::new();
-        for run in &batch.runs {
-            let mut starts: Vec<i64> = run
-                .samples
-                .iter()
-                .map(|s| self.shape.window_start(s.ts_ms))
-                .filter(|w| !run.fills.contains_key(w))
-                .collect();
-            starts.sort_unstable();
-            starts.dedup();
-            unknown.extend(starts.into_iter().map(|w| (run.sensor.clone(), w)));
-        }
+        let unknown: Vec<(&str, i64)> = batch
+            .runs
+            .iter()
+            .flat_map(|run| {
+                run.samples
+                    .iter()
+                    .map(|s| self.shape.window_start(s.ts_ms))
+                    .filter(|w| !run.fills.contains_key(w))
+                    .map(|w| (run.sensor.as_str(), w))
+            })
+            .collect();
         if unknown.is_empty() {
             return;
         }
-        match open_fills(&self.coll(&mongo.db), &unknown).await {
+        let lookups = lookups(unknown);
+        match open_fills(&self.coll(&mongo.db), &lookups).await {
             Ok(found) => {
-                for run in batch.runs.iter_mut() {
-                    for (sensor, start) in unknown.iter().filter(|u| u.0 == run.sensor) {
-                        let fill = found
-                            .get(&(sensor.clone(), *start))
-                            .copied()
-                            .unwrap_or_default();
-                        run.fills.insert(*start, fill);
+                let runs: HashMap<&str, usize> = batch
+                    .runs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| (r.sensor.as_str(), i))
+                    .collect();
+                let mut learned: Vec<(usize, i64, Fill)> = Vec::new();
+                for l in &lookups {
+                    for (sensor, starts) in &l.asked {
+                        let Some(&i) = runs.get(sensor) else { continue };
+                        for &start in starts {
+                            let key = (sensor.to_string(), start);
+                            let fill = found.get(&key).copied().unwrap_or_default();
+                            learned.push((i, start, fill));
+                        }
                     }
+                }
+                for (i, start, fill) in learned {
+                    batch.runs[i].fills.insert(start, fill);
                 }
             }
             Err(e) => debug!(error = %e, "Could not learn open bucket fills; writing without."),
@@ -502,28 +513,26 @@ fn settle(fills: &mut bucket::Fills, st: &bucket::Statement, applied: Option<boo
 /// no open bucket is absent.
 async fn open_fills(
     coll: &Collection<Document>,
-    pairs: &[(String, i64)],
+    lookups: &[Lookup<'_>],
 ) -> mongodb::error::Result<HashMap<(String, i64), Fill>> {
-    let mut sensors: Vec<&str> = pairs.iter().map(|p| p.0.as_str()).collect();
-    sensors.sort_unstable();
-    sensors.dedup();
-    let mut starts: Vec<i64> = pairs.iter().map(|p| p.1).collect();
-    starts.sort_unstable();
-    starts.dedup();
-    let starts: Vec<bson::DateTime> = starts
-        .into_iter()
-        .map(bson::DateTime::from_millis)
-        .collect();
-    let filter = doc! {
-        "sensorId": { "$in": sensors },
-        "startTs": { "$in": starts },
-        "closed": false,
-    };
-    let mut cursor = coll
-        .find(filter)
-        .projection(doc! { "_id": 0, "sensorId": 1, "startTs": 1, "count": 1, "size": 1 })
-        .await?;
     let mut best: HashMap<(String, i64), Fill> = HashMap::new();
+    for l in lookups {
+        let mut filter = l.filter();
+        filter.insert("closed", false);
+        let cursor = coll
+            .find(filter)
+            .projection(doc! { "_id": 0, "sensorId": 1, "startTs": 1, "count": 1, "size": 1 })
+            .await?;
+        emptiest_open(cursor, &mut best).await?;
+    }
+    Ok(best)
+}
+
+/// Keeps, per (sensor, window start), the fill of the emptiest bucket.
+async fn emptiest_open(
+    mut cursor: mongodb::Cursor<Document>,
+    best: &mut HashMap<(String, i64), Fill>,
+) -> mongodb::error::Result<()> {
     while cursor.advance().await? {
         let d = cursor.deserialize_current()?;
         let (Ok(sensor), Ok(start)) = (d.get_str("sensorId"), d.get_datetime("startTs")) else {
@@ -541,7 +550,7 @@ async fn open_fills(
             })
             .or_insert(fill);
     }
-    Ok(best)
+    Ok(())
 }
 
 /// What the buckets of one sensor and window say was applied to them.
@@ -564,36 +573,36 @@ impl Applied {
 }
 
 /// The applied ranges (of the spool ids `tags`) of the buckets of these
-/// windows and sensors, one query on `{sensorId, startTs}` (an `$or`
-/// clause per window).
+/// lookups' windows and sensors: one query on `{sensorId, startTs}` per
+/// lookup.
 async fn applied_ranges(
     coll: Collection<Document>,
     concern: Option<ReadConcern>,
-    windows: &HashMap<i64, Vec<&str>>,
+    lookups: &[Lookup<'_>],
     tags: &[u32],
 ) -> mongodb::error::Result<HashMap<(String, i64), Applied>> {
-    let clauses: Vec<Document> = windows
-        .iter()
-        .map(|(start, sensors)| {
-            doc! {
-                "sensorId": { "$in": sensors },
-                "startTs": bson::DateTime::from_millis(*start),
-            }
-        })
-        .collect();
     let mut out: HashMap<(String, i64), Applied> = HashMap::new();
-    if clauses.is_empty() {
-        return Ok(out);
-    }
     let mut projection = doc! { "_id": 0, "sensorId": 1, "startTs": 1, "lsn": 1 };
     for tag in tags {
         projection.insert(bucket::lsns_field(*tag), 1);
     }
-    let find = coll.find(doc! { "$or": clauses }).projection(projection);
-    let mut cursor = match concern {
-        Some(c) => find.read_concern(c).await?,
-        None => find.await?,
-    };
+    for l in lookups {
+        let find = coll.find(l.filter()).projection(projection.clone());
+        let cursor = match concern.clone() {
+            Some(c) => find.read_concern(c).await?,
+            None => find.await?,
+        };
+        collect_applied(cursor, tags, &mut out).await?;
+    }
+    Ok(out)
+}
+
+/// Adds the ranges of the buckets `cursor` returns to `out`.
+async fn collect_applied(
+    mut cursor: mongodb::Cursor<Document>,
+    tags: &[u32],
+    out: &mut HashMap<(String, i64), Applied>,
+) -> mongodb::error::Result<()> {
     while cursor.advance().await? {
         let d = cursor.deserialize_current()?;
         let (Ok(sensor), Ok(start)) = (d.get_str("sensorId"), d.get_datetime("startTs")) else {
@@ -621,7 +630,92 @@ async fn applied_ranges(
             entry.legacy = entry.legacy.max(Some(lsn));
         }
     }
-    Ok(out)
+    Ok(())
+}
+
+/// At most this many (sensor, window start) combinations a lookup of
+/// buckets names (`sensorId $in` times `startTs $in`): what it can return
+/// beyond the pairs asked for, and the query's size, stay bounded however
+/// many windows a flush spans (a backfill of a year of hourly windows is
+/// 8,760 per sensor).
+pub const MAX_LOOKUP_PAIRS: usize = 2048;
+
+/// One lookup of buckets on `{sensorId, startTs}`: its sensors times its
+/// window starts, and which of those pairs were asked for.
+#[derive(Debug, PartialEq)]
+struct Lookup<'a> {
+    sensors: Vec<&'a str>,
+    starts: Vec<i64>,
+    /// Per sensor, the window starts asked for (sorted).
+    asked: std::collections::BTreeMap<&'a str, Vec<i64>>,
+}
+
+impl Lookup<'_> {
+    fn filter(&self) -> Document {
+        let starts: Vec<bson::DateTime> = self
+            .starts
+            .iter()
+            .map(|s| bson::DateTime::from_millis(*s))
+            .collect();
+        doc! { "sensorId": { "$in": &self.sensors }, "startTs": { "$in": starts } }
+    }
+}
+
+/// Cuts (sensor, window start) pairs into lookups of at most
+/// [`MAX_LOOKUP_PAIRS`] combinations each: sensors are gathered while
+/// their windows together keep within it (the live case: a thousand
+/// sensors and one window are one lookup); a sensor with more windows than
+/// that gets lookups of its own. The number of lookups grows with the pairs
+/// asked for, never with the square of anything.
+fn lookups(mut pairs: Vec<(&str, i64)>) -> Vec<Lookup<'_>> {
+    pairs.sort_unstable();
+    pairs.dedup();
+    let mut out: Vec<Lookup<'_>> = Vec::new();
+    let mut current: Option<(Lookup<'_>, std::collections::BTreeSet<i64>)> = None;
+    let mut rest = pairs.as_slice();
+    while let Some(&(sensor, _)) = rest.first() {
+        let n = rest.iter().take_while(|p| p.0 == sensor).count();
+        let (mine, after) = rest.split_at(n);
+        rest = after;
+        let starts: Vec<i64> = mine.iter().map(|p| p.1).collect();
+        if let Some((l, union)) = current.as_mut() {
+            let added = starts.iter().filter(|s| !union.contains(s)).count();
+            if (l.sensors.len() + 1) * (union.len() + added) <= MAX_LOOKUP_PAIRS {
+                union.extend(starts.iter().copied());
+                l.sensors.push(sensor);
+                l.asked.insert(sensor, starts);
+                continue;
+            }
+        }
+        if let Some((mut l, union)) = current.take() {
+            l.starts = union.into_iter().collect();
+            out.push(l);
+        }
+        if starts.len() > MAX_LOOKUP_PAIRS {
+            for chunk in starts.chunks(MAX_LOOKUP_PAIRS) {
+                out.push(Lookup {
+                    sensors: vec![sensor],
+                    starts: chunk.to_vec(),
+                    asked: [(sensor, chunk.to_vec())].into(),
+                });
+            }
+            continue;
+        }
+        let union = starts.iter().copied().collect();
+        current = Some((
+            Lookup {
+                sensors: vec![sensor],
+                starts: Vec::new(),
+                asked: [(sensor, starts)].into(),
+            },
+            union,
+        ));
+    }
+    if let Some((mut l, union)) = current {
+        l.starts = union.into_iter().collect();
+        out.push(l);
+    }
+    out
 }
 
 fn open_and_ended(cutoff: bson::DateTime) -> Document {
@@ -689,6 +783,65 @@ fn legacy_seal_statements(cutoff: bson::DateTime, now: bson::DateTime) -> Vec<Do
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn combos(l: &Lookup<'_>) -> usize {
+        l.sensors.len() * l.starts.len()
+    }
+
+    /// The live case (a thousand sensors, one window) is one lookup; a
+    /// backfill (three sensors, a year of hourly windows) is lookups of at
+    /// most MAX_LOOKUP_PAIRS combinations, not one of 26,280 clauses.
+    /// Mutant this kills: the resolve lookup's `$or` of a clause per window.
+    #[test]
+    fn lookups_stay_bounded_for_many_sensors_and_for_many_windows() {
+        let names: Vec<String> = (0..1000).map(|i| format!("s{i}")).collect();
+        let live: Vec<(&str, i64)> = names.iter().map(|n| (n.as_str(), 3_600_000)).collect();
+        let l = lookups(live);
+        assert_eq!(l.len(), 1);
+        assert_eq!((l[0].sensors.len(), l[0].starts.len()), (1000, 1));
+
+        let hour = 3_600_000;
+        let year: Vec<(&str, i64)> = names[..3]
+            .iter()
+            .flat_map(|n| (0..8760).map(move |h| (n.as_str(), h * hour)))
+            .collect();
+        let l = lookups(year);
+        assert!(l.iter().all(|l| combos(l) <= MAX_LOOKUP_PAIRS));
+        assert_eq!(l.len(), 3 * 8760_usize.div_ceil(MAX_LOOKUP_PAIRS));
+    }
+
+    proptest! {
+        /// Every pair asked for is in exactly one lookup, asked there,
+        /// within its sensors and starts; no lookup names more than
+        /// MAX_LOOKUP_PAIRS combinations.
+        #[test]
+        fn every_pair_is_looked_up_once_within_the_bound(
+            raw in proptest::collection::vec((0u16..300, 0i64..5000), 0..6000),
+        ) {
+            let names: Vec<String> = (0..300).map(|i| format!("s{i}")).collect();
+            let pairs: Vec<(&str, i64)> =
+                raw.iter().map(|&(s, w)| (names[s as usize].as_str(), w)).collect();
+            let ls = lookups(pairs.clone());
+            let mut seen = std::collections::HashMap::new();
+            for l in &ls {
+                prop_assert!(combos(l) <= MAX_LOOKUP_PAIRS);
+                for (sensor, starts) in &l.asked {
+                    prop_assert!(l.sensors.contains(sensor));
+                    for s in starts {
+                        prop_assert!(l.starts.binary_search(s).is_ok());
+                        *seen.entry((*sensor, *s)).or_insert(0) += 1;
+                    }
+                }
+            }
+            let mut want = pairs;
+            want.sort_unstable();
+            want.dedup();
+            prop_assert_eq!(seen.len(), want.len());
+            prop_assert!(seen.values().all(|n| *n == 1));
+            prop_assert!(want.iter().all(|p| seen.contains_key(p)));
+        }
+    }
 
     /// On a sharded collection a multi-document update needs no shard key
     /// (MongoDB routes it to every shard); it must not change one.
