@@ -264,6 +264,52 @@ impl Samples {
         *self = out;
     }
 
+    /// Splits off the first `n` samples and returns them; these keep the
+    /// rest.
+    pub fn split_front(&mut self, n: usize) -> Samples {
+        if n >= self.len() {
+            return std::mem::take(self);
+        }
+        let cut = self.index[n - 1].end;
+        let rest = Samples {
+            docs: self.docs[cut as usize..].to_vec(),
+            index: self.index[n..]
+                .iter()
+                .map(|s| Slot {
+                    end: s.end - cut,
+                    ..*s
+                })
+                .collect(),
+        };
+        self.docs.truncate(cut as usize);
+        self.index.truncate(n);
+        std::mem::replace(self, rest)
+    }
+
+    /// How many samples from the front make at most `statements`
+    /// statements (at least one sample if there are any), and how many they
+    /// make: a statement per run of one window, and one more each time a
+    /// run fills `max_samples` ([`plan`] cuts there too; cuts by bytes are
+    /// not foreseen).
+    pub fn front_within(&self, shape: &Shape, statements: usize) -> (usize, usize) {
+        let mut made = 0;
+        let mut window = None;
+        let mut in_run = 0u32;
+        for (i, s) in self.index.iter().enumerate() {
+            let start = shape.window_start(s.ts_ms);
+            if window != Some(start) || in_run >= shape.max_samples {
+                if made >= statements && i > 0 {
+                    return (i, made);
+                }
+                made += 1;
+                window = Some(start);
+                in_run = 0;
+            }
+            in_run += 1;
+        }
+        (self.len(), made)
+    }
+
     /// Appends all of `other` after these.
     pub fn append(&mut self, other: &Samples) {
         for s in other.iter() {
@@ -568,6 +614,42 @@ mod tests {
     fn owned(samples: impl IntoIterator<Item = Sample>) -> Samples {
         let v: Vec<Sample> = samples.into_iter().collect();
         v.iter().map(|s| s.as_ref()).collect()
+    }
+
+    /// The front of a queue within a number of statements is what
+    /// [`plan`] makes of it within that number, and splitting it off keeps
+    /// both parts whole and in order.
+    #[test]
+    fn the_front_within_some_statements_is_what_plan_makes_of_it() {
+        // Windows of 1 s, at most 5 samples a bucket: windows 0, 0, 0, 1,
+        // then 7 samples of window 2 (two buckets), then window 3.
+        let ts = [
+            0, 10, 20, 1000, 2000, 2001, 2002, 2003, 2004, 2005, 2006, 3000,
+        ];
+        let all = owned(ts.iter().enumerate().map(|(i, t)| sample(*t, i as u64, 0)));
+        let planned = plan(&all, &mut Fills::new(), &SHAPE, &ONE).len();
+        assert_eq!(all.front_within(&SHAPE, 100), (12, planned));
+        assert_eq!(all.front_within(&SHAPE, 1), (3, 1));
+        assert_eq!(all.front_within(&SHAPE, 2), (4, 2));
+        assert_eq!(all.front_within(&SHAPE, 3), (9, 3));
+        assert_eq!(all.front_within(&SHAPE, 0), (3, 1), "never nothing");
+        let mut rest = all.clone();
+        let front = rest.split_front(4);
+        assert_eq!(
+            front.keys().collect::<Vec<_>>(),
+            all.keys().take(4).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            rest.keys().collect::<Vec<_>>(),
+            all.keys().skip(4).collect::<Vec<_>>()
+        );
+        assert_eq!(front.bytes() + rest.bytes(), all.bytes());
+        for (i, s) in rest.iter().enumerate() {
+            assert_eq!(s.doc, all.get(i + 4).doc);
+        }
+        let mut whole = all.clone();
+        assert_eq!(whole.split_front(12), all);
+        assert!(whole.is_empty());
     }
 
     /// A model of the database: buckets and the filter semantics of the upsert.

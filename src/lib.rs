@@ -273,6 +273,7 @@ pub async fn run(
             },
             fresh_from: recovered.next_lsn,
             replay_records: recovered.records,
+            max_statements: pipeline::MAX_STATEMENTS_PER_FLUSH,
         },
         Instant::now(),
     );

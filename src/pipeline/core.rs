@@ -84,6 +84,13 @@ const SEAL_FLUSH_ROUNDS: u32 = 3;
 /// go in the next flush, at once).
 pub const MAX_SENSORS_PER_FLUSH: usize = 1000;
 
+/// Statements one flush sends at most (about: [`Samples::front_within`]
+/// counts a statement per window run and full bucket): a sensor with a
+/// year of hourly windows pending is written over several flushes, from
+/// the front of its queue, as a thousand sensors with one window each are
+/// in one. What the database pays per flush follows this, not the sensors.
+pub const MAX_STATEMENTS_PER_FLUSH: usize = 1000;
+
 /// How long a backlog flush should take: live sensors falling due wait at
 /// most about this long behind one.
 const BACKLOG_FLUSH_TARGET: Duration = Duration::from_secs(1);
@@ -134,6 +141,9 @@ pub struct Config {
     /// How many records lie from `from` to `fresh_from` (LSNs jump at a
     /// restart, so the range does not say).
     pub replay_records: u64,
+    /// Statements a flush sends at most ([`MAX_STATEMENTS_PER_FLUSH`]; the
+    /// tests make it small).
+    pub max_statements: usize,
 }
 
 impl Config {
@@ -918,10 +928,12 @@ impl Core {
             self.flushing = Some((lane, ids));
             return Action::Resolve(resolve);
         }
+        let max_statements = self.config.max_statements;
+        let (runs, left) = self.lane(lane).take_within(&ids, max_statements);
         if lane == Lane::Live {
-            self.policy.flushed(now, ids.len() >= MAX_SENSORS_PER_FLUSH);
+            self.policy
+                .flushed(now, left || ids.len() >= MAX_SENSORS_PER_FLUSH);
         }
-        let runs = self.lane(lane).take(&ids);
         let deadletters = std::mem::take(&mut self.deadletters);
         self.deadletter_bytes = 0;
         let spooled_deadletter_bytes = std::mem::take(&mut self.spooled_deadletter_bytes);

@@ -18,4 +18,4 @@ pub mod task;
 #[cfg(test)]
 mod tests;
 
-pub use self::core::{Config, Core, Leftover};
+pub use self::core::{Config, Core, Leftover, MAX_STATEMENTS_PER_FLUSH};

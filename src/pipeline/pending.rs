@@ -57,6 +57,9 @@ struct SensorState {
     ready: bool,
     /// Its samples are out in a write.
     in_flight: bool,
+    /// Only the front of its queue went out: the rest is due at once when
+    /// the write is back.
+    rest_left: bool,
     /// How many samples and bytes it held when last taken: the room to
     /// reserve when it starts holding again (no growing copy by copy).
     last_taken: (u32, u32),
@@ -183,6 +186,7 @@ impl Pending {
             fills: Fills::new(),
             ready: false,
             in_flight: false,
+            rest_left: false,
             last_taken: (0, 0),
         };
         let id = match self.free.pop() {
@@ -404,32 +408,62 @@ impl Pending {
     /// Takes the samples and open-bucket memory of `ids` for a flush. They
     /// must hold no uncertain samples.
     pub fn take(&mut self, ids: &[SensorId]) -> Vec<Run> {
+        self.take_within(ids, usize::MAX).0
+    }
+
+    /// [`Pending::take`] of what makes at most `max_statements` statements
+    /// ([`Samples::front_within`]; at least one sensor's first): a sensor
+    /// with more is taken from the front (its queue stays in LSN order,
+    /// the rest after what was taken, due at once when the write is back),
+    /// and sensors after it are left due at once. Returns whether anything
+    /// was left.
+    pub fn take_within(&mut self, ids: &[SensorId], max_statements: usize) -> (Vec<Run>, bool) {
         let mut runs = Vec::with_capacity(ids.len());
+        let mut budget = max_statements;
+        let mut left = false;
         for &id in ids {
+            let shape = self.shape;
             let Some(s) = self.slots.get_mut(id as usize).and_then(|s| s.as_mut()) else {
                 continue;
             };
             if s.samples.is_empty() {
                 continue;
             }
+            if budget == 0 {
+                // Due at once, in the next flush.
+                left = true;
+                let episode = s.episode;
+                if self.timed {
+                    self.deadlines.push_front((i64::MIN, id, episode));
+                }
+                continue;
+            }
             debug_assert_eq!(s.uncertain, 0, "resolved before the write");
+            let (n, statements) = s.samples.front_within(&shape, budget);
+            budget = budget.saturating_sub(statements);
             if let Some(first) = s.samples.first() {
                 self.firsts.remove(&(first.lsn, id));
             }
-            self.count -= s.samples.len();
-            self.bytes -= s.samples.bytes();
-            s.last_taken = (s.samples.len() as u32, s.samples.bytes() as u32);
+            let samples = s.samples.split_front(n);
+            if let Some(first) = s.samples.first() {
+                left = true;
+                s.rest_left = true;
+                self.firsts.insert((first.lsn, id));
+            }
+            self.count -= samples.len();
+            self.bytes -= samples.bytes();
+            s.last_taken = (samples.len() as u32, samples.bytes() as u32);
             s.taken_since_ms = s.since_ms;
             s.ready = false;
             s.in_flight = true;
             runs.push(Run {
                 sensor: s.name.to_string(),
-                samples: std::mem::take(&mut s.samples),
+                samples,
                 fills: std::mem::take(&mut s.fills),
                 outcomes: Vec::new(),
             });
         }
-        runs
+        (runs, left)
     }
 
     /// Returns a run after its write: `back` are its samples that are not
@@ -443,7 +477,13 @@ impl Pending {
         };
         s.in_flight = false;
         s.fills = run.fills;
+        let rest_left = std::mem::take(&mut s.rest_left);
         if back.is_empty() {
+            if rest_left && !s.samples.is_empty() {
+                // The rest of a queue taken in part: due at once.
+                let since = s.since_ms;
+                self.begin_episode(id, since, true);
+            }
             self.update_ready(id);
             return;
         }

@@ -298,6 +298,9 @@ pub async fn run(
 
 fn record(report: &Flushed, took: Duration) {
     use telemetry::*;
+    static MOST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let most = MOST.fetch_max(report.statements, std::sync::atomic::Ordering::Relaxed);
+    metrics::gauge!(FLUSH_STATEMENTS_MAX).set(most.max(report.statements) as f64);
     if report.statements > 0 || report.samples_stored > 0 || report.deadletters > 0 {
         metrics::counter!(FLUSHES).increment(1);
     }

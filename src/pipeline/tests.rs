@@ -162,6 +162,8 @@ struct World {
     db: Db,
     fate: Fate,
     max_pending: usize,
+    /// The core's `max_statements` from the next restart on.
+    max_statements: usize,
     core: Core,
     t0: Instant,
     now: Instant,
@@ -210,6 +212,8 @@ fn config_replaying(
         from,
         fresh_from,
         replay_records,
+        // Small: flushes take sensors' queues in part.
+        max_statements: 3,
     }
 }
 
@@ -247,6 +251,7 @@ impl World {
             db: Db::default(),
             fate: Fate::Fine,
             max_pending,
+            max_statements: 3,
             core: Core::new(
                 Config {
                     tags: Tags::new(tag),
@@ -395,6 +400,7 @@ impl World {
         self.core = Core::new(
             Config {
                 tags: self.tags.clone(),
+                max_statements: self.max_statements,
                 ..config_replaying(
                     self.mode,
                     self.checkpoint,
@@ -1021,7 +1027,9 @@ fn after_a_restart_live_readings_go_first_while_the_backlog_drains() {
     }
     w.sync();
     // Killed before any of it was written: on the restart it is all
-    // backlog, and readings arriving from then on are live.
+    // backlog, and readings arriving from then on are live. (Flushes of
+    // the size palletd runs with: the lag bound below is about their time.)
+    w.max_statements = crate::pipeline::MAX_STATEMENTS_PER_FLUSH;
     w.step(&Step::Restart { renew: false }).unwrap();
     assert!(w.core.backlog_status().readings > 0);
     let backlog = 30_000 - w.db.stored.len();

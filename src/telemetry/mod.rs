@@ -30,6 +30,9 @@ pub const SAMPLES_STORED: &str = "palletd_samples_stored_total";
 pub const DEAD_LETTERS: &str = "palletd_dead_letters_total";
 pub const FLUSHES: &str = "palletd_flushes_total";
 pub const STATEMENTS: &str = "palletd_statements_total";
+/// The most statements one flush applied since start (bounded by
+/// `MAX_STATEMENTS_PER_FLUSH`, about).
+pub const FLUSH_STATEMENTS_MAX: &str = "palletd_flush_statements_max";
 pub const BUCKETS_CREATED: &str = "palletd_buckets_created_total";
 pub const BUCKETS_SEALED: &str = "palletd_buckets_sealed_total";
 /// Bytes of bucket documents the database rewrote for applied statements
@@ -126,6 +129,10 @@ pub fn describe() {
     );
     describe_counter!(FLUSHES, "Flushes that wrote something.");
     describe_counter!(STATEMENTS, "Bucket upsert statements applied.");
+    describe_gauge!(
+        FLUSH_STATEMENTS_MAX,
+        "The most statements one flush applied since start."
+    );
     describe_counter!(BUCKETS_CREATED, "Buckets created by an upsert.");
     describe_counter!(BUCKETS_SEALED, "Buckets sealed by the closer.");
     describe_counter!(
