@@ -454,3 +454,50 @@ async fn a_refused_sample_is_dead_lettered_even_when_palletd_is_killed_right_aft
     );
     stack.stop();
 }
+
+/// History arriving late (the most common recovery workload): three
+/// sensors with 1,500 hourly readings each, every reading its own window.
+/// palletd is killed while writing them and started again, so the replay
+/// resolves uncertain samples over thousands of windows. Every reading is
+/// stored exactly once, and no flush applied more than
+/// `MAX_STATEMENTS_PER_FLUSH` (1,000) statements; before flushes were
+/// bounded by statements, the first flush held all 4,500 (the mutant
+/// `MAX_STATEMENTS_PER_FLUSH = usize::MAX` fails here), and the resolve
+/// lookup was one `$or` of a clause per window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_of_many_windows_is_stored_once_in_bounded_flushes_across_a_kill() {
+    let mut stack = Stack::start("backfill", |c| {
+        // No seal: the buckets are checked as written.
+        c.window("1h")
+            .set("bucket.max_lateness", "100d")
+            .closer("1h", "200d")
+    })
+    .await;
+    let t0 = (now_ms() - 1600 * HOUR_MS).div_euclid(HOUR_MS) * HOUR_MS;
+    let mut publisher = stack.publisher().await;
+    let mut sent = Vec::new();
+    for hour in 0..1500i64 {
+        for sensor in ["h1", "h2", "h3"] {
+            let seq = sent.len() as i64;
+            let payload = serde_json::json!({
+                "ts": t0 + hour * HOUR_MS + 1000,
+                "seq": seq,
+                "temp": (hour % 40) as f64 / 2.0,
+            });
+            publisher.json(sensor, payload).await;
+            sent.push((sensor.to_string(), seq));
+        }
+    }
+    publisher.flush().await;
+    stack.wait_stored(1000).await;
+    let first_run = stack.palletd.metric("palletd_flush_statements_max", None);
+    stack.palletd.kill();
+    stack.palletd = Palletd::start(&stack.config);
+    assert_exactly_once(&stack.client, "backfill", &sent, Duration::from_secs(240)).await;
+    let second_run = stack.palletd.metric("palletd_flush_statements_max", None);
+    assert!(
+        first_run > 0.0 && first_run <= 1000.0 && second_run <= 1000.0,
+        "statements per flush: {first_run} before the kill, {second_run} after"
+    );
+    stack.stop();
+}

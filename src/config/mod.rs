@@ -263,6 +263,9 @@ pub struct MongoSettings {
     /// Wire compression palletd offers the server, in order of preference
     /// (`compressors=` in the URI takes precedence).
     pub compressors: Vec<String>,
+    /// Every write command's `maxTimeMS`: how long a write palletd lost
+    /// sight of can still be running on the server ([`crate::store`]).
+    pub write_time_limit: std::time::Duration,
 }
 
 /// The wire compressors palletd is built with.
@@ -935,6 +938,14 @@ impl Validator {
                 );
             }
         }
+        let write_time_limit = self.positive_duration(
+            "mongodb.write_time_limit",
+            m.write_time_limit.as_deref(),
+            "10s",
+        );
+        if write_time_limit < std::time::Duration::from_millis(100) {
+            self.err("mongodb.write_time_limit", "must be at least 100ms");
+        }
         MongoSettings {
             uri: Secret::new(uri),
             database: m.database,
@@ -942,6 +953,7 @@ impl Validator {
             write_concern,
             journal,
             compressors,
+            write_time_limit,
         }
     }
 

@@ -73,6 +73,7 @@ pub struct RawMongo {
     pub write_concern: Option<RawWriteConcern>,
     pub journal: Option<bool>,
     pub compressors: Option<Vec<String>>,
+    pub write_time_limit: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

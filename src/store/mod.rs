@@ -194,6 +194,8 @@ impl Store {
     ) -> Result<Resolution, Aborted> {
         let failures = self.mongo.failures();
         self.ensure_schema(abort).await?;
+        // An interrupted write still running would answer wrongly.
+        self.mongo.wait_for_fence(abort).await?;
         let spool = format!("s{:08x}", self.tags.current());
         self.mongo.settle(&self.spools, &spool, abort).await?;
         let mut out = match &self.mode {

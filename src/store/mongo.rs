@@ -44,6 +44,10 @@ const TRANSIENT_CODES: &[i32] = &[
     6, 7, 24, 46, 50, 89, 91, 112, 189, 262, 9001, 10107, 11000, 11600, 11602, 13435, 13436,
 ];
 
+/// Beyond `mongodb.write_time_limit`: the server checks the limit between
+/// statements, and clocks tick apart.
+const FENCE_MARGIN: Duration = Duration::from_secs(1);
+
 /// What a failed write command means for what to do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetryAction {
@@ -206,6 +210,11 @@ pub struct Mongo {
     health: Option<Arc<Health>>,
     /// The settle write was refused (logged once).
     settle_refused: bool,
+    /// Every write command's `maxTimeMS` (`mongodb.write_time_limit`).
+    time_limit: Duration,
+    /// Until then a write palletd lost sight of may still be running on the
+    /// server ([`Mongo::wait_for_fence`]).
+    fence: Instant,
 }
 
 impl Mongo {
@@ -222,7 +231,39 @@ impl Mongo {
             failures: 0,
             health: None,
             settle_refused: false,
+            time_limit: settings.write_time_limit,
+            // A write of an earlier run, killed before its reply, may still
+            // be running.
+            fence: Instant::now() + settings.write_time_limit + FENCE_MARGIN,
         }
+    }
+
+    /// Waits until no write palletd lost sight of (sent before a crash of
+    /// an earlier run, or whose reply never came) can still be running on
+    /// the server: the server cuts every write off after its `maxTimeMS`
+    /// (`mongodb.write_time_limit`). Reads that decide what such a write
+    /// applied come after this; else the server could apply a statement of
+    /// it after the read said it was not, and palletd would write it again.
+    pub async fn wait_for_fence(&self, abort: &CancellationToken) -> Result<(), Aborted> {
+        let left = self.fence.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        tracing::info!(
+            wait = ?left,
+            "Waiting for any interrupted write to end on the server (mongodb.write_time_limit) before reading what it applied."
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(left) => Ok(()),
+            _ = abort.cancelled() => Err(Aborted),
+        }
+    }
+
+    /// A write's reply did not come: it may run on for its time limit.
+    fn lost_sight(&mut self) {
+        self.fence = self
+            .fence
+            .max(Instant::now() + self.time_limit + FENCE_MARGIN);
     }
 
     /// Reports attempts and retry waits to `health`.
@@ -292,6 +333,7 @@ impl Mongo {
         cmd.append(field, batch);
         cmd.append("ordered", ordered);
         cmd.append("writeConcern", self.write_concern.clone());
+        cmd.append("maxTimeMS", self.time_limit.as_millis() as i64);
         cmd
     }
 
@@ -308,6 +350,7 @@ impl Mongo {
                     metrics::counter!(telemetry::DATABASE_ERRORS, "kind" => "write_concern")
                         .increment(1);
                     self.failed_msg(what, wce);
+                    self.lost_sight();
                     return Err(RetryAction::Ambiguous);
                 }
                 self.recovered();
@@ -315,7 +358,11 @@ impl Mongo {
             }
             Err(e) => {
                 self.failed(what, &e);
-                Err(classify(&e))
+                let action = classify(&e);
+                if action == RetryAction::Ambiguous {
+                    self.lost_sight();
+                }
+                Err(action)
             }
         }
     }
