@@ -34,6 +34,8 @@ struct BacklogMeter {
     at: Instant,
     /// Readings per second, smoothed.
     rate: f64,
+    /// The backlog last published.
+    published: u64,
 }
 
 impl BacklogMeter {
@@ -49,10 +51,18 @@ impl BacklogMeter {
         let status = core.backlog_status();
         let eta = (status.readings > 0 && self.rate > 0.5)
             .then(|| (status.readings as f64 / self.rate) as u64);
+        self.published = status.readings;
         metrics::gauge!(telemetry::BACKLOG_READINGS).set(status.readings as f64);
         metrics::gauge!(telemetry::BACKLOG_DRAIN_RATE).set(self.rate);
         metrics::gauge!(telemetry::BACKLOG_ETA_SECONDS).set(eta.unwrap_or(0) as f64);
         health.set_backlog(status.readings, eta);
+    }
+
+    /// When to publish again while the pipeline waits: a backlog that was
+    /// published must be seen to drain (its last flush may be followed by
+    /// nothing to do for a long time).
+    fn due(&self) -> Option<Instant> {
+        (self.published > 0 || self.rate > 0.5).then(|| self.at + Duration::from_secs(1))
     }
 }
 
@@ -74,6 +84,7 @@ pub async fn run(
         drained: 0,
         at: Instant::now(),
         rate: 0.0,
+        published: 0,
     };
     let pending = metrics::gauge!(telemetry::PENDING_SAMPLES);
     let pending_bytes = metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "pending");
@@ -146,6 +157,7 @@ pub async fn run(
                     }
                 }
                 _ = tokio::time::sleep_until(core.deadline().into()) => {}
+                _ = tokio::time::sleep_until(meter.due().unwrap_or_else(Instant::now).into()), if meter.due().is_some() => {}
                 _ = abort.cancelled() => return Err(core.leftover()),
             }
             continue;

@@ -379,6 +379,9 @@ max_inflight = 100
 [mongodb]
 uri = "{uri}"
 database = "{name}"
+# Short (the default is 10s): a restart after a kill waits this long plus
+# 1 s before reading what the killed run's last write applied.
+write_time_limit = "2s"
 
 [flush]
 max_delay = "1s"
