@@ -328,11 +328,43 @@ impl<'a> FromIterator<SampleRef<'a>> for Samples {
     }
 }
 
-/// What the gateway last knew of a bucket's fill.
+/// What the gateway last knew of a window's newest bucket: its sequence
+/// number in the window ([`bucket_id`]) and its fill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Fill {
     pub count: u32,
     pub bytes: u32,
+    pub seq: u32,
+}
+
+impl Fill {
+    /// A sealed bucket: nothing more goes in; the next is `seq + 1`.
+    pub fn sealed(seq: u32) -> Fill {
+        Fill {
+            count: u32::MAX / 2,
+            bytes: u32::MAX / 2,
+            seq,
+        }
+    }
+}
+
+/// A bucket's `_id`: `<sensorId>|<window start, ms>|<sequence number>`, the
+/// n-th bucket of the sensor's window. Every upsert names its bucket by it,
+/// a point lookup on the one index every collection has (on SecantusDB
+/// about 5,000 statements/s however many buckets a sensor has, against 400/s
+/// for a filter on `{sensorId, startTs}` and the caps at 1,000 windows per
+/// sensor). Unambiguous: the last two fields hold no `|`.
+pub fn bucket_id(sensor: &str, start_ms: i64, seq: u32) -> String {
+    format!("{sensor}|{start_ms}|{seq}")
+}
+
+/// The sequence number of a [`bucket_id`] (`None` for another `_id`, as
+/// the ObjectIds of buckets written before palletd addressed them).
+pub fn seq_of(id: &str) -> Option<u32> {
+    let (rest, seq) = id.rsplit_once('|')?;
+    let (_, start) = rest.rsplit_once('|')?;
+    start.parse::<i64>().ok()?;
+    seq.parse().ok()
 }
 
 /// What palletd knows of one sensor's open buckets: the fill per window
@@ -399,6 +431,10 @@ pub struct Statement {
     /// The fill of the bucket this statement expects to extend; `None` when
     /// it expects to start a new bucket (or the fill is unknown).
     pub base: Option<Fill>,
+    /// The bucket it writes ([`bucket_id`]): the one it extends, or the
+    /// next. A bucket there that it does not fit makes the upsert's insert
+    /// collide on `_id` (E11000): it goes to `seq + 1` ([`Statement::collided`]).
+    pub seq: u32,
     /// The spool id its samples were written under ([`crate::tags`]): a
     /// statement never carries samples of two.
     pub tag: u32,
@@ -415,15 +451,24 @@ impl Statement {
         let k = Fill {
             count: self.count(),
             bytes: self.bytes,
+            seq: self.seq,
         };
         match (inserted, self.base) {
             (true, _) => Some(k),
             (false, Some(b)) => Some(Fill {
                 count: b.count + k.count,
                 bytes: b.bytes + k.bytes,
+                seq: self.seq,
             }),
             (false, None) => None,
         }
+    }
+
+    /// Its bucket is there and it does not fit (full, or sealed): it goes
+    /// to the next one, whose fill is unknown.
+    pub fn collided(&mut self) {
+        self.seq += 1;
+        self.base = None;
     }
 
     /// `{q, u, upsert: true}` for the `update` command; `samples` is the run
@@ -432,7 +477,10 @@ impl Statement {
         let k = self.count();
         let start = bson::DateTime::from_millis(self.start_ms);
         let end = bson::DateTime::from_millis(self.start_ms + shape.window_ms);
+        // `sensorId` and `startTs` as equalities too: the shard key of a
+        // collection sharded on them, and copied into an inserted bucket.
         let q = rawdoc! {
+            "_id": bucket_id(sensor, self.start_ms, self.seq),
             "sensorId": sensor,
             "startTs": start,
             "closed": false,
@@ -550,17 +598,24 @@ pub fn plan(samples: &Samples, memory: &mut Fills, shape: &Shape, tags: &Tags) -
         names.clear();
         names.extend(sample.nums().map(|(n, _)| n));
         let bytes = sample.cost();
-        // Extend the remembered bucket if this sample fits, else start anew.
-        let base = memory
-            .get(&start)
-            .copied()
-            .filter(|f| f.count < shape.max_samples && f.bytes + bytes <= shape.max_bytes);
+        // Extend the remembered bucket if this sample fits, else start the
+        // next (the first of a window palletd knows nothing of).
+        let known = memory.get(&start).copied();
+        let base = known.filter(|f| {
+            f.count < shape.max_samples && f.bytes.saturating_add(bytes) <= shape.max_bytes
+        });
+        let seq = match (base, known) {
+            (Some(b), _) => b.seq,
+            (None, Some(k)) => k.seq + 1,
+            (None, None) => 0,
+        };
         current = Some(Statement {
             start_ms: start,
             range: i..i + 1,
             bytes,
             base,
             tag,
+            seq,
         });
     }
     if let Some(st) = current {
@@ -576,6 +631,7 @@ fn close_statement(st: Statement, memory: &mut Fills, out: &mut Vec<Statement>) 
         Fill {
             count: base.count + st.count(),
             bytes: base.bytes + st.bytes,
+            seq: st.seq,
         },
     );
     out.push(st);
@@ -652,37 +708,112 @@ mod tests {
         assert!(whole.is_empty());
     }
 
-    /// A model of the database: buckets and the filter semantics of the upsert.
+    /// A model of the database: buckets by `_id` and the filter semantics
+    /// of the upsert.
     #[derive(Default)]
     struct Db {
-        buckets: Vec<(i64, bool, u32, u32, Vec<u64>)>, // start, closed, count, size, msgs
+        buckets: Vec<B>,
+    }
+
+    struct B {
+        start: i64,
+        seq: u32,
+        closed: bool,
+        count: u32,
+        size: u32,
+        msgs: Vec<u64>,
     }
 
     impl Db {
-        /// Applies a statement; returns whether it inserted.
-        fn apply(&mut self, st: &Statement, samples: &Samples, shape: &Shape) -> bool {
+        /// Applies a statement: `Ok(inserted)`, or `Err` for E11000 (its
+        /// bucket is there and it does not fit).
+        fn apply(&mut self, st: &Statement, samples: &Samples, shape: &Shape) -> Result<bool, ()> {
             let k = st.count();
-            let found = self.buckets.iter_mut().find(|b| {
-                b.0 == st.start_ms
-                    && !b.1
-                    && b.2 <= shape.max_samples - k
-                    && b.3 <= shape.max_bytes - st.bytes
-            });
             let msgs = st.range.clone().map(|i| samples.get(i).lsn);
-            match found {
-                Some(b) => {
-                    b.2 += k;
-                    b.3 += st.bytes;
-                    b.4.extend(msgs);
-                    false
+            match self
+                .buckets
+                .iter_mut()
+                .find(|b| (b.start, b.seq) == (st.start_ms, st.seq))
+            {
+                Some(b)
+                    if !b.closed
+                        && b.count <= shape.max_samples - k
+                        && b.size <= shape.max_bytes - st.bytes =>
+                {
+                    b.count += k;
+                    b.size += st.bytes;
+                    b.msgs.extend(msgs);
+                    Ok(false)
                 }
+                Some(_) => Err(()),
                 None => {
-                    self.buckets
-                        .push((st.start_ms, false, k, st.bytes, msgs.collect()));
-                    true
+                    self.buckets.push(B {
+                        start: st.start_ms,
+                        seq: st.seq,
+                        closed: false,
+                        count: k,
+                        size: st.bytes,
+                        msgs: msgs.collect(),
+                    });
+                    Ok(true)
                 }
             }
         }
+
+        /// Applies a statement as the store does, going to the next bucket
+        /// on a collision, and records the fill it learned. Returns the
+        /// collisions.
+        fn write(
+            &mut self,
+            st: &Statement,
+            samples: &Samples,
+            shape: &Shape,
+            memory: &mut Fills,
+        ) -> u32 {
+            let mut st = st.clone();
+            let mut collisions = 0;
+            let inserted = loop {
+                match self.apply(&st, samples, shape) {
+                    Ok(inserted) => break inserted,
+                    Err(()) => {
+                        st.collided();
+                        collisions += 1;
+                    }
+                }
+            };
+            match st.fill_after(inserted) {
+                Some(f) => memory.insert(st.start_ms, f),
+                None => memory.remove(&st.start_ms),
+            }
+            collisions
+        }
+    }
+
+    /// A bucket's `_id` names its sensor, window and sequence number
+    /// unambiguously, whatever the sensor id holds; another `_id` has none.
+    #[test]
+    fn a_bucket_id_gives_back_its_sequence_number() {
+        for (sensor, start, seq) in [("s-1", 3_600_000, 0), ("a|1|2", -1000, 7), ("", 0, 42)] {
+            let id = bucket_id(sensor, start, seq);
+            assert_eq!(seq_of(&id), Some(seq), "{id}");
+            assert!(id.starts_with(sensor));
+        }
+        assert_ne!(bucket_id("a|1", 2, 3), bucket_id("a", 12, 3));
+        assert_eq!(seq_of("64f0c0ffee00000000000000"), None);
+        assert_eq!(seq_of("a|b|c"), None);
+        let samples = owned([sample(1500, 1, 0)]);
+        let st = &plan(&samples, &mut Fills::new(), &SHAPE, &ONE)[0];
+        let d = bson::Document::try_from(st.to_bson("s", &samples, &SHAPE).as_ref()).unwrap();
+        let q = d.get_document("q").unwrap();
+        assert_eq!(
+            q.get_str("_id"),
+            Ok("s|1000|0"),
+            "the first bucket of its window"
+        );
+        let mut next = st.clone();
+        next.collided();
+        let d = bson::Document::try_from(next.to_bson("s", &samples, &SHAPE).as_ref()).unwrap();
+        assert_eq!(d.get_document("q").unwrap().get_str("_id"), Ok("s|1000|1"));
     }
 
     #[test]
@@ -692,6 +823,7 @@ mod tests {
             Fill {
                 count: 3,
                 bytes: 60,
+                seq: 0,
             },
         )]);
         let samples = owned((0..9).map(|i| sample(i, i as u64, 0)));
@@ -702,7 +834,8 @@ mod tests {
             out[0].base,
             Some(Fill {
                 count: 3,
-                bytes: 60
+                bytes: 60,
+                seq: 0,
             })
         );
         assert_eq!(out[1].base, None);
@@ -722,7 +855,8 @@ mod tests {
             out[2].base,
             Some(Fill {
                 count: 2,
-                bytes: out[0].bytes
+                bytes: out[0].bytes,
+                seq: 0,
             })
         );
     }
@@ -804,6 +938,7 @@ mod tests {
             bytes: 40,
             base: None,
             tag: 0xab,
+            seq: 0,
         };
         let field = lsns_field(0xab);
         assert_eq!(field, "lsns.s000000ab");
@@ -900,23 +1035,19 @@ mod tests {
                 let samples = owned(made.iter().cloned());
                 for s in made { all.insert(s.lsn, s); }
                 for st in plan(&samples, &mut memory, &shape, &ONE) {
-                    let inserted = db.apply(&st, &samples, &shape);
-                    match st.fill_after(inserted) {
-                        Some(f) => { memory.insert(st.start_ms, f); }
-                        None => { memory.remove(&st.start_ms); }
-                    }
+                    db.write(&st, &samples, &shape, &mut memory);
                 }
             }
             for b in &db.buckets {
-                let samples: Vec<&Sample> = b.4.iter().map(|l| &all[l]).collect();
+                let samples: Vec<&Sample> = b.msgs.iter().map(|l| &all[l]).collect();
                 let names: std::collections::HashSet<&str> = samples.iter().flat_map(|s| s.as_ref().nums().map(|(n, _)| n)).collect();
                 // An entry per name in each of sum, n, min, max and the
                 // seal's avg, as BSON writes it.
                 let entry = |n: &str| bson::to_vec(&bson::doc! { n: 0.0f64 }).unwrap().len() as u32 - 5;
                 let held = samples.iter().map(|s| s.bytes()).sum::<u32>()
                     + names.iter().map(|n| 5 * entry(n)).sum::<u32>();
-                prop_assert!(held <= b.3, "holds {} for a counted size of {}", held, b.3);
-                prop_assert!(b.3 <= shape.max_bytes);
+                prop_assert!(held <= b.size, "holds {} for a counted size of {}", held, b.size);
+                prop_assert!(b.size <= shape.max_bytes);
             }
         }
 
@@ -935,22 +1066,22 @@ mod tests {
             for (i, batch) in flushes.iter().enumerate() {
                 if forget[i] { memory = Fills::new(); }
                 let samples = owned(batch.iter().map(|(ts, pad)| { msg += 1; sent.push(msg); sample(*ts, msg, *pad) }));
+                let known = memory.clone();
                 let out = plan(&samples, &mut memory, &SHAPE, &ONE);
                 prop_assert_eq!(out.iter().flat_map(|st| st.range.clone()).collect::<Vec<_>>(), (0..samples.len()).collect::<Vec<_>>());
                 for st in &out {
                     prop_assert!(st.count() >= 1);
                     prop_assert!(st.range.clone().all(|i| SHAPE.window_start(samples.get(i).ts_ms) == st.start_ms));
-                    let inserted = db.apply(st, &samples, &SHAPE);
-                    match st.fill_after(inserted) {
-                        Some(f) => { memory.insert(st.start_ms, f); }
-                        None => { memory.remove(&st.start_ms); }
-                    }
+                    let collisions = db.write(st, &samples, &SHAPE, &mut memory);
+                    // What palletd remembers is right: a statement only
+                    // collides in a window it knew nothing of.
+                    prop_assert!(collisions == 0 || !known.contains_key(&st.start_ms), "{} collisions", collisions);
                 }
             }
-            let mut stored: Vec<u64> = db.buckets.iter().flat_map(|b| b.4.iter().copied()).collect();
+            let mut stored: Vec<u64> = db.buckets.iter().flat_map(|b| b.msgs.iter().copied()).collect();
             for b in &db.buckets {
-                prop_assert!(b.2 <= SHAPE.max_samples && b.3 <= SHAPE.max_bytes);
-                prop_assert!(b.4.windows(2).all(|w| w[0] < w[1]), "arrival order kept");
+                prop_assert!(b.count <= SHAPE.max_samples && b.size <= SHAPE.max_bytes);
+                prop_assert!(b.msgs.windows(2).all(|w| w[0] < w[1]), "arrival order kept");
             }
             stored.sort();
             prop_assert_eq!(stored, sent);
@@ -973,26 +1104,22 @@ mod tests {
                 let samples = owned(batch.iter().map(|(ts, pad)| { msg += 1; sent.push(msg); sample(*ts, msg, *pad) }));
                 let out = plan(&samples, &mut memory, &SHAPE, &ONE);
                 for st in &out {
-                    let sealed_before: Vec<(u32, usize)> = db.buckets.iter().filter(|b| b.1).map(|b| (b.2, b.4.len())).collect();
-                    let inserted = db.apply(st, &samples, &SHAPE);
-                    let sealed_after: Vec<(u32, usize)> = db.buckets.iter().filter(|b| b.1).map(|b| (b.2, b.4.len())).collect();
+                    let sealed_before: Vec<(u32, usize)> = db.buckets.iter().filter(|b| b.closed).map(|b| (b.count, b.msgs.len())).collect();
+                    db.write(st, &samples, &SHAPE, &mut memory);
+                    let sealed_after: Vec<(u32, usize)> = db.buckets.iter().filter(|b| b.closed).map(|b| (b.count, b.msgs.len())).collect();
                     prop_assert_eq!(sealed_before, sealed_after, "a sealed bucket was written");
-                    match st.fill_after(inserted) {
-                        Some(f) => { memory.insert(st.start_ms, f); }
-                        None => { memory.remove(&st.start_ms); }
-                    }
                 }
                 if let Some(cutoff) = closer_cutoff {
-                    for b in db.buckets.iter_mut().filter(|b| b.0 + SHAPE.window_ms <= *cutoff) {
-                        b.1 = true;
+                    for b in db.buckets.iter_mut().filter(|b| b.start + SHAPE.window_ms <= *cutoff) {
+                        b.closed = true;
                     }
                     memory.retain(|start, _| start + SHAPE.window_ms > *cutoff);
                 }
             }
             for b in &db.buckets {
-                prop_assert!(b.2 <= SHAPE.max_samples && b.3 <= SHAPE.max_bytes);
+                prop_assert!(b.count <= SHAPE.max_samples && b.size <= SHAPE.max_bytes);
             }
-            let mut stored: Vec<u64> = db.buckets.iter().flat_map(|b| b.4.iter().copied()).collect();
+            let mut stored: Vec<u64> = db.buckets.iter().flat_map(|b| b.msgs.iter().copied()).collect();
             stored.sort();
             prop_assert_eq!(stored, sent);
         }

@@ -381,6 +381,7 @@ async fn a_refused_sample_is_dead_lettered_even_when_palletd_is_killed_right_aft
         .database("refused")
         .collection::<bson::Document>("readings")
         .insert_one(bson::doc! {
+            "_id": format!("r1|{previous}|0"),
             "sensorId": "r1", "startTs": bson::DateTime::from_millis(previous),
             "endTs": bson::DateTime::from_millis(current), "closed": false,
             "count": 0, "size": 0, "sum": "not a number",

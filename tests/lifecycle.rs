@@ -65,16 +65,19 @@ async fn closer_seals_ended_windows_and_late_samples_start_a_second_bucket() {
         },
     )
     .await;
+    // Each bucket addressed by sensor, window and its number in the window.
+    assert_eq!(sealed.get_str("_id"), Ok(format!("c1|{w0}|0").as_str()));
     let buckets = stack.docs("readings").await;
     let first = buckets
         .iter()
-        .find(|b| b.get_object_id("_id") == sealed.get_object_id("_id"))
+        .find(|b| b.get("_id") == sealed.get("_id"))
         .unwrap();
     assert_eq!(first, &sealed, "a sealed bucket is never written again");
     let late = buckets
         .iter()
-        .find(|b| b.get_object_id("_id") != sealed.get_object_id("_id"))
+        .find(|b| b.get("_id") != sealed.get("_id"))
         .unwrap();
+    assert_eq!(late.get_str("_id"), Ok(format!("c1|{w0}|1").as_str()));
     assert_eq!(late.get_datetime("startTs").unwrap().timestamp_millis(), w0);
     assert_eq!(seqs(late), vec![99]);
     check_sealed(late);
@@ -420,4 +423,60 @@ async fn legacy_and_pipeline_seals_agree() {
         d.remove("sensorId");
     }
     assert_eq!(docs[0], docs[1]);
+}
+
+/// A bucket written before buckets were addressed by `_id` (an ObjectId)
+/// is left alone: readings of its window go to a bucket of the new form,
+/// and a read returns both. Its own samples are never duplicated or lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_of_an_earlier_version_is_read_and_left_alone() {
+    let db = Database::start();
+    let client = db.client().await;
+    let w0 = now_ms().div_euclid(HOUR_MS) * HOUR_MS;
+    let t = bson::DateTime::from_millis;
+    let old = doc! {
+        "_id": bson::oid::ObjectId::new(),
+        "sensorId": "o1", "startTs": t(w0), "endTs": t(w0 + HOUR_MS), "closed": false,
+        "count": 2, "size": 60,
+        "sum": { "v": 3.0 }, "n": { "v": 2 }, "min": { "v": 1.0 }, "max": { "v": 2.0 },
+        "minTs": t(w0 + 1000), "maxTs": t(w0 + 2000),
+        "samples": [ { "ts": t(w0 + 1000), "seq": 0.0, "v": 1.0 }, { "ts": t(w0 + 2000), "seq": 1.0, "v": 2.0 } ],
+    };
+    client
+        .database("oldform")
+        .collection::<Document>("readings")
+        .insert_one(old.clone())
+        .await
+        .unwrap();
+    let mut stack = Stack::on(Broker::start(), db, "oldform", |c| c).await;
+    let mut publisher = stack.publisher().await;
+    for seq in 2..4 {
+        let v = serde_json::json!({ "ts": w0 + 1000 * (seq + 1), "seq": seq, "v": seq as f64 });
+        publisher.json("o1", v).await;
+    }
+    publisher.flush().await;
+    stack.wait_stored(4).await;
+    let docs = stack.docs("readings").await;
+    assert_eq!(docs.len(), 2, "{docs:?}");
+    let kept = docs
+        .iter()
+        .find(|d| d.get("_id") == old.get("_id"))
+        .unwrap();
+    assert_eq!(kept, &old, "left alone");
+    let new = docs
+        .iter()
+        .find(|d| d.get("_id") != old.get("_id"))
+        .unwrap();
+    assert_eq!(new.get_str("_id"), Ok(format!("o1|{w0}|0").as_str()));
+    assert_eq!(seqs(new), vec![2, 3]);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = stack.config.write_to(dir.path(), "palletd.toml");
+    let out = query_ok(&cfg, &["--sensor", "o1"]);
+    let seqs: Vec<i64> = out
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|v| v["seq"].as_f64().unwrap() as i64)
+        .collect();
+    assert_eq!(seqs, vec![0, 1, 2, 3], "{out}");
+    stack.stop();
 }

@@ -7,9 +7,11 @@
 //!   `retention.expire_after`.
 //! - **Write**: one ordered `update` command per flush (split only at the
 //!   server's limits), one upsert per run of a sensor's consecutive samples
-//!   in one window. Before planning, the fill of open buckets palletd has no
-//!   memory of is learned with one indexed query, so a restart continues a
-//!   half-full bucket.
+//!   in one window, addressed by the bucket's `_id` ([`bucket::bucket_id`]);
+//!   an E11000 on it (the bucket is full or sealed) sends the statement to
+//!   the window's next bucket. Before planning, the newest bucket of each
+//!   window palletd has no memory of is learned with bounded lookups, so a
+//!   restart continues a half-full bucket.
 //! - **What a replay already applied**: every statement pushes its first
 //!   and last LSN onto the bucket's `lsns.<spool>` ([`bucket::lsns_field`]),
 //!   so an uncertain sample is in MongoDB iff a bucket of its sensor and
@@ -51,6 +53,14 @@ use crate::tags::Tags;
 
 /// Name of the TTL index on the buckets' `endTs`.
 pub const TTL_INDEX: &str = "endTs_ttl";
+
+/// E11000: an upsert's insert found its `_id` taken.
+const DUPLICATE_KEY: i32 = 11000;
+
+/// Buckets of one window a statement tries before its samples are
+/// refused (dead-lettered): past them something else than full buckets
+/// makes the upsert collide (a unique index of the user's, say).
+const MAX_SEQ: u32 = 1_000_000;
 
 /// First wire version with `$sortArray` (MongoDB 5.2).
 const WIRE_VERSION_SORT_ARRAY: i32 = 15;
@@ -174,7 +184,7 @@ impl Buckets {
         let mut written = Written::default();
         self.learn_fills(mongo, batch).await;
         let shape = self.shape;
-        let plans: Vec<Vec<bucket::Statement>> = batch
+        let mut plans: Vec<Vec<bucket::Statement>> = batch
             .runs
             .iter_mut()
             .map(|r| {
@@ -234,6 +244,16 @@ impl Buckets {
             next += applied;
             match first_error {
                 None => backoff.reset(),
+                // Its bucket is there and it does not fit (full or sealed,
+                // beyond what palletd knew): the next bucket, at once.
+                Some((_, DUPLICATE_KEY, _))
+                    if plans[order[next].0][order[next].1].seq < MAX_SEQ =>
+                {
+                    let (r, s) = order[next];
+                    plans[r][s].collided();
+                    metrics::counter!(crate::telemetry::BUCKET_COLLISIONS).increment(1);
+                    backoff.reset();
+                }
                 Some((_, code, msg)) => {
                     let kind = StatementError::of_code(code);
                     count_statement_error(kind);
@@ -508,43 +528,55 @@ fn settle(fills: &mut bucket::Fills, st: &bucket::Statement, applied: Option<boo
     }
 }
 
-/// The fill of the open buckets of (sensor, window start) pairs. Where a
-/// window has several open buckets, the emptiest is reported; a pair with
-/// no open bucket is absent.
+/// What is known of the newest bucket of (sensor, window start) pairs:
+/// the one with the highest sequence number ([`bucket::bucket_id`]), its
+/// fill, or [`Fill::sealed`] if the closer sealed it. A pair without such a
+/// bucket is absent (buckets written before buckets were addressed by
+/// `_id`, with an ObjectId, are left alone: read and sealed, never written
+/// again).
 async fn open_fills(
     coll: &Collection<Document>,
     lookups: &[Lookup<'_>],
 ) -> mongodb::error::Result<HashMap<(String, i64), Fill>> {
-    let mut best: HashMap<(String, i64), Fill> = HashMap::new();
+    let mut newest: HashMap<(String, i64), Fill> = HashMap::new();
     for l in lookups {
-        let mut filter = l.filter();
-        filter.insert("closed", false);
         let cursor = coll
-            .find(filter)
-            .projection(doc! { "_id": 0, "sensorId": 1, "startTs": 1, "count": 1, "size": 1 })
+            .find(l.filter())
+            .projection(
+                doc! { "_id": 1, "sensorId": 1, "startTs": 1, "count": 1, "size": 1, "closed": 1 },
+            )
             .await?;
-        emptiest_open(cursor, &mut best).await?;
+        newest_buckets(cursor, &mut newest).await?;
     }
-    Ok(best)
+    Ok(newest)
 }
 
-/// Keeps, per (sensor, window start), the fill of the emptiest bucket.
-async fn emptiest_open(
+/// Keeps, per (sensor, window start), what is known of its newest bucket.
+async fn newest_buckets(
     mut cursor: mongodb::Cursor<Document>,
-    best: &mut HashMap<(String, i64), Fill>,
+    newest: &mut HashMap<(String, i64), Fill>,
 ) -> mongodb::error::Result<()> {
     while cursor.advance().await? {
         let d = cursor.deserialize_current()?;
-        let (Ok(sensor), Ok(start)) = (d.get_str("sensorId"), d.get_datetime("startTs")) else {
+        let (Ok(sensor), Ok(start), Some(seq)) = (
+            d.get_str("sensorId"),
+            d.get_datetime("startTs"),
+            d.get_str("_id").ok().and_then(bucket::seq_of),
+        ) else {
             continue;
         };
-        let fill = Fill {
-            count: d.get_i32("count").unwrap_or(0).max(0) as u32,
-            bytes: d.get_i32("size").unwrap_or(0).max(0) as u32,
+        let fill = match d.get_bool("closed") {
+            Ok(false) => Fill {
+                count: d.get_i32("count").unwrap_or(0).max(0) as u32,
+                bytes: d.get_i32("size").unwrap_or(0).max(0) as u32,
+                seq,
+            },
+            _ => Fill::sealed(seq),
         };
-        best.entry((sensor.to_string(), start.timestamp_millis()))
+        newest
+            .entry((sensor.to_string(), start.timestamp_millis()))
             .and_modify(|f| {
-                if fill.count < f.count {
+                if fill.seq > f.seq {
                     *f = fill;
                 }
             })

@@ -34,6 +34,9 @@ pub const STATEMENTS: &str = "palletd_statements_total";
 /// `MAX_STATEMENTS_PER_FLUSH`, about).
 pub const FLUSH_STATEMENTS_MAX: &str = "palletd_flush_statements_max";
 pub const BUCKETS_CREATED: &str = "palletd_buckets_created_total";
+/// Upserts whose bucket (`_id`) was there but full or sealed beyond what
+/// palletd knew: sent again to the next bucket of the window.
+pub const BUCKET_COLLISIONS: &str = "palletd_bucket_id_collisions_total";
 pub const BUCKETS_SEALED: &str = "palletd_buckets_sealed_total";
 /// Bytes of bucket documents the database rewrote for applied statements
 /// (a `$push` rewrites the whole bucket): the write amplification.
@@ -134,6 +137,10 @@ pub fn describe() {
         "The most statements one flush applied since start."
     );
     describe_counter!(BUCKETS_CREATED, "Buckets created by an upsert.");
+    describe_counter!(
+        BUCKET_COLLISIONS,
+        "Upserts that found their bucket full or sealed (E11000 on _id) and went to the next one."
+    );
     describe_counter!(BUCKETS_SEALED, "Buckets sealed by the closer.");
     describe_counter!(
         BYTES_REWRITTEN,
