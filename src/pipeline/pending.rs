@@ -5,7 +5,8 @@
 //!
 //! # When a sensor is due
 //! Like a partitioned batcher with a batch and a timer per key: a sensor is
-//! *ready* once its samples fill its open bucket (by count or bytes), and
+//! *ready* once its samples fill its open bucket (by count or bytes) or
+//! span three windows or more (history: waiting fills nothing), and
 //! *due* once its oldest pending sample has waited `flush.max_delay`. Each
 //! time a sensor's queue goes from empty to holding something, its deadline
 //! joins a FIFO (deadlines are arrival time plus the same delay, so the
@@ -279,7 +280,14 @@ impl Pending {
         let fill = s.fills.get(&start).copied().unwrap_or_default();
         let full = fill.count as usize + s.samples.len() >= shape.max_samples as usize
             || fill.bytes as usize + s.samples.bytes() >= shape.max_bytes as usize;
-        if full {
+        // Samples of three windows or more (history arriving, not a live
+        // sensor crossing into the next window): the statements of the
+        // older ones gain nothing by waiting.
+        let spans = s
+            .samples
+            .first()
+            .is_some_and(|f| shape.window_start(f.ts_ms) + shape.window_ms < start);
+        if full || spans {
             s.ready = true;
             self.ready.push(id);
         }
