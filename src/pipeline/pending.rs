@@ -685,6 +685,20 @@ mod tests {
         assert_eq!(names(&p, &due), vec!["b"], "b's oldest waited 1 s");
     }
 
+    /// History arriving: samples of three windows make the sensor ready at
+    /// once; a live sensor crossing into the next window (two) waits.
+    #[test]
+    fn a_sensor_holding_three_windows_is_ready_at_once() {
+        let minute = SHAPE.window_ms;
+        let mut p = Pending::new(SHAPE, 0, 1000);
+        p.push("live", sample(minute - 1, 1).as_ref(), 0);
+        p.push("live", sample(minute, 2).as_ref(), 0);
+        p.push("history", sample(0, 3).as_ref(), 0);
+        p.push("history", sample(2 * minute, 4).as_ref(), 0);
+        let due = p.due(10, false, usize::MAX);
+        assert_eq!(names(&p, &due), vec!["history"]);
+    }
+
     #[test]
     fn a_flush_takes_at_most_so_many_sensors_and_the_rest_wait_their_turn() {
         let mut p = Pending::new(SHAPE, 0, 1000);
