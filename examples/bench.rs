@@ -2345,7 +2345,8 @@ fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
         let want_rollups = if label == "rollups off" {
             0
         } else {
-            args.sensors * (intervals(3_600_000) + intervals(86_400_000) + intervals(7 * 86_400_000))
+            args.sensors
+                * (intervals(3_600_000) + intervals(86_400_000) + intervals(7 * 86_400_000))
         };
         let mut rollups_s = None;
         while want_rollups > 0 && started.elapsed() < Duration::from_secs(1800) {
