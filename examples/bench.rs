@@ -516,15 +516,7 @@ fn closer(args: CloserArgs) -> anyhow::Result<()> {
     ] {
         eprintln!("== closer, {label}");
         let svc = Services::start(&args.run)?;
-        let sink = start_sink_with(
-            &args.run,
-            "buckets",
-            &svc,
-            &svc.mongodb_uri(),
-            "",
-            "",
-            &tail,
-        )?;
+        let sink = buckets_sink(&args.run, &svc, &tail)?;
         let port = sink.procs[0].1;
         let mut before = closer_figures(&sink)?;
         before.seconds = histogram_sum(port, palletd::telemetry::CLOSER_SECONDS)?;
@@ -1031,6 +1023,12 @@ struct Sink {
 
 fn start_sink(args: &RunArgs, kind: &str, svc: &Services) -> anyhow::Result<Sink> {
     start_sink_with(args, kind, svc, &svc.mongodb_uri(), "", "", "")
+}
+
+/// One palletd in buckets mode with `tail` (more TOML) at the end of its
+/// configuration.
+fn buckets_sink(args: &RunArgs, svc: &Services, tail: &str) -> anyhow::Result<Sink> {
+    start_sink_with(args, "buckets", svc, &svc.mongodb_uri(), "", "", tail)
 }
 
 /// A palletd scenario's storage mode and number of instances:
@@ -2282,15 +2280,7 @@ fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
         let svc = Services::start(&args.run)?;
         let probe = rt.block_on(probe_upserts(&svc.mongodb_uri(), 9000))?;
         eprintln!("  probe: {probe:.0} single-sample upserts/s by _id");
-        let sink = start_sink_with(
-            &args.run,
-            "buckets",
-            &svc,
-            &svc.mongodb_uri(),
-            "",
-            "",
-            &tail,
-        )?;
+        let sink = buckets_sink(&args.run, &svc, &tail)?;
         let port = sink.procs[0].1;
         let now = chrono::Utc::now().timestamp_millis() / 3_600_000 * 3_600_000;
         let first = now - args.hours as i64 * 3_600_000;
