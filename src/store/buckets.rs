@@ -250,7 +250,7 @@ impl Buckets {
                     if plans[order[next].0][order[next].1].seq < MAX_SEQ =>
                 {
                     let (r, s) = order[next];
-                    plans[r][s].collided();
+                    bucket::collided(&mut plans[r], s);
                     metrics::counter!(crate::telemetry::BUCKET_COLLISIONS).increment(1);
                     backoff.reset();
                 }
