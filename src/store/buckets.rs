@@ -255,7 +255,12 @@ impl Buckets {
                     backoff.reset();
                 }
                 Some((_, code, msg)) => {
-                    let kind = StatementError::of_code(code);
+                    // (A collision past MAX_SEQ buckets is refused: retried
+                    // as a transient error it would be sent for ever.)
+                    let kind = match code {
+                        DUPLICATE_KEY => StatementError::Permanent,
+                        _ => StatementError::of_code(code),
+                    };
                     count_statement_error(kind);
                     match kind {
                         StatementError::Transient => {
