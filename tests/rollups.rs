@@ -249,6 +249,52 @@ async fn time_series_rollups_equal_the_raw_readings_after_late_data_and_a_kill()
     rollups_equal_the_raw_readings("tsrollups", true).await;
 }
 
+/// A bucket palletd 0.1 wrote (an ObjectId `_id`, no `first` and `last`)
+/// and today's buckets in one interval: the rollup merges the old one's
+/// summaries and its samples' first and last with the new ones'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollup_merges_buckets_of_palletd_0_1_with_todays() {
+    let mut stack = Stack::start("oldrollup", |c| {
+        c.window("1s")
+            .closer("200ms", "1s")
+            .max_delay("200ms")
+            .rollup("4s", false, None)
+    })
+    .await;
+    let t0 = (now_ms() - 20_000).div_euclid(4000) * 4000;
+    let old: Vec<Reading> = [(t0 + 1500, 7.5), (t0 + 1100, -2.0), (t0 + 1900, 3.0)]
+        .into_iter()
+        .map(|(ts, v)| ("o1".to_string(), ts, vec![("temp", serde_json::json!(v))]))
+        .collect();
+    let at = |ms: i64| bson::DateTime::from_millis(ms);
+    let samples: Vec<Document> = old
+        .iter()
+        .map(|r| bson::doc! { "ts": at(r.1), "temp": r.2[0].1.as_f64().unwrap() })
+        .collect();
+    stack
+        .client
+        .database("oldrollup")
+        .collection::<Document>("readings")
+        .insert_one(bson::doc! {
+            "sensorId": "o1", "startTs": at(t0 + 1000), "endTs": at(t0 + 2000),
+            "count": 3, "size": 120, "minTs": at(t0 + 1100), "maxTs": at(t0 + 1900),
+            "sum": { "temp": 8.5 }, "n": { "temp": 3 }, "min": { "temp": -2.0 }, "max": { "temp": 7.5 },
+            "samples": samples, "lsn": 0_i64, "closed": true,
+        })
+        .await
+        .unwrap();
+    // Today's readings of the interval, after the old bucket's (whose
+    // first is the interval's: only its samples know it).
+    let new: Vec<Reading> = [(t0 + 2200, 1.0), (t0 + 2800, 4.5)]
+        .into_iter()
+        .map(|(ts, v)| ("o1".to_string(), ts, vec![("temp", serde_json::json!(v))]))
+        .collect();
+    publish(&mut stack.publisher().await, &new).await;
+    let all: Vec<Reading> = old.into_iter().chain(new).collect();
+    rollups_match(&stack, "4s", 4000, &all).await;
+    stack.stop();
+}
+
 /// `partial = true`: the interval still open has a document, marked
 /// partial, that follows the readings.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

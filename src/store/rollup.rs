@@ -21,8 +21,14 @@
 //! `partial = true` the pass also computes the open intervals' keys, marked
 //! `partial: true`, and keeps them.
 //!
-//! Both storage modes compute from the readings: the samples of the
-//! interval's buckets, or the time series documents of the interval.
+//! Over buckets, a rollup is merged from the summaries every bucket of
+//! the interval carries (`count`, and per field `sum`, `n`, `min`, `max`,
+//! `first`, `last`: see [`crate::bucket`]), never from samples: the
+//! pass reads a range of windows of several sensors at once (at most
+//! [`SUMMARIES_PER_QUERY`] windows' summaries, streamed) and merges them
+//! in palletd. Late data lands in a later bucket of its window, so
+//! merging again is exact. Time series documents are aggregated on the
+//! server, one interval per query.
 //!
 //! The passes run on a task of their own ([`Rollups::start_passes`]),
 //! woken by each closer run with its time: computing many sensors' rollups
@@ -30,7 +36,7 @@
 //! that is still running when the closer runs again is followed by one
 //! more; the queue's versions make a pass safe beside the writes.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use bson::{doc, rawdoc, Bson, Document};
 use futures_util::TryStreamExt;
@@ -56,9 +62,6 @@ const PARKED_FOR: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// (rollup index, sensor, interval start ms).
 type Key = (usize, String, i64);
-
-/// A queue entry read back: (sensor, version, `_id`).
-type Entry = (String, i64, Bson);
 
 /// Where the readings are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +101,8 @@ struct Passes {
     base: String,
     queue: String,
     source: Source,
+    /// `bucket.window` in ms.
+    window_ms: i64,
 }
 
 impl Rollups {
@@ -121,6 +126,7 @@ impl Rollups {
                     StorageMode::Buckets => Source::Buckets,
                     StorageMode::Timeseries => Source::Timeseries,
                 },
+                window_ms: settings.bucket.window.as_millis() as i64,
             },
             wake: None,
         })
@@ -343,8 +349,8 @@ impl Passes {
         Ok(out)
     }
 
-    /// Computes the rollups of queue entries `entries`, grouped by rollup
-    /// and interval; deletes the entries (unless `partial`).
+    /// Computes the rollups of queue entries `entries`, query by query
+    /// ([`queries`]); deletes the entries (unless `partial`).
     async fn compute_keys(
         &self,
         db: &Database,
@@ -353,8 +359,8 @@ impl Passes {
         partial: bool,
         out: &mut Pass,
     ) -> mongodb::error::Result<()> {
-        // (rollup name, start) -> [(sensor, version, _id)]
-        let mut groups: BTreeMap<(String, i64), Vec<Entry>> = BTreeMap::new();
+        // rollup name -> its entries
+        let mut by_rollup: BTreeMap<String, Vec<Entry>> = BTreeMap::new();
         for e in entries {
             let Some(id) = e.get("_id") else { continue };
             // The key's parts: fields of the entry, or (an entry queued
@@ -370,84 +376,154 @@ impl Passes {
             ) else {
                 continue;
             };
-            let v = read::number(e.get("v")).unwrap_or(0.0) as i64;
-            groups
-                .entry((r.to_string(), t.timestamp_millis()))
-                .or_default()
-                .push((s.to_string(), v, id.clone()));
+            by_rollup.entry(r.to_string()).or_default().push(Entry {
+                sensor: s.to_string(),
+                start: t.timestamp_millis(),
+                version: read::number(e.get("v")).unwrap_or(0.0) as i64,
+                id: id.clone(),
+            });
         }
-        for ((name, start), keys) in groups {
-            let spec = self.specs.iter().find(|s| s.name == name);
-            for chunk in keys.chunks(SENSORS_PER_QUERY) {
-                // Keys whose rollup cannot be computed or written: parked.
-                let mut failed: Vec<(&Entry, String)> = Vec::new();
-                if let Some(spec) = spec {
-                    let sensors: Vec<&str> = chunk.iter().map(|k| k.0.as_str()).collect();
-                    let docs = match self
-                        .compute(db, spec, start, &sensors, now_ms, partial)
-                        .await
-                    {
-                        Ok(docs) => docs,
-                        // Refused by the server (not the link): each sensor
-                        // alone, so one that cannot be computed is parked
-                        // and the others go on.
-                        Err(e) if refused(&e) => {
-                            let mut docs = Vec::new();
-                            for (entry, sensor) in chunk.iter().zip(&sensors) {
-                                match self
-                                    .compute(db, spec, start, &[sensor], now_ms, partial)
-                                    .await
-                                {
-                                    Ok(d) => docs.extend(d),
-                                    Err(e) if refused(&e) => failed.push((entry, e.to_string())),
-                                    Err(e) => return Err(e),
-                                }
-                            }
-                            docs
-                        }
-                        Err(e) => return Err(e),
-                    };
-                    if !docs.is_empty() {
-                        let sensors_of: Vec<String> = docs
-                            .iter()
-                            .map(|d| d.get_str("sensorId").unwrap_or_default().to_string())
-                            .collect();
-                        let updates: Vec<Document> = docs
-                            .into_iter()
-                            .map(|d| {
-                                let q = doc! { "sensorId": d.get("sensorId").cloned().unwrap_or(Bson::Null), "start": d.get("start").cloned().unwrap_or(Bson::Null) };
-                                doc! { "q": q, "u": d, "upsert": true }
-                            })
-                            .collect();
-                        out.statements += updates.len() as u64;
-                        let coll = Rollups::collection_of(&self.base, spec);
-                        let errors = write(db, &coll, "update", "updates", updates).await?;
-                        out.written += (sensors_of.len() - errors.len()) as u64;
-                        for (i, error) in errors {
-                            let sensor = &sensors_of[i];
-                            if let Some(entry) = chunk.iter().find(|e| &e.0 == sensor) {
-                                failed.push((entry, error));
-                            }
-                        }
-                    }
-                }
-                if !failed.is_empty() {
-                    out.parked += failed.len() as u64;
-                    self.park(db, &name, &failed, now_ms).await?;
-                }
+        for (name, entries) in by_rollup {
+            let Some(spec) = self.specs.iter().find(|s| s.name == name) else {
                 // A rollup no longer configured: its keys just go.
                 if !partial {
-                    let deletes: Vec<Document> = chunk
-                        .iter()
-                        .filter(|e| !failed.iter().any(|f| std::ptr::eq(f.0, *e)))
-                        .map(|(_, v, id)| doc! { "q": { "_id": id, "v": v }, "limit": 1 })
-                        .collect();
-                    out.statements += deletes.len() as u64;
-                    if !deletes.is_empty() {
-                        write(db, &self.queue, "delete", "deletes", deletes).await?;
+                    let all: Vec<&Entry> = entries.iter().collect();
+                    self.delete(db, &all, out).await?;
+                }
+                continue;
+            };
+            let keys: Vec<(&str, i64)> = entries
+                .iter()
+                .map(|e| (e.sensor.as_str(), e.start))
+                .collect();
+            for query in self.queries_of(spec, &keys) {
+                let chunk: Vec<&Entry> = query.keys.iter().map(|&i| &entries[i]).collect();
+                self.compute_query(db, spec, &query, &chunk, now_ms, partial, out)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The queries that compute these keys of `spec`: over buckets, a
+    /// bounded range of windows for several sensors
+    /// ([`SUMMARIES_PER_QUERY`]); over time series documents, one interval.
+    fn queries_of(&self, spec: &RollupSettings, keys: &[(&str, i64)]) -> Vec<Query> {
+        let interval = spec.interval_ms();
+        match self.source {
+            Source::Buckets => {
+                let windows = (interval / self.window_ms.max(1)).max(1);
+                queries(
+                    keys,
+                    interval,
+                    (SUMMARIES_PER_QUERY / windows).max(1),
+                    |n| {
+                        (SUMMARIES_PER_QUERY / (windows * n)).clamp(1, SENSORS_PER_QUERY as i64)
+                            as usize
+                    },
+                )
+            }
+            Source::Timeseries => queries(keys, interval, 1, |_| SENSORS_PER_QUERY),
+        }
+    }
+
+    /// One query's rollups: computed, written, the keys that could not be
+    /// set aside, the others deleted (unless `partial`).
+    #[allow(clippy::too_many_arguments)]
+    async fn compute_query(
+        &self,
+        db: &Database,
+        spec: &RollupSettings,
+        query: &Query,
+        chunk: &[&Entry],
+        now_ms: i64,
+        partial: bool,
+        out: &mut Pass,
+    ) -> mongodb::error::Result<()> {
+        let wanted: HashSet<(&str, i64)> =
+            chunk.iter().map(|e| (e.sensor.as_str(), e.start)).collect();
+        // Keys whose rollup cannot be computed or written: parked.
+        let mut failed: Vec<(&Entry, String)> = Vec::new();
+        let docs = match self
+            .compute(db, spec, query, &wanted, now_ms, partial)
+            .await
+        {
+            Ok(docs) => docs,
+            // Refused by the server (not the link): each key alone, so one
+            // that cannot be computed is parked and the others go on.
+            Err(e) if refused(&e) => {
+                let mut docs = Vec::new();
+                for entry in chunk {
+                    let one = Query {
+                        sensors: vec![entry.sensor.clone()],
+                        from: entry.start,
+                        to: entry.start + spec.interval_ms(),
+                        keys: Vec::new(),
+                    };
+                    let key = HashSet::from([(entry.sensor.as_str(), entry.start)]);
+                    match self.compute(db, spec, &one, &key, now_ms, partial).await {
+                        Ok(d) => docs.extend(d),
+                        Err(e) if refused(&e) => failed.push((entry, e.to_string())),
+                        Err(e) => return Err(e),
                     }
                 }
+                docs
             }
+            Err(e) => return Err(e),
+        };
+        if !docs.is_empty() {
+            let keys_of: Vec<(String, i64)> = docs.iter().map(key_of).collect();
+            let updates: Vec<Document> = docs
+                .into_iter()
+                .map(|d| {
+                    let q = doc! { "sensorId": d.get("sensorId").cloned().unwrap_or(Bson::Null), "start": d.get("start").cloned().unwrap_or(Bson::Null) };
+                    doc! { "q": q, "u": d, "upsert": true }
+                })
+                .collect();
+            out.statements += updates.len() as u64;
+            let coll = Rollups::collection_of(&self.base, spec);
+            let errors = write(db, &coll, "update", "updates", updates).await?;
+            out.written += (keys_of.len() - errors.len()) as u64;
+            for (i, error) in errors {
+                let (sensor, start) = &keys_of[i];
+                if let Some(entry) = chunk
+                    .iter()
+                    .find(|e| &e.sensor == sensor && e.start == *start)
+                {
+                    failed.push((entry, error));
+                }
+            }
+        }
+        if !failed.is_empty() {
+            out.parked += failed.len() as u64;
+            self.park(db, &spec.name, &failed, now_ms).await?;
+        }
+        if !partial {
+            let done: Vec<&Entry> = chunk
+                .iter()
+                .filter(|e| !failed.iter().any(|f| std::ptr::eq(f.0, **e)))
+                .copied()
+                .collect();
+            self.delete(db, &done, out).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes queue entries, each only if its version is still the one
+    /// read (a write since then recorded it again).
+    async fn delete(
+        &self,
+        db: &Database,
+        entries: &[&Entry],
+        out: &mut Pass,
+    ) -> mongodb::error::Result<()> {
+        let deletes: Vec<Document> = entries
+            .iter()
+            .map(|e| doc! { "q": { "_id": &e.id, "v": e.version }, "limit": 1 })
+            .collect();
+        out.statements += deletes.len() as u64;
+        if !deletes.is_empty() {
+            write(db, &self.queue, "delete", "deletes", deletes).await?;
         }
         Ok(())
     }
@@ -465,10 +541,10 @@ impl Passes {
         let again = bson::DateTime::from_millis(now_ms + PARKED_FOR.as_millis() as i64);
         let updates: Vec<Document> = failed
             .iter()
-            .map(|((_, _, id), error)| {
+            .map(|(e, error)| {
                 let error = crate::decode::truncate(error, 512);
                 doc! {
-                    "q": { "_id": id },
+                    "q": { "_id": &e.id },
                     "u": { "$set": { "due": again, "parked": true, "error": error } },
                 }
             })
@@ -477,7 +553,7 @@ impl Passes {
         tracing::warn!(
             rollup,
             keys = failed.len(),
-            sensor = %failed[0].0 .0,
+            sensor = %failed[0].0.sensor,
             error = %failed[0].1,
             again = ?PARKED_FOR,
             "Rollups that cannot be written are set aside (the others go on); tried again later."
@@ -486,50 +562,118 @@ impl Passes {
         Ok(())
     }
 
-    /// The rollup documents of `sensors` for the interval at `start`,
-    /// computed from their readings on the server.
+    /// The rollup documents of the `wanted` keys among `query`'s sensors
+    /// and intervals.
     async fn compute(
         &self,
         db: &Database,
         spec: &RollupSettings,
-        start: i64,
-        sensors: &[&str],
+        query: &Query,
+        wanted: &HashSet<(&str, i64)>,
         now_ms: i64,
         partial: bool,
     ) -> mongodb::error::Result<Vec<Document>> {
+        let rollups = match self.source {
+            Source::Buckets => self.merge_buckets(db, spec, query, wanted).await?,
+            Source::Timeseries => self.aggregate_readings(db, spec, query).await?,
+        };
+        Ok(rollups
+            .into_iter()
+            .filter(|(k, _)| wanted.contains(&(k.0.as_str(), k.1)))
+            .map(|((sensor, start), r)| {
+                r.to_doc(&sensor, start, spec.interval_ms(), now_ms, partial)
+            })
+            .collect())
+    }
+
+    /// Rollups from the buckets' own summaries: one range read of the
+    /// summaries, never the samples, except of buckets written without
+    /// `first` and `last` (by palletd 0.1), whose first and last readings
+    /// are taken from their samples.
+    async fn merge_buckets(
+        &self,
+        db: &Database,
+        spec: &RollupSettings,
+        query: &Query,
+        wanted: &HashSet<(&str, i64)>,
+    ) -> mongodb::error::Result<BTreeMap<(String, i64), Rollup>> {
+        let coll = db.collection::<Document>(&self.base);
+        let filter = doc! {
+            "sensorId": { "$in": &query.sensors },
+            "startTs": {
+                "$gte": bson::DateTime::from_millis(query.from),
+                "$lt": bson::DateTime::from_millis(query.to),
+            },
+        };
+        let summaries = doc! {
+            "sensorId": 1, "startTs": 1, "count": 1, "sum": 1, "n": 1,
+            "min": 1, "max": 1, "first": 1, "last": 1,
+        };
+        let mut out: BTreeMap<(String, i64), Rollup> = BTreeMap::new();
+        let mut without_edges: Vec<Bson> = Vec::new();
+        let mut cursor = coll.find(filter).projection(summaries).await?;
+        while let Some(b) = cursor.try_next().await? {
+            let (Ok(sensor), Ok(start)) = (b.get_str("sensorId"), b.get_datetime("startTs")) else {
+                continue;
+            };
+            let key = (sensor, spec.start_of(start.timestamp_millis()));
+            if !wanted.contains(&key) {
+                continue;
+            }
+            let r = out.entry((key.0.to_string(), key.1)).or_default();
+            if !r.add_bucket(&b) {
+                without_edges.extend(b.get("_id").cloned());
+            }
+        }
+        for ids in without_edges.chunks(SENSORS_PER_QUERY) {
+            let mut cursor = coll
+                .find(doc! { "_id": { "$in": ids } })
+                .projection(doc! { "sensorId": 1, "startTs": 1, "samples": 1 })
+                .await?;
+            while let Some(b) = cursor.try_next().await? {
+                let (Ok(sensor), Ok(start)) = (b.get_str("sensorId"), b.get_datetime("startTs"))
+                else {
+                    continue;
+                };
+                if let Some(r) =
+                    out.get_mut(&(sensor.to_string(), spec.start_of(start.timestamp_millis())))
+                {
+                    r.add_edges_of_samples(
+                        b.get_array("samples").map(|a| a.as_slice()).unwrap_or(&[]),
+                    );
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Rollups of time series documents (one interval: `query.from`),
+    /// computed on the server; only the results travel.
+    async fn aggregate_readings(
+        &self,
+        db: &Database,
+        spec: &RollupSettings,
+        query: &Query,
+    ) -> mongodb::error::Result<BTreeMap<(String, i64), Rollup>> {
+        let start = query.from;
         let from = bson::DateTime::from_millis(start);
         let to = bson::DateTime::from_millis(start + spec.interval_ms());
         let coll = db.collection::<Document>(&self.base);
-        // The readings as {sensorId, ts, <fields>}, and their count.
-        let (mut readings, count) = match self.source {
-            Source::Buckets => (
-                vec![
-                    doc! { "$match": { "sensorId": { "$in": sensors }, "startTs": { "$gte": from, "$lt": to } } },
-                    doc! { "$unwind": "$samples" },
-                    doc! { "$replaceWith": { "$mergeObjects": [ { "sensorId": "$sensorId" }, "$samples" ] } },
-                ],
-                doc! { "$sum": { "$size": "$samples" } },
-            ),
-            Source::Timeseries => (
-                vec![
-                    doc! { "$match": { "sensorId": { "$in": sensors }, "ts": { "$gte": from, "$lt": to } } },
-                ],
-                doc! { "$sum": 1 },
-            ),
-        };
-        let mut counts: HashMap<String, i64> = HashMap::new();
-        let mut pipeline = vec![readings[0].clone()];
-        pipeline.push(doc! { "$group": { "_id": "$sensorId", "count": count } });
-        let mut cursor = coll.aggregate(pipeline).await?;
+        let matching = doc! { "$match": { "sensorId": { "$in": &query.sensors }, "ts": { "$gte": from, "$lt": to } } };
+        let mut out: BTreeMap<(String, i64), Rollup> = BTreeMap::new();
+        let counting = vec![
+            matching.clone(),
+            doc! { "$group": { "_id": "$sensorId", "count": { "$sum": 1 } } },
+        ];
+        let mut cursor = coll.aggregate(counting).await?;
         while let Some(row) = cursor.try_next().await? {
             if let Ok(s) = row.get_str("_id") {
-                counts.insert(
-                    s.to_string(),
-                    read::number(row.get("count")).unwrap_or(0.0) as i64,
-                );
+                out.entry((s.to_string(), start)).or_default().count =
+                    read::number(row.get("count")).unwrap_or(0.0) as i64;
             }
         }
-        readings.extend([
+        let fields = vec![
+            matching,
             doc! { "$project": { "sensorId": 1, "ts": 1, "kv": { "$objectToArray": "$$ROOT" } } },
             doc! { "$unwind": "$kv" },
             doc! { "$match": {
@@ -543,26 +687,11 @@ impl Passes {
                 "n": { "$sum": 1 },
                 "min": { "$min": "$kv.v" },
                 "max": { "$max": "$kv.v" },
-                "first": { "$first": "$kv.v" },
-                "last": { "$last": "$kv.v" },
+                "first": { "$first": { "t": "$ts", "v": "$kv.v" } },
+                "last": { "$last": { "t": "$ts", "v": "$kv.v" } },
             } },
-        ]);
-        let mut docs: BTreeMap<String, Document> = BTreeMap::new();
-        for (sensor, n) in &counts {
-            let mut d = doc! {
-                "sensorId": sensor.as_str(),
-                "start": from,
-                "end": to,
-                "count": *n,
-            };
-            for part in ["sum", "n", "min", "max", "avg", "first", "last"] {
-                d.insert(part, Document::new());
-            }
-            d.insert("computedAt", bson::DateTime::from_millis(now_ms));
-            d.insert("partial", partial);
-            docs.insert(sensor.clone(), d);
-        }
-        let mut cursor = coll.aggregate(readings).await?;
+        ];
+        let mut cursor = coll.aggregate(fields).await?;
         while let Some(row) = cursor.try_next().await? {
             let Ok(id) = row.get_document("_id") else {
                 continue;
@@ -570,29 +699,260 @@ impl Passes {
             let (Ok(sensor), Ok(field)) = (id.get_str("s"), id.get_str("f")) else {
                 continue;
             };
-            let Some(d) = docs.get_mut(sensor) else {
-                continue;
-            };
-            let sum = read::number(row.get("sum")).unwrap_or(0.0);
-            let n = read::number(row.get("n")).unwrap_or(0.0) as i64;
-            for (part, value) in [
-                ("sum", Bson::Double(sum)),
-                ("n", Bson::Int64(n)),
-                ("min", row.get("min").cloned().unwrap_or(Bson::Null)),
-                ("max", row.get("max").cloned().unwrap_or(Bson::Null)),
-                (
-                    "avg",
-                    Bson::Double(if n > 0 { sum / n as f64 } else { 0.0 }),
-                ),
-                ("first", row.get("first").cloned().unwrap_or(Bson::Null)),
-                ("last", row.get("last").cloned().unwrap_or(Bson::Null)),
-            ] {
-                if let Ok(p) = d.get_document_mut(part) {
-                    p.insert(field, value);
+            if let Some(r) = out.get_mut(&(sensor.to_string(), start)) {
+                r.add_field(field, &row);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Summaries of one rollup query at most: buckets it may read, counted
+/// as windows (a window of late data or of full buckets has more). The
+/// results stream; palletd holds one summary per key.
+const SUMMARIES_PER_QUERY: i64 = 10_000;
+
+/// A queue entry read back.
+#[derive(Debug)]
+struct Entry {
+    sensor: String,
+    start: i64,
+    version: i64,
+    id: Bson,
+}
+
+/// One rollup query: `sensors`' intervals in `[from, to)`, for the keys
+/// `keys` (indexes into the keys planned).
+#[derive(Debug, Clone, PartialEq)]
+struct Query {
+    sensors: Vec<String>,
+    from: i64,
+    to: i64,
+    keys: Vec<usize>,
+}
+
+/// Plans the queries of rollup keys (sensor, interval start): each
+/// sensor's keys in runs of consecutive intervals, cut at blocks of
+/// `per_query` intervals (aligned to the epoch, so the sensors of one
+/// backfill or one live interval get the same ranges); the sensors of one
+/// range share queries, `sensors(intervals in the range)` at most. Every
+/// key is in exactly one query, whose range holds its interval.
+fn queries(
+    keys: &[(&str, i64)],
+    interval_ms: i64,
+    per_query: i64,
+    sensors: impl Fn(i64) -> usize,
+) -> Vec<Query> {
+    let mut by_sensor: BTreeMap<&str, Vec<(i64, usize)>> = BTreeMap::new();
+    for (i, (sensor, start)) in keys.iter().enumerate() {
+        by_sensor.entry(sensor).or_default().push((*start, i));
+    }
+    let block = interval_ms * per_query.max(1);
+    // (from, to) -> [(sensor, key indexes)]
+    type Ranges<'a> = BTreeMap<(i64, i64), Vec<(&'a str, Vec<usize>)>>;
+    let mut ranges: Ranges = BTreeMap::new();
+    for (sensor, mut starts) in by_sensor {
+        starts.sort_unstable();
+        let mut run: Option<(i64, i64, Vec<usize>)> = None;
+        for (start, i) in starts {
+            match run.as_mut() {
+                Some((_, to, ks)) if start < *to => ks.push(i), // the same interval again
+                Some((from, to, ks))
+                    if start == *to && start.div_euclid(block) == from.div_euclid(block) =>
+                {
+                    *to = start + interval_ms;
+                    ks.push(i);
+                }
+                _ => {
+                    if let Some((from, to, ks)) = run.take() {
+                        ranges.entry((from, to)).or_default().push((sensor, ks));
+                    }
+                    run = Some((start, start + interval_ms, vec![i]));
                 }
             }
         }
-        Ok(docs.into_values().collect())
+        if let Some((from, to, ks)) = run {
+            ranges.entry((from, to)).or_default().push((sensor, ks));
+        }
+    }
+    let mut out = Vec::new();
+    for ((from, to), group) in ranges {
+        let per = sensors((to - from) / interval_ms).max(1);
+        for part in group.chunks(per) {
+            out.push(Query {
+                sensors: part.iter().map(|(s, _)| s.to_string()).collect(),
+                from,
+                to,
+                keys: part.iter().flat_map(|(_, ks)| ks.iter().copied()).collect(),
+            });
+        }
+    }
+    out
+}
+
+/// (sensorId, start ms) of a rollup document.
+fn key_of(d: &Document) -> (String, i64) {
+    (
+        d.get_str("sensorId").unwrap_or_default().to_string(),
+        d.get_datetime("start")
+            .map(|t| t.timestamp_millis())
+            .unwrap_or(0),
+    )
+}
+
+/// One numeric field's rollup being merged.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct FieldRollup {
+    sum: f64,
+    n: i64,
+    min: f64,
+    max: f64,
+    /// (ts ms, value): first by time, ties by the smallest value.
+    first: Option<(i64, f64)>,
+    /// (ts ms, value): last by time, ties by the largest value.
+    last: Option<(i64, f64)>,
+}
+
+impl Default for FieldRollup {
+    fn default() -> FieldRollup {
+        FieldRollup {
+            sum: 0.0,
+            n: 0,
+            min: f64::INFINITY,
+            max: f64::NEG_INFINITY,
+            first: None,
+            last: None,
+        }
+    }
+}
+
+impl FieldRollup {
+    fn edges(&mut self, first: Option<(i64, f64)>, last: Option<(i64, f64)>) {
+        if let Some(f) = first {
+            if self.first.is_none_or(|x| f < x) {
+                self.first = Some(f);
+            }
+        }
+        if let Some(l) = last {
+            if self.last.is_none_or(|x| l > x) {
+                self.last = Some(l);
+            }
+        }
+    }
+}
+
+/// One key's rollup being merged from buckets (or readings).
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Rollup {
+    count: i64,
+    fields: BTreeMap<String, FieldRollup>,
+}
+
+/// `{t: Date, v: number}` as (ts ms, value).
+fn edge_of(b: Option<&Bson>) -> Option<(i64, f64)> {
+    let d = b?.as_document()?;
+    Some((
+        d.get_datetime("t").ok()?.timestamp_millis(),
+        read::number(d.get("v"))?,
+    ))
+}
+
+impl Rollup {
+    /// Adds a bucket's summaries; `false` if it has no `first` and `last`
+    /// (then [`Rollup::add_edges_of_samples`] must add its samples').
+    fn add_bucket(&mut self, b: &Document) -> bool {
+        self.count += read::number(b.get("count")).unwrap_or(0.0) as i64;
+        let empty = Document::new();
+        let part = |p: &str| b.get_document(p).unwrap_or(&empty);
+        let (first, last) = (part("first"), part("last"));
+        let mut edges = true;
+        for (field, n) in part("n") {
+            let f = self.fields.entry(field.clone()).or_default();
+            f.n += read::number(Some(n)).unwrap_or(0.0) as i64;
+            f.sum += read::number(part("sum").get(field)).unwrap_or(0.0);
+            if let Some(x) = read::number(part("min").get(field)) {
+                f.min = f.min.min(x);
+            }
+            if let Some(x) = read::number(part("max").get(field)) {
+                f.max = f.max.max(x);
+            }
+            let (a, z) = (edge_of(first.get(field)), edge_of(last.get(field)));
+            edges &= a.is_some() && z.is_some();
+            f.edges(a, z);
+        }
+        edges
+    }
+
+    /// Adds the first and last readings of samples `{ts, <field>...}` (of a
+    /// bucket whose other summaries were added).
+    fn add_edges_of_samples(&mut self, samples: &[Bson]) {
+        for s in samples.iter().filter_map(Bson::as_document) {
+            let Ok(ts) = s.get_datetime("ts") else {
+                continue;
+            };
+            for (field, v) in s {
+                if let (Bson::Double(x), Some(f)) = (v, self.fields.get_mut(field)) {
+                    let e = Some((ts.timestamp_millis(), *x));
+                    f.edges(e, e);
+                }
+            }
+        }
+    }
+
+    /// Adds a field's rollup as the time series aggregation returns it.
+    fn add_field(&mut self, field: &str, row: &Document) {
+        let f = self.fields.entry(field.to_string()).or_default();
+        f.sum += read::number(row.get("sum")).unwrap_or(0.0);
+        f.n += read::number(row.get("n")).unwrap_or(0.0) as i64;
+        if let Some(x) = read::number(row.get("min")) {
+            f.min = f.min.min(x);
+        }
+        if let Some(x) = read::number(row.get("max")) {
+            f.max = f.max.max(x);
+        }
+        f.edges(edge_of(row.get("first")), edge_of(row.get("last")));
+    }
+
+    fn to_doc(
+        &self,
+        sensor: &str,
+        start: i64,
+        interval_ms: i64,
+        now_ms: i64,
+        partial: bool,
+    ) -> Document {
+        let mut d = doc! {
+            "sensorId": sensor,
+            "start": bson::DateTime::from_millis(start),
+            "end": bson::DateTime::from_millis(start + interval_ms),
+            "count": self.count,
+        };
+        let mut parts: [Document; 7] = Default::default();
+        for (field, f) in &self.fields {
+            let avg = if f.n > 0 { f.sum / f.n as f64 } else { 0.0 };
+            let value = |e: Option<(i64, f64)>| e.map_or(Bson::Null, |e| Bson::Double(e.1));
+            let values = [
+                Bson::Double(f.sum),
+                Bson::Int64(f.n),
+                Bson::Double(f.min),
+                Bson::Double(f.max),
+                Bson::Double(avg),
+                value(f.first),
+                value(f.last),
+            ];
+            for (p, v) in parts.iter_mut().zip(values) {
+                p.insert(field, v);
+            }
+        }
+        for (name, p) in ["sum", "n", "min", "max", "avg", "first", "last"]
+            .into_iter()
+            .zip(parts)
+        {
+            d.insert(name, p);
+        }
+        d.insert("computedAt", bson::DateTime::from_millis(now_ms));
+        d.insert("partial", partial);
+        d
     }
 }
 
@@ -661,4 +1021,201 @@ pub async fn read_rollups(
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const HOUR: i64 = 3_600_000;
+
+    /// Buckets' parameters: windows of `window_ms`, intervals of
+    /// `interval_ms`.
+    fn bucket_queries(keys: &[(&str, i64)], interval_ms: i64, window_ms: i64) -> Vec<Query> {
+        let windows = interval_ms / window_ms;
+        queries(
+            keys,
+            interval_ms,
+            (SUMMARIES_PER_QUERY / windows).max(1),
+            |n| (SUMMARIES_PER_QUERY / (windows * n)).clamp(1, SENSORS_PER_QUERY as i64) as usize,
+        )
+    }
+
+    /// Windows a query may read.
+    fn windows(q: &Query, interval_ms: i64, window_ms: i64) -> i64 {
+        q.sensors.len() as i64 * (q.to - q.from) / window_ms.min(interval_ms)
+    }
+
+    /// A backfill (three sensors, a year of hourly intervals) is a few
+    /// range reads, not 8,760 queries of three sensors each (the old
+    /// pass: one per interval); the live case (a thousand sensors, one
+    /// interval) is a few queries of many sensors.
+    #[test]
+    fn a_backfill_and_a_live_interval_take_few_bounded_queries() {
+        let names: Vec<String> = (0..1000).map(|i| format!("s{i}")).collect();
+        let year: Vec<(&str, i64)> = names[..3]
+            .iter()
+            .flat_map(|n| (0..8760).map(move |h| (n.as_str(), 400_000 * HOUR + h * HOUR)))
+            .collect();
+        for (interval, window) in [(HOUR, HOUR), (24 * HOUR, HOUR), (168 * HOUR, HOUR)] {
+            let keys: Vec<(&str, i64)> = year
+                .iter()
+                .map(|(s, t)| (*s, t.div_euclid(interval) * interval))
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let qs = bucket_queries(&keys, interval, window);
+            assert!(qs.len() <= 6, "{interval}: {} queries", qs.len());
+            assert!(qs
+                .iter()
+                .all(|q| windows(q, interval, window) <= SUMMARIES_PER_QUERY));
+        }
+        let live: Vec<(&str, i64)> = names.iter().map(|n| (n.as_str(), 7 * HOUR)).collect();
+        let qs = bucket_queries(&live, HOUR, 60_000);
+        assert_eq!(
+            qs.len(),
+            1000_usize.div_ceil((SUMMARIES_PER_QUERY / 60) as usize)
+        );
+        assert!(qs.iter().all(|q| (q.from, q.to) == (7 * HOUR, 8 * HOUR)));
+    }
+
+    proptest! {
+        /// Every key is in exactly one query, which names its sensor and
+        /// holds its interval; no query reads more than
+        /// SUMMARIES_PER_QUERY windows unless it is one sensor's one
+        /// interval.
+        #[test]
+        fn every_key_is_in_one_bounded_query(
+            raw in proptest::collection::vec((0u16..50, 0i64..3000), 0..3000),
+            interval_windows in 1i64..200,
+        ) {
+            let window = 60_000;
+            let interval = window * interval_windows;
+            let names: Vec<String> = (0..50).map(|i| format!("s{i}")).collect();
+            let keys: Vec<(&str, i64)> = raw
+                .iter()
+                .map(|(s, i)| (names[*s as usize].as_str(), i * interval))
+                .collect();
+            let qs = bucket_queries(&keys, interval, window);
+            let mut seen = vec![0; keys.len()];
+            for q in &qs {
+                prop_assert!(q.from < q.to && (q.to - q.from) % interval == 0);
+                prop_assert!(
+                    windows(q, interval, window) <= SUMMARIES_PER_QUERY
+                        || (q.sensors.len() == 1 && q.to - q.from == interval),
+                    "{:?}", q
+                );
+                for &k in &q.keys {
+                    seen[k] += 1;
+                    let (s, t) = keys[k];
+                    prop_assert!(q.sensors.iter().any(|x| x == s));
+                    prop_assert!(q.from <= t && t + interval <= q.to);
+                }
+            }
+            prop_assert!(seen.iter().all(|&n| n == 1), "{:?}", seen);
+        }
+
+        /// Merging the buckets' summaries of an interval, however its
+        /// readings were cut into buckets (some without first and last, as
+        /// palletd 0.1 wrote them), is the summary of all its readings.
+        #[test]
+        fn merged_bucket_summaries_are_the_summary_of_the_readings(
+            readings in proptest::collection::vec((0i64..20, -8i32..8, any::<bool>(), 0usize..4), 1..60),
+        ) {
+            // (ts, value in halves, has "hum", bucket)
+            let mut buckets: Vec<Vec<(i64, f64, bool)>> = vec![Vec::new(); 4];
+            for (t, v, hum, b) in &readings {
+                buckets[*b].push((*t, *v as f64 / 2.0, *hum));
+            }
+            let mut merged = Rollup::default();
+            for (i, b) in buckets.iter().enumerate().filter(|(_, b)| !b.is_empty()) {
+                let doc = summary(b, i % 2 == 0);
+                let samples: Vec<Bson> = b
+                    .iter()
+                    .map(|(t, v, hum)| {
+                        let mut s = doc! { "ts": bson::DateTime::from_millis(*t), "temp": v, "door": "x" };
+                        if *hum { s.insert("hum", v * 3.0); }
+                        Bson::Document(s)
+                    })
+                    .collect();
+                if !merged.add_bucket(&doc) {
+                    prop_assert!(i % 2 == 1);
+                    merged.add_edges_of_samples(&samples);
+                }
+            }
+            let all: Vec<(i64, f64, bool)> = buckets.concat();
+            prop_assert_eq!(merged, summary_of(&all));
+        }
+    }
+
+    /// The fields of a reading (ts, temp, has hum): temp, and hum = 3 temp.
+    fn values(r: &(i64, f64, bool)) -> Vec<(&'static str, f64)> {
+        let mut v = vec![("temp", r.1)];
+        if r.2 {
+            v.push(("hum", r.1 * 3.0));
+        }
+        v
+    }
+
+    /// The rollup of readings, computed the plain way: sorted.
+    fn summary_of(rs: &[(i64, f64, bool)]) -> Rollup {
+        let mut out = Rollup {
+            count: rs.len() as i64,
+            fields: BTreeMap::new(),
+        };
+        for field in ["temp", "hum"] {
+            let mut vs: Vec<(i64, f64)> = rs
+                .iter()
+                .flat_map(|r| {
+                    values(r)
+                        .into_iter()
+                        .filter(|v| v.0 == field)
+                        .map(|v| (r.0, v.1))
+                })
+                .collect();
+            if vs.is_empty() {
+                continue;
+            }
+            vs.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+            let xs = || vs.iter().map(|v| v.1);
+            out.fields.insert(
+                field.to_string(),
+                FieldRollup {
+                    sum: xs().sum(),
+                    n: vs.len() as i64,
+                    min: xs().fold(f64::INFINITY, f64::min),
+                    max: xs().fold(f64::NEG_INFINITY, f64::max),
+                    first: vs.first().copied(),
+                    last: vs.last().copied(),
+                },
+            );
+        }
+        out
+    }
+
+    /// A bucket document's summaries of readings `rs`, with or without
+    /// `first` and `last`.
+    fn summary(rs: &[(i64, f64, bool)], edges: bool) -> Document {
+        let r = summary_of(rs);
+        let mut d = doc! { "count": r.count };
+        let edge = |e: Option<(i64, f64)>| {
+            let (t, v) = e.unwrap();
+            doc! { "t": bson::DateTime::from_millis(t), "v": v }
+        };
+        let mut parts: [Document; 6] = Default::default();
+        for (field, f) in &r.fields {
+            parts[0].insert(field, f.sum);
+            parts[1].insert(field, f.n as i32);
+            parts[2].insert(field, f.min);
+            parts[3].insert(field, f.max);
+            parts[4].insert(field, edge(f.first));
+            parts[5].insert(field, edge(f.last));
+        }
+        let names = ["sum", "n", "min", "max", "first", "last"];
+        for (name, p) in names.into_iter().zip(parts).take(if edges { 6 } else { 4 }) {
+            d.insert(name, p);
+        }
+        d
+    }
 }
