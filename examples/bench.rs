@@ -49,7 +49,7 @@
 //! the stepped run, and a second peak RSS covers the whole stepped run
 //! (the last, overloaded, step included).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -59,6 +59,7 @@ use std::time::{Duration, Instant};
 
 use bson::doc;
 use clap::Parser;
+use futures_util::TryStreamExt;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use serde_json::json;
 
@@ -2247,6 +2248,108 @@ async fn probe_upserts(uri: &str, n: usize) -> anyhow::Result<f64> {
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
+/// The smallest bucket bound of histogram `name` that holds every
+/// observation (`inf` if none does).
+fn longest_of(port: u16, name: &str) -> f64 {
+    let buckets = http_get(port, "/metrics")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}_bucket")))
+        .filter_map(|l| {
+            let le = l
+                .split("le=\"")
+                .nth(1)?
+                .split('"')
+                .next()?
+                .parse::<f64>()
+                .ok()?;
+            let n = l.split_whitespace().last()?.parse::<f64>().ok()?;
+            Some((le, n))
+        })
+        .collect::<Vec<_>>();
+    let total = buckets.iter().map(|b| b.1).fold(0.0, f64::max);
+    buckets
+        .iter()
+        .filter(|b| b.1 >= total)
+        .map(|b| b.0)
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Observations of histogram `name`.
+fn histogram_count(port: u16, name: &str) -> f64 {
+    http_get(port, "/metrics")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}_count")))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Reads every rollup of the backfill (1h, 1d, 7d) and compares its count
+/// and its temperature's sum, first and last with a summary of the
+/// readings computed here. Returns (documents checked, wrong ones).
+async fn check_backfill_rollups(
+    uri: &str,
+    args: &BackfillArgs,
+    first: i64,
+) -> anyhow::Result<(usize, usize)> {
+    let db = mongodb::Client::with_uri_str(uri).await?.database("bench");
+    let (mut checked, mut wrong) = (0, 0);
+    for (name, ms) in [
+        ("1h", 3_600_000_i64),
+        ("1d", 86_400_000),
+        ("7d", 7 * 86_400_000),
+    ] {
+        // (station, start) -> (count, sum, first, last)
+        let mut want: HashMap<(String, i64), (i64, f64, f64, f64)> = HashMap::new();
+        for s in 0..args.sensors {
+            for h in 0..args.hours {
+                let ts = first + h as i64 * 3_600_000 + 1_000;
+                let t = weather(s, h)["temp"].as_f64().unwrap_or(0.0);
+                let e = want
+                    .entry((format!("station-{s}"), ts.div_euclid(ms) * ms))
+                    .or_insert((0, 0.0, t, t));
+                e.0 += 1;
+                e.1 += t;
+                e.3 = t;
+            }
+        }
+        let mut cursor = db
+            .collection::<bson::Document>(&format!("readings_{name}"))
+            .find(doc! {})
+            .await?;
+        while let Some(d) = cursor.try_next().await? {
+            checked += 1;
+            let key = (
+                d.get_str("sensorId").unwrap_or_default().to_string(),
+                d.get_datetime("start")
+                    .map(|t| t.timestamp_millis())
+                    .unwrap_or(0),
+            );
+            let got = |part: &str| {
+                d.get_document(part)
+                    .ok()
+                    .and_then(|p| p.get_f64("temp").ok())
+                    .unwrap_or(f64::NAN)
+            };
+            let count = d.get_i64("count").unwrap_or(-1);
+            let ok = want.get(&key).is_some_and(|w| {
+                w.0 == count
+                    && (w.1 - got("sum")).abs() <= 1e-9 * w.1.abs().max(1.0)
+                    && w.2 == got("first")
+                    && w.3 == got("last")
+            });
+            if !ok {
+                wrong += 1;
+                if wrong <= 3 {
+                    eprintln!("  wrong rollup {name} {key:?}: {d}");
+                }
+            }
+        }
+    }
+    Ok((checked, wrong))
+}
+
 /// One station's reading at hour `h`: a day's swing and a year's, and
 /// noise of a fixed seed (the same in every run).
 fn weather(station: usize, h: usize) -> serde_json::Value {
@@ -2347,29 +2450,13 @@ fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_millis(500));
         }
         let statements_max = counter_sum(port, palletd::telemetry::FLUSH_STATEMENTS_MAX);
-        let longest_flush = http_get(port, "/metrics")
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with(&format!("{}_bucket", palletd::telemetry::FLUSH_SECONDS)))
-            .filter_map(|l| {
-                let le = l
-                    .split("le=\"")
-                    .nth(1)?
-                    .split('"')
-                    .next()?
-                    .parse::<f64>()
-                    .ok()?;
-                let n = l.split_whitespace().last()?.parse::<f64>().ok()?;
-                Some((le, n))
-            })
-            .collect::<Vec<_>>();
-        // The smallest bucket bound that holds every flush.
-        let total = longest_flush.iter().map(|b| b.1).fold(0.0, f64::max);
-        let longest = longest_flush
-            .iter()
-            .filter(|b| b.1 >= total)
-            .map(|b| b.0)
-            .fold(f64::INFINITY, f64::min);
+        let longest = longest_of(port, palletd::telemetry::FLUSH_SECONDS);
+        // Every rollup document against the same summary computed here.
+        let (checked, wrong) = if want_rollups > 0 {
+            rt.block_on(check_backfill_rollups(&svc.mongodb_uri(), &args, first))?
+        } else {
+            (0, 0)
+        };
         let row = json!({
             "variant": label,
             "readings": readings,
@@ -2387,17 +2474,22 @@ fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
             "rollups_written": counter_sum(port, palletd::telemetry::ROLLUPS_WRITTEN),
             "rollups_wanted": want_rollups,
             "rollups_done_s": rollups_s,
+            "rollups_after_stored_s": rollups_s.map(|r| r - stored_s),
+            "rollups_checked": checked,
+            "rollups_wrong": wrong,
+            "rollup_pass_longest_at_most_s": longest_of(port, palletd::telemetry::ROLLUP_PASS_SECONDS),
+            "rollup_passes": histogram_count(port, palletd::telemetry::ROLLUP_PASS_SECONDS),
         });
         eprintln!("  {row}");
         rows.push(row);
         drop(sink);
     }
-    println!("| variant | readings | stored in | readings/s | probe upserts/s by _id | of the probe | statements / flush, max | longest flush | rollups written (all after) |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| variant | readings | stored in | readings/s | probe upserts/s by _id | of the probe | statements / flush, max | longest flush | rollups written (all after) | rollups wrong | passes (longest) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         let f = |k: &str, d: usize| fmt(r[k].as_f64(), d);
         println!(
-            "| {} | {} | {} s | {} | {} | {:.0}% | {} | <= {} s | {} ({} s) |",
+            "| {} | {} | {} s | {} | {} | {:.0}% | {} | <= {} s | {} ({} s) | {} of {} | {} (<= {} s) |",
             r["variant"].as_str().unwrap_or(""),
             f("readings", 0),
             f("stored_s", 1),
@@ -2408,6 +2500,10 @@ fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
             f("longest_flush_at_most_s", 3),
             f("rollups_written", 0),
             f("rollups_done_s", 0),
+            f("rollups_wrong", 0),
+            f("rollups_checked", 0),
+            f("rollup_passes", 0),
+            f("rollup_pass_longest_at_most_s", 1),
         );
     }
     let out = json!({

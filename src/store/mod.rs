@@ -233,9 +233,10 @@ impl Store {
         self.mongo
             .insert_deadletters(&self.deadletters, &batch.deadletters, abort)
             .await?;
+        let began_ms = crate::clock::now_ms();
         let keys = match &mut self.rollups {
             Some(r) => {
-                r.before_write(&mut self.mongo, batch, crate::clock::now_ms(), abort)
+                r.before_write(&mut self.mongo, batch, began_ms, abort)
                     .await?
             }
             None => Vec::new(),
@@ -245,7 +246,8 @@ impl Store {
             Mode::Timeseries(m) => m.write(&mut self.mongo, batch, abort).await?,
         };
         if let Some(r) = &mut self.rollups {
-            r.after_write(&mut self.mongo, &keys, crate::clock::now_ms(), abort)
+            let now_ms = crate::clock::now_ms();
+            r.after_write(&mut self.mongo, &keys, began_ms, now_ms, abort)
                 .await?;
         }
         written.met_errors |= self.mongo.failures() != failures;

@@ -46,7 +46,7 @@ const TRANSIENT_CODES: &[i32] = &[
 
 /// Beyond `mongodb.write_time_limit`: the server checks the limit between
 /// statements, and clocks tick apart.
-const FENCE_MARGIN: Duration = Duration::from_secs(1);
+pub const FENCE_MARGIN: Duration = Duration::from_secs(1);
 
 /// What a failed write command means for what to do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

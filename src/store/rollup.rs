@@ -10,9 +10,12 @@
 //! keys it touches in `<collection>_rollup_due` (an upsert per key, once
 //! per key and run while the interval is open, so about one statement per
 //! sensor and interval), with `due` = the interval's end plus
-//! `closer.grace`: when its last window is sealed. A key touched by a
-//! write whose interval is already due (late data) is recorded again after
-//! the write too, bumping its version. Each closer pass then computes the
+//! `closer.grace`: when its last window is sealed. A key the write makes
+//! due within a hold (`mongodb.write_time_limit` plus a second: late
+//! data, a backfill) is recorded with every write that touches it, due no
+//! sooner than the hold's end, when the write is applied or cut off by the
+//! server; a write that took longer than a second (retried) records them
+//! again after it. Each closer pass then computes the
 //! due keys' rollups from the stored readings (an aggregation on the
 //! server; only the results travel), upserts them, and deletes each key
 //! unless its version changed meanwhile. So a late reading makes its
@@ -79,6 +82,8 @@ pub struct Pass {
     pub statements: u64,
     /// Keys whose rollup could not be written, set aside.
     pub parked: u64,
+    /// It took [`KEYS_PER_PASS`] due keys: more may be due.
+    pub more: bool,
 }
 
 pub struct Rollups {
@@ -88,6 +93,12 @@ pub struct Rollups {
     grace_ms: i64,
     /// Keys this run recorded whose interval is not due yet.
     recorded: HashSet<Key>,
+    /// `flush.backfill_share`: of the time, what passes that follow each
+    /// other take.
+    share: f64,
+    /// `mongodb.write_time_limit` plus [`mongo::FENCE_MARGIN`]: how long
+    /// after its last attempt was sent a write may still be applied.
+    hold_ms: i64,
     passes: Passes,
     /// Wakes the pass task with the closer's time.
     wake: Option<tokio::sync::watch::Sender<i64>>,
@@ -118,6 +129,8 @@ impl Rollups {
             queue: queue.clone(),
             grace_ms: settings.closer.grace.as_millis() as i64,
             recorded: HashSet::new(),
+            share: settings.flush.backfill_share.clamp(0.05, 1.0),
+            hold_ms: (settings.mongodb.write_time_limit + mongo::FENCE_MARGIN).as_millis() as i64,
             passes: Passes {
                 specs: settings.rollups.clone(),
                 base,
@@ -134,14 +147,28 @@ impl Rollups {
 
     /// Starts the task that runs the passes on `db` (needs a tokio
     /// runtime); until then [`Rollups::closer_ran`] runs them inline.
+    ///
+    /// A pass that left due keys (it takes [`KEYS_PER_PASS`] at most) is
+    /// followed by another without waiting for the closer, after a pause
+    /// that gives the passes `flush.backfill_share` of the time (at 0.5,
+    /// as long as the pass took): a backfill's rollups follow it within a
+    /// closer interval and a few passes, and the flushes keep the rest of
+    /// the database's time.
     pub fn start_passes(&mut self, db: Database) {
         let (wake, mut woken) = tokio::sync::watch::channel(i64::MIN);
         let passes = self.passes.clone();
+        let pause = (1.0 - self.share) / self.share;
         tokio::spawn(async move {
             let mut failing = false;
             while woken.changed().await.is_ok() {
-                let now_ms = *woken.borrow_and_update();
-                passes.run(&db, now_ms, &mut failing).await;
+                loop {
+                    let now_ms = *woken.borrow_and_update();
+                    let started = std::time::Instant::now();
+                    if !passes.run(&db, now_ms, &mut failing).await {
+                        break;
+                    }
+                    tokio::time::sleep(started.elapsed().mul_f64(pause)).await;
+                }
             }
         });
         self.wake = Some(wake);
@@ -154,7 +181,9 @@ impl Rollups {
             Some(wake) => {
                 let _ = wake.send(now_ms);
             }
-            None => self.passes.run(db, now_ms, &mut false).await,
+            None => {
+                self.passes.run(db, now_ms, &mut false).await;
+            }
         }
     }
 
@@ -204,9 +233,10 @@ impl Rollups {
         keys.into_iter().collect()
     }
 
-    /// Before a flush's write: records the keys it touches that this run
-    /// has not recorded, and those already due (late data). Returns the
-    /// keys, for [`Rollups::after_write`].
+    /// Before a flush's write, at `now_ms`: records the keys it touches
+    /// that this run has not recorded, and those due within the hold
+    /// ([`Rollups::hold_ms`]; late data), due no sooner than the hold's
+    /// end. Returns the keys, for [`Rollups::after_write`].
     pub async fn before_write(
         &mut self,
         m: &mut Mongo,
@@ -215,45 +245,59 @@ impl Rollups {
         abort: &CancellationToken,
     ) -> Result<Vec<Key>, Aborted> {
         let keys = self.keys(batch);
+        let held = now_ms + self.hold_ms;
         self.recorded
-            .retain(|k| k.2 + self.specs[k.0].interval_ms() + self.grace_ms > now_ms);
+            .retain(|k| k.2 + self.specs[k.0].interval_ms() + self.grace_ms > held);
         let new: Vec<Key> = keys
             .iter()
-            .filter(|k| self.due_ms(k) <= now_ms || !self.recorded.contains(*k))
+            .filter(|k| self.due_ms(k) <= held || !self.recorded.contains(*k))
             .cloned()
             .collect();
-        self.record(m, &new, abort).await?;
+        self.record(m, &new, held, abort).await?;
         for k in new {
-            if self.due_ms(&k) > now_ms {
+            if self.due_ms(&k) > held {
                 self.recorded.insert(k);
             }
         }
         Ok(keys)
     }
 
-    /// After a flush's write: the keys that are due by now are recorded
-    /// again, so a pass that computed them while the write was in flight
-    /// keeps them for the next pass.
+    /// After a flush's write that began (with [`Rollups::before_write`])
+    /// at `began_ms` and returned at `now_ms`. A pass takes a key no
+    /// sooner than the hold after the last attempt of a write to it was
+    /// sent: by then the server has applied that write or cut it off
+    /// (`maxTimeMS`), so what the pass reads holds it. A write that took
+    /// at most [`mongo::FENCE_MARGIN`] sent every attempt within the hold
+    /// `before_write` gave its keys; after a longer one (retried), the keys
+    /// due within a hold from now are recorded again.
     pub async fn after_write(
         &mut self,
         m: &mut Mongo,
         keys: &[Key],
+        began_ms: i64,
         now_ms: i64,
         abort: &CancellationToken,
     ) -> Result<(), Aborted> {
+        if now_ms - began_ms <= mongo::FENCE_MARGIN.as_millis() as i64 {
+            return Ok(());
+        }
+        let held = now_ms + self.hold_ms;
         let due: Vec<Key> = (keys.iter())
-            .filter(|k| self.due_ms(k) <= now_ms)
+            .filter(|k| self.due_ms(k) <= held)
             .cloned()
             .collect();
-        self.record(m, &due, abort).await
+        self.record(m, &due, held, abort).await
     }
 
-    /// Upserts queue entries for `keys` (bumping their version), retrying
-    /// until answered (idempotent: sent again whatever happened).
+    /// Upserts queue entries for `keys` (bumping their version), due at
+    /// their interval's end plus `closer.grace` and not before
+    /// `not_before_ms`, retrying until answered (idempotent: sent again
+    /// whatever happened).
     async fn record(
         &self,
         m: &mut Mongo,
         keys: &[Key],
+        not_before_ms: i64,
         abort: &CancellationToken,
     ) -> Result<(), Aborted> {
         let mut backoff = Backoff::default();
@@ -262,7 +306,7 @@ impl Rollups {
             let (len, reply) = m
                 .write_until_answered("record rollups to compute", &mut backoff, abort, |m| {
                     let statements = rest.iter().map(|k| {
-                        let due = bson::DateTime::from_millis(self.due_ms(k));
+                        let due = bson::DateTime::from_millis(self.due_ms(k).max(not_before_ms));
                         rawdoc! {
                             "q": { "_id": self.queue_id(k) },
                             "u": {
@@ -306,18 +350,25 @@ impl Rollups {
 
 impl Passes {
     /// One pass, timed and logged (a failure once until one works; its
-    /// keys stay for the next pass).
-    async fn run(&self, db: &Database, now_ms: i64, failing: &mut bool) {
+    /// keys stay for the next pass). Whether it left due keys.
+    async fn run(&self, db: &Database, now_ms: i64, failing: &mut bool) -> bool {
         let started = std::time::Instant::now();
-        match self.pass(db, now_ms).await {
-            Ok(_) if std::mem::take(failing) => tracing::info!("Rollups are written again."),
-            Ok(_) => {}
-            Err(e) if !std::mem::replace(failing, true) => {
-                tracing::warn!(error = %e, "Could not write rollups; retrying at the closer's next run.")
+        let more = match self.pass(db, now_ms).await {
+            Ok(p) => {
+                if std::mem::take(failing) {
+                    tracing::info!("Rollups are written again.");
+                }
+                p.more
             }
-            Err(_) => {}
-        }
+            Err(e) => {
+                if !std::mem::replace(failing, true) {
+                    tracing::warn!(error = %e, "Could not write rollups; retrying at the closer's next run.")
+                }
+                false
+            }
+        };
         metrics::histogram!(telemetry::ROLLUP_PASS_SECONDS).record(started.elapsed().as_secs_f64());
+        more
     }
 
     /// One pass: computes and writes the due rollups (and the partial
@@ -333,6 +384,7 @@ impl Passes {
             .await?
             .try_collect()
             .await?;
+        out.more = due.len() as i64 >= KEYS_PER_PASS;
         self.compute_keys(db, due, now_ms, false, &mut out).await?;
         for spec in self.specs.iter().filter(|s| s.partial) {
             let open: Vec<Document> = db
