@@ -105,6 +105,26 @@ enum Cli {
     /// the open intervals of every sensor: the most rollup work a live
     /// hour brings, every minute).
     LiveRollups(LiveRollupsArgs),
+    /// A backlog of uncertain readings: the database stopped while many
+    /// sensors' readings over many windows are spooled, then palletd killed
+    /// (SIGKILL) and started again as the database comes back, so every
+    /// spooled reading must be resolved before it is written; beside the
+    /// same backlog drained without a crash.
+    Replay(ReplayArgs),
+}
+
+#[derive(clap::Args)]
+struct ReplayArgs {
+    #[arg(long, default_value_t = 100)]
+    sensors: usize,
+    /// Windows (of one minute) per sensor.
+    #[arg(long, default_value_t = 50)]
+    windows: usize,
+    /// Readings per sensor and window.
+    #[arg(long, default_value_t = 100)]
+    per_window: usize,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(clap::Args)]
@@ -309,6 +329,7 @@ fn main() -> anyhow::Result<()> {
         Cli::Closer(args) => closer(args),
         Cli::Hostile(args) => hostile(args),
         Cli::LiveRollups(args) => live_rollups(args),
+        Cli::Replay(args) => replay(args),
         Cli::Backfill(args) => backfill(args),
     }
 }
@@ -2605,6 +2626,153 @@ fn live_rollups(args: LiveRollupsArgs) -> anyhow::Result<()> {
         "live-rollups-{}",
         chrono::Utc::now().format("%Y-%m-%dT%H%M%SZ")
     );
+    std::fs::write(
+        args.run.out.join(format!("{name}.json")),
+        serde_json::to_string_pretty(&out)?,
+    )?;
+    Ok(())
+}
+
+/// Readings stored in bench.readings (the sum of the buckets' counts).
+async fn stored_in_db(db: &mongodb::Database) -> anyhow::Result<i64> {
+    let mut cursor = db
+        .collection::<bson::Document>("readings")
+        .aggregate([doc! { "$group": { "_id": null, "n": { "$sum": "$count" } } }])
+        .await?;
+    Ok(match cursor.try_next().await? {
+        Some(d) => d
+            .get_i32("n")
+            .map(i64::from)
+            .or_else(|_| d.get_i64("n"))
+            .unwrap_or(0),
+        None => 0,
+    })
+}
+
+fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    let readings = args.sensors * args.windows * args.per_window;
+    let windows = args.sensors * args.windows;
+    let tail = format!(
+        "[bucket]\nwindow = \"1m\"\nmax_lateness = \"{}m\"\n[flush]\nmax_delay = \"2s\"\n",
+        args.windows + 60
+    );
+    let mut rows = Vec::new();
+    for crash in [false, true] {
+        let label = if crash {
+            "SIGKILL, then replay"
+        } else {
+            "no crash"
+        };
+        eprintln!("== replay, {label}: {readings} readings over {windows} windows");
+        let svc = Services::start(&args.run)?;
+        let db = rt
+            .block_on(mongodb::Client::with_uri_str(svc.mongodb_uri()))?
+            .database("bench");
+        let mut sink = buckets_sink(&args.run, &svc, &tail)?;
+        let db_pid = svc._db.0.id().to_string();
+        let signal = |sig: &str, pid: &str| Command::new("kill").args([sig, pid]).status();
+        signal("-STOP", &db_pid)?;
+        // Every reading published and acknowledged (so spooled).
+        let now = chrono::Utc::now().timestamp_millis() / 60_000 * 60_000;
+        let first = now - args.windows as i64 * 60_000;
+        let step_ms = 60_000 / args.per_window as i64;
+        let published = Instant::now();
+        rt.block_on(async {
+            let mut opts = MqttOptions::new("bench-replay", "127.0.0.1", svc.broker_port);
+            opts.set_max_packet_size(1 << 20, 1 << 20);
+            let (client, mut eventloop) = AsyncClient::new(opts, 1000);
+            let acks = tokio::spawn(async move {
+                let mut acked = 0usize;
+                while acked < readings {
+                    match eventloop.poll().await {
+                        Ok(Event::Incoming(Packet::PubAck(_))) => acked += 1,
+                        Ok(_) => {}
+                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    }
+                }
+            });
+            for i in 0..args.windows * args.per_window {
+                for s in 0..args.sensors {
+                    let v =
+                        json!({ "ts": first + i as i64 * step_ms, "temp": (i % 97) as f64 / 4.0 });
+                    let topic = TOPIC.replace("{sensor}", &format!("r{s}"));
+                    client
+                        .publish(topic, QoS::AtLeastOnce, false, v.to_string())
+                        .await?;
+                }
+            }
+            acks.await?;
+            anyhow::Ok(())
+        })?;
+        let published_s = published.elapsed().as_secs_f64();
+        eprintln!("  {readings} acknowledged in {published_s:.1} s");
+        if crash {
+            signal("-KILL", &sink.pids()[0].to_string())?;
+        }
+        let started = Instant::now();
+        signal("-CONT", &db_pid)?;
+        if crash {
+            // The same configuration and spool (a new metrics port).
+            sink = buckets_sink(&args.run, &svc, &tail)?;
+        }
+        let port = sink.procs[0].1;
+        let mut stored = 0;
+        while started.elapsed() < Duration::from_secs(1200) {
+            stored = rt.block_on(stored_in_db(&db))?;
+            if stored >= readings as i64 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let drained_s = started.elapsed().as_secs_f64();
+        // Nothing stored twice, after a little more time to show it.
+        std::thread::sleep(Duration::from_secs(3));
+        let finally = rt.block_on(stored_in_db(&db))?;
+        let row = json!({
+            "variant": label,
+            "readings": readings,
+            "windows": windows,
+            "published_s": published_s,
+            "drained_s": drained_s,
+            "drained_per_s": stored as f64 / drained_s,
+            "stored": finally,
+            "duplicates": finally - readings as i64,
+            "statements": counter_sum(port, palletd::telemetry::STATEMENTS),
+            "flushes": counter_sum(port, palletd::telemetry::FLUSHES),
+        });
+        eprintln!("  {row}");
+        rows.push(row);
+        drop(sink);
+    }
+    let base = rows[0]["drained_per_s"].as_f64().unwrap_or(0.0);
+    println!(
+        "| variant | readings | windows | drained in | readings/s | of no crash | stored twice |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        let f = |k: &str, d: usize| fmt(r[k].as_f64(), d);
+        println!(
+            "| {} | {} | {} | {} s | {} | {:.0}% | {} |",
+            r["variant"].as_str().unwrap_or(""),
+            f("readings", 0),
+            f("windows", 0),
+            f("drained_s", 1),
+            f("drained_per_s", 0),
+            r["drained_per_s"].as_f64().unwrap_or(0.0) / base.max(1e-9) * 100.0,
+            f("duplicates", 0),
+        );
+    }
+    let out = json!({
+        "scenario": "replay",
+        "sensors": args.sensors,
+        "windows_per_sensor": args.windows,
+        "per_window": args.per_window,
+        "variants": rows,
+        "machine": machine(),
+    });
+    std::fs::create_dir_all(&args.run.out)?;
+    let name = format!("replay-{}", chrono::Utc::now().format("%Y-%m-%dT%H%M%SZ"));
     std::fs::write(
         args.run.out.join(format!("{name}.json")),
         serde_json::to_string_pretty(&out)?,

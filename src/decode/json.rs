@@ -603,7 +603,7 @@ mod tests {
             let payload = format!("{{\"v\": {text}}}");
             let r = decode(
                 &sub,
-                m.clone(),
+                m,
                 payload.as_bytes(),
                 NOW,
                 &limits(64),

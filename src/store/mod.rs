@@ -20,6 +20,7 @@
 //! a TTL index on `receivedAt`. A flush writes them before its samples.
 
 pub mod buckets;
+pub mod fence;
 pub mod mongo;
 pub mod read;
 pub mod rollup;
@@ -79,7 +80,8 @@ impl Store {
         };
         Store {
             mode,
-            mongo: Mongo::new(db, &settings.mongodb),
+            mongo: Mongo::new(db, &settings.mongodb)
+                .with_fence_file(settings.spool.dir.join("write-fence")),
             deadletters: settings.mongodb.deadletter_collection(),
             deadletter_expire_after: settings.retention.deadletter_expire_after,
             schema_ready: false,

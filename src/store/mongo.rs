@@ -29,6 +29,7 @@ use mongodb::{Database, IndexModel};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
+use super::fence::FenceFile;
 use crate::config::{MongoSettings, WriteConcern};
 use crate::deadletter::DeadLetter;
 use crate::retry::{Aborted, Backoff};
@@ -215,6 +216,8 @@ pub struct Mongo {
     /// Until then a write palletd lost sight of may still be running on the
     /// server ([`Mongo::wait_for_fence`]).
     fence: Instant,
+    /// Where the fence outlives a crash ([`super::fence`]).
+    fence_file: Option<Arc<std::sync::Mutex<FenceFile>>>,
 }
 
 impl Mongo {
@@ -235,6 +238,43 @@ impl Mongo {
             // A write of an earlier run, killed before its reply, may still
             // be running.
             fence: Instant::now() + settings.write_time_limit + FENCE_MARGIN,
+            fence_file: None,
+        }
+    }
+
+    /// Keeps the fence in `path` too: the wait at this start ends when the
+    /// file says the run before's writes have ended, and every write is
+    /// covered by it before it is sent.
+    pub fn with_fence_file(mut self, path: std::path::PathBuf) -> Mongo {
+        let file = FenceFile::open(path);
+        if let Some(until) = file.stored() {
+            let left = until.saturating_sub(crate::clock::now_ms()).max(0) as u64;
+            self.fence = self.fence.min(Instant::now() + Duration::from_millis(left));
+        }
+        self.fence_file = Some(Arc::new(std::sync::Mutex::new(file)));
+        self
+    }
+
+    /// Before a write is sent: the fence file covers its end (written and
+    /// fsynced off the async threads, about once per [`super::fence::SLACK_MS`]
+    /// of writing). If the file cannot be written the write goes on, and
+    /// the file, no longer moved, is removed: the next start waits the
+    /// whole limit.
+    async fn cover(&self) {
+        let Some(file) = &self.fence_file else { return };
+        let end = crate::clock::now_ms() + (self.time_limit + FENCE_MARGIN).as_millis() as i64;
+        let needs = file.lock().is_ok_and(|f| f.needs(end));
+        if !needs {
+            return;
+        }
+        let file = file.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            let mut f = file.lock().unwrap_or_else(|e| e.into_inner());
+            f.cover(end).inspect_err(|_| f.forget())
+        })
+        .await;
+        if let Ok(Err(e)) = done {
+            tracing::warn!(error = %e, "Could not write the spool's write-fence file; the next start waits mongodb.write_time_limit before reading what a write applied.");
         }
     }
 
@@ -340,6 +380,7 @@ impl Mongo {
     /// Sends a write command. A failure (logged) says what it means for
     /// the statements: a write concern error counts as ambiguous.
     pub async fn write(&mut self, cmd: RawDocumentBuf, what: &str) -> Result<Reply, RetryAction> {
+        self.cover().await;
         match self
             .attempt(self.db.run_raw_command(cmd).into_future())
             .await
