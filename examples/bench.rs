@@ -2658,18 +2658,34 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         args.windows + 60
     );
     let mut rows = Vec::new();
-    for crash in [false, true] {
-        let label = if crash {
-            "SIGKILL, then replay"
-        } else {
-            "no crash"
-        };
+    // (label, killed, [mongodb] settings)
+    let variants = [
+        ("no crash", false, ""),
+        ("SIGKILL, then replay", true, ""),
+        (
+            "SIGKILL, write_time_limit = 2s",
+            true,
+            "write_time_limit = \"2s\"",
+        ),
+    ];
+    for (label, crash, mongodb) in variants {
         eprintln!("== replay, {label}: {readings} readings over {windows} windows");
         let svc = Services::start(&args.run)?;
         let db = rt
             .block_on(mongodb::Client::with_uri_str(svc.mongodb_uri()))?
             .database("bench");
-        let mut sink = buckets_sink(&args.run, &svc, &tail)?;
+        let start = |svc: &Services| {
+            start_sink_with(
+                &args.run,
+                "buckets",
+                svc,
+                &svc.mongodb_uri(),
+                mongodb,
+                "",
+                &tail,
+            )
+        };
+        let mut sink = start(&svc)?;
         let db_pid = svc._db.0.id().to_string();
         let signal = |sig: &str, pid: &str| Command::new("kill").args([sig, pid]).status();
         signal("-STOP", &db_pid)?;
@@ -2714,16 +2730,20 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         signal("-CONT", &db_pid)?;
         if crash {
             // The same configuration and spool (a new metrics port).
-            sink = buckets_sink(&args.run, &svc, &tail)?;
+            sink = start(&svc)?;
         }
         let port = sink.procs[0].1;
         let mut stored = 0;
+        let mut first_stored_s = None;
         while started.elapsed() < Duration::from_secs(1200) {
             stored = rt.block_on(stored_in_db(&db))?;
+            if stored > 0 && first_stored_s.is_none() {
+                first_stored_s = Some(started.elapsed().as_secs_f64());
+            }
             if stored >= readings as i64 {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(500));
+            std::thread::sleep(Duration::from_millis(200));
         }
         let drained_s = started.elapsed().as_secs_f64();
         // Nothing stored twice, after a little more time to show it.
@@ -2736,6 +2756,7 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             "published_s": published_s,
             "drained_s": drained_s,
             "drained_per_s": stored as f64 / drained_s,
+            "first_stored_s": first_stored_s,
             "stored": finally,
             "duplicates": finally - readings as i64,
             "statements": counter_sum(port, palletd::telemetry::STATEMENTS),
@@ -2747,16 +2768,17 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     }
     let base = rows[0]["drained_per_s"].as_f64().unwrap_or(0.0);
     println!(
-        "| variant | readings | windows | drained in | readings/s | of no crash | stored twice |"
+        "| variant | readings | windows | first stored after | drained in | readings/s | of no crash | stored twice |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         let f = |k: &str, d: usize| fmt(r[k].as_f64(), d);
         println!(
-            "| {} | {} | {} | {} s | {} | {:.0}% | {} |",
+            "| {} | {} | {} | {} s | {} s | {} | {:.0}% | {} |",
             r["variant"].as_str().unwrap_or(""),
             f("readings", 0),
             f("windows", 0),
+            f("first_stored_s", 1),
             f("drained_s", 1),
             f("drained_per_s", 0),
             r["drained_per_s"].as_f64().unwrap_or(0.0) / base.max(1e-9) * 100.0,

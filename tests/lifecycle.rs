@@ -47,6 +47,15 @@ async fn closer_seals_ended_windows_and_late_samples_start_a_second_bucket() {
     let sealed = stack.docs("readings").await.remove(0);
     check_sealed(&sealed);
     assert_eq!(sealed.get_i32("count"), Ok(5));
+    // Its samples were confirmed (the spool's checkpoint, published at the
+    // seal, is past them): no replay needs its LSN pairs, and the sealed
+    // bucket has none.
+    assert!(!sealed.contains_key("lsns"), "{sealed}");
+    let published = stack.docs("readings_spools").await;
+    assert!(
+        published.iter().any(|d| d.get_i64("checkpoint").is_ok()),
+        "{published:?}"
+    );
     assert_eq!(
         sealed.get_datetime("startTs").unwrap().timestamp_millis(),
         w0
@@ -81,6 +90,7 @@ async fn closer_seals_ended_windows_and_late_samples_start_a_second_bucket() {
     assert_eq!(late.get_datetime("startTs").unwrap().timestamp_millis(), w0);
     assert_eq!(seqs(late), vec![99]);
     check_sealed(late);
+    assert!(!late.contains_key("lsns"), "{late}");
     stack.stop();
 }
 
@@ -375,7 +385,9 @@ async fn buckets_past_retention_are_deleted() {
 }
 
 /// Both seal forms (one pipeline update on 5.2+, two statements before)
-/// leave the same document.
+/// leave the same document, without the `lsns` pairs the spools'
+/// published checkpoints have passed (and without `lsns` once none is
+/// left).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn legacy_and_pipeline_seals_agree() {
     let db = Database::start();
@@ -389,8 +401,19 @@ async fn legacy_and_pipeline_seals_agree() {
             "sum": { "a": 6.0, "b": 5.0 }, "n": { "a": 3, "b": 2 },
             "min": { "a": 1.0, "b": 2.0 }, "max": { "a": 3.0, "b": 3.0 },
             "samples": [ { "ts": t(900), "a": 3.0, "b": 3.0 }, { "ts": t(100), "a": 1.0 }, { "ts": t(500), "a": 2.0, "b": 2.0 } ],
+            "lsns": { "s0000000a": [1_i64, 5_i64], "s0000000b": [3_i64, 40_i64], "s0000000c": [7_i64, 8_i64] },
         }
     };
+    // Spool a is past its pairs, b is not (40 is not below 20), c never
+    // published.
+    let published: std::collections::HashMap<String, u64> =
+        [("s0000000a".to_string(), 10), ("s0000000b".to_string(), 20)].into();
+    let all_past: std::collections::HashMap<String, u64> = [
+        ("s0000000a".to_string(), 10),
+        ("s0000000b".to_string(), 41),
+        ("s0000000c".to_string(), 9),
+    ]
+    .into();
     let coll = database.collection::<Document>("readings");
     coll.create_indexes(palletd::store::buckets::indexes())
         .await
@@ -411,18 +434,39 @@ async fn legacy_and_pipeline_seals_agree() {
     )
     .await
     .unwrap();
-    assert_eq!(modern.seal(&database, 3000).await.unwrap(), 1);
-    assert_eq!(legacy.seal(&database, 7000).await.unwrap(), 1);
+    assert_eq!(modern.seal(&database, 3000, &published).await.unwrap(), 1);
+    assert_eq!(legacy.seal(&database, 7000, &published).await.unwrap(), 1);
     let mut docs = all_docs(&client, "seal", "readings").await;
     for d in &mut docs {
         check_sealed(d);
         assert_eq!(d.get_document("avg").unwrap(), &doc! { "a": 2.0, "b": 2.5 });
+        assert_eq!(
+            d.get_document("lsns").unwrap(),
+            &doc! { "s0000000b": [3_i64, 40_i64], "s0000000c": [7_i64, 8_i64] }
+        );
         d.remove("_id");
         d.remove("closedAt");
         d.remove("endTs");
         d.remove("sensorId");
     }
     assert_eq!(docs[0], docs[1]);
+    // Every pair past: the field goes, in both forms.
+    coll.insert_many([bucket("new2"), bucket("old2")])
+        .await
+        .unwrap();
+    coll.update_one(
+        doc! { "sensorId": "old2" },
+        doc! { "$set": { "endTs": t(5000) } },
+    )
+    .await
+    .unwrap();
+    assert_eq!(modern.seal(&database, 3000, &all_past).await.unwrap(), 1);
+    assert_eq!(legacy.seal(&database, 7000, &all_past).await.unwrap(), 1);
+    for d in all_docs(&client, "seal", "readings").await {
+        if d.get_str("sensorId").unwrap().ends_with('2') {
+            assert!(!d.contains_key("lsns"), "{d}");
+        }
+    }
 }
 
 /// A bucket written before buckets were addressed by `_id` (an ObjectId)

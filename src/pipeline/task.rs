@@ -89,6 +89,10 @@ pub async fn run(
     let pending = metrics::gauge!(telemetry::PENDING_SAMPLES);
     let pending_bytes = metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "pending");
     let mut closer_failing = false;
+    // The last checkpoint the core gave: every record below it is in
+    // MongoDB (stored by the spool or not yet), which is what the closer
+    // publishes.
+    let mut confirmed = spool.checkpointed();
     // The last write's reply was lost: the next resolve says what it did.
     let mut interrupted = false;
     let replay_records = core.backlog();
@@ -165,6 +169,7 @@ pub async fn run(
         match action {
             Action::Checkpoint(lsn) => {
                 spool.checkpoint(lsn);
+                confirmed = confirmed.max(lsn);
                 metrics::gauge!(telemetry::SPOOL_UNCONFIRMED)
                     .set(spool.durable().saturating_sub(lsn) as f64);
             }
@@ -280,7 +285,7 @@ pub async fn run(
                     );
                 }
                 let started = Instant::now();
-                let sealed = store.seal(now_ms).await;
+                let sealed = store.seal(now_ms, confirmed).await;
                 metrics::histogram!(telemetry::CLOSER_SECONDS)
                     .record(started.elapsed().as_secs_f64());
                 let cutoff = match sealed {

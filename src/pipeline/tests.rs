@@ -25,7 +25,11 @@
 //! then and says how far it got: a core that took a short read for the
 //! whole range would skip records. A full spool's
 //! `drop_oldest` is modelled with its tombstone: the core must count
-//! exactly the readings it never wrote.
+//! exactly the readings it never wrote. Every seal publishes the spool's
+//! checkpoint under its ids and removes every LSN pair below its id's
+//! published checkpoint (the sealed buckets' shape without `lsns`), and a
+//! sample below it resolves as applied: publishing the durable LSN instead
+//! of the checkpoint, or removing every pair, fails the checks.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -146,6 +150,30 @@ struct Db {
     /// Samples of a statement the database refused (they go to the dead
     /// letter, never into a bucket).
     refused: HashSet<Key>,
+    /// The checkpoint each spool id published at its seals (the
+    /// `<collection>_spools` documents): every seal publishes its spool's
+    /// and removes every LSN pair below its id's (`Store::seal`).
+    published: HashMap<u32, u64>,
+}
+
+impl Db {
+    /// What a seal does to the LSN pairs, finer than the real one (which
+    /// drops a spool's pairs of a sealed bucket when all are below): each
+    /// pair below its id's published checkpoint goes, in every window.
+    fn strip(&mut self) {
+        for ((tag, _, _), pairs) in self.ranges.iter_mut() {
+            let Some(&c) = self.published.get(tag) else {
+                continue;
+            };
+            let kept: Vec<u64> = pairs
+                .chunks_exact(2)
+                .filter(|p| p[1] >= c)
+                .flatten()
+                .copied()
+                .collect();
+            *pairs = kept;
+        }
+    }
 }
 
 /// The spool, the database and the pipeline core of one process.
@@ -564,6 +592,14 @@ impl World {
                         );
                     }
                 }
+                // The spool's stored checkpoint, under each of its ids.
+                let ids = std::iter::once(self.tags.current())
+                    .chain(self.tags.previous().iter().map(|p| p.0));
+                for id in ids.collect::<Vec<_>>() {
+                    let c = self.db.published.entry(id).or_default();
+                    *c = (*c).max(self.checkpoint);
+                }
+                self.db.strip();
                 self.core.sealed(self.now, now_ms, Some(now_ms - 5_000));
             }
             Action::Done => return Ok(false),
@@ -576,11 +612,17 @@ impl World {
         for r in req {
             for &(lsn, ts) in &r.samples {
                 let held = match self.mode {
-                    Mode::Buckets => self
-                        .db
-                        .ranges
-                        .get(&(self.tags.of(lsn), r.sensor.clone(), SHAPE.window_start(ts)))
-                        .is_some_and(|pairs| bucket::ranges_hold(pairs, lsn)),
+                    Mode::Buckets => {
+                        self.db
+                            .ranges
+                            .get(&(self.tags.of(lsn), r.sensor.clone(), SHAPE.window_start(ts)))
+                            .is_some_and(|pairs| bucket::ranges_hold(pairs, lsn))
+                            || self
+                                .db
+                                .published
+                                .get(&self.tags.of(lsn))
+                                .is_some_and(|&c| lsn < c)
+                    }
                     Mode::Timeseries => self.db.stored.contains_key(&(self.tags.of(lsn), lsn)),
                 };
                 if held || self.db.dead.contains(&(self.tags.of(lsn), lsn)) {

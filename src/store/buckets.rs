@@ -21,11 +21,14 @@
 //!   writing one sensor. Buckets written by palletd 0.1 have no `lsns` but
 //!   `lsn`, the highest LSN applied to them by a writer whose samples went
 //!   in LSN order: a sample at or below it is in (palletd no longer sets
-//!   `lsn`, so it keeps meaning exactly that).
+//!   `lsn`, so it keeps meaning exactly that). A sample below the
+//!   checkpoint its spool id published (`<collection>_spools`) is in too.
 //! - **Seal** (the closer): one multi-document update that the
 //!   `{closed, endTs}` index serves seals every bucket whose window ended
 //!   more than `closer.grace` ago: `closed: true`, `closedAt`, samples
-//!   sorted by `ts`, `avg = sum / n`. On MongoDB 5.2+ (and SecantusDB) a
+//!   sorted by `ts`, `avg = sum / n`, and without the `lsns` pairs every
+//!   spool's published checkpoint has passed (no replay asks for them: a
+//!   sealed bucket then has the seeds' shape). On MongoDB 5.2+ (and SecantusDB) a
 //!   pipeline update with `$sortArray`; older servers get two statements
 //!   (`$push {$each: [], $sort}` then a pipeline update adding `avg` to
 //!   exactly the buckets the first one sealed).
@@ -341,7 +344,17 @@ impl Buckets {
 
     /// Seals every open bucket whose window ended at or before
     /// `now_ms - closer.grace`. Returns how many were sealed.
-    pub async fn seal(&mut self, db: &Database, now_ms: i64) -> mongodb::error::Result<u64> {
+    ///
+    /// `published`: the checkpoint each spool published (by `lsns` field
+    /// name); a sealed bucket keeps only the `lsns.<spool>` whose pairs
+    /// reach that spool's checkpoint, and none once all are past
+    /// ([`strip_expression`]).
+    pub async fn seal(
+        &mut self,
+        db: &Database,
+        now_ms: i64,
+        published: &HashMap<String, u64>,
+    ) -> mongodb::error::Result<u64> {
         let legacy = match self.legacy_seal {
             Some(l) => l,
             None => {
@@ -353,9 +366,9 @@ impl Buckets {
         let cutoff = bson::DateTime::from_millis(self.cutoff(now_ms));
         let now = bson::DateTime::from_millis(now_ms);
         let updates = if legacy {
-            legacy_seal_statements(cutoff, now)
+            legacy_seal_statements(cutoff, now, published)
         } else {
-            vec![seal_statement(cutoff)]
+            vec![seal_statement(cutoff, published)]
         };
         let reply = db
             .run_command(doc! {
@@ -781,23 +794,79 @@ fn avg_expression() -> Document {
     }
 }
 
+/// `lsns` without the spools' pairs that no replay needs: an entry
+/// `lsns.<spool>` goes when its largest LSN is below the checkpoint that
+/// spool published (every record below it is in MongoDB), and the field
+/// goes with its last entry. A spool that resolves an LSN below its
+/// published checkpoint (after a crash before the spool stored that
+/// checkpoint, or a restored backup or a copy of it) takes it as applied
+/// (`Store::resolve`), so it never looks for those pairs. `None` without
+/// published checkpoints.
+///
+/// The rule's proof is the pipeline model's (`src/pipeline/tests.rs`):
+/// every seal there publishes and removes pairs, finer than this (each
+/// pair below the checkpoint, in open windows too), through crashes, lost
+/// replies, two instances and a backlog, and every sample stays stored
+/// exactly once; `tests/faults.rs` restores a spool from a backup.
+fn strip_expression(published: &HashMap<String, u64>) -> Option<Document> {
+    if published.is_empty() {
+        return None;
+    }
+    let mut spools: Vec<(&String, &u64)> = published.iter().collect();
+    spools.sort();
+    let passed: Vec<Document> = spools
+        .into_iter()
+        .map(|(field, c)| {
+            doc! { "$and": [
+                { "$eq": ["$$e.k", field.as_str()] },
+                { "$lt": [{ "$max": "$$e.v" }, *c as i64] },
+            ] }
+        })
+        .collect();
+    let kept = doc! { "$filter": {
+        "input": { "$objectToArray": { "$ifNull": ["$lsns", {}] } },
+        "as": "e",
+        "cond": { "$not": [{ "$or": passed }] },
+    } };
+    Some(doc! { "$let": {
+        "vars": { "kept": kept },
+        "in": { "$cond": [
+            { "$eq": [{ "$size": "$$kept" }, 0] },
+            "$$REMOVE",
+            { "$arrayToObject": "$$kept" },
+        ] },
+    } })
+}
+
 /// The one-statement seal (MongoDB 5.2+).
-fn seal_statement(cutoff: bson::DateTime) -> Document {
+fn seal_statement(cutoff: bson::DateTime, published: &HashMap<String, u64>) -> Document {
+    let mut set = doc! {
+        "closed": true,
+        "closedAt": "$$NOW",
+        "samples": { "$sortArray": { "input": "$samples", "sortBy": { "ts": 1 } } },
+        "avg": avg_expression(),
+    };
+    if let Some(lsns) = strip_expression(published) {
+        set.insert("lsns", lsns);
+    }
     doc! {
         "q": open_and_ended(cutoff),
-        "u": [ { "$set": {
-            "closed": true,
-            "closedAt": "$$NOW",
-            "samples": { "$sortArray": { "input": "$samples", "sortBy": { "ts": 1 } } },
-            "avg": avg_expression(),
-        } } ],
+        "u": [ { "$set": set } ],
         "multi": true,
         "hint": { "closed": 1, "endTs": 1 },
     }
 }
 
 /// The two-statement seal for servers without `$sortArray`.
-fn legacy_seal_statements(cutoff: bson::DateTime, now: bson::DateTime) -> Vec<Document> {
+fn legacy_seal_statements(
+    cutoff: bson::DateTime,
+    now: bson::DateTime,
+    published: &HashMap<String, u64>,
+) -> Vec<Document> {
+    let mut set = doc! { "avg": avg_expression() };
+    if let Some(lsns) = strip_expression(published) {
+        set.insert("lsns", lsns);
+    }
     vec![
         doc! {
             "q": open_and_ended(cutoff),
@@ -810,7 +879,7 @@ fn legacy_seal_statements(cutoff: bson::DateTime, now: bson::DateTime) -> Vec<Do
         },
         doc! {
             "q": { "closed": true, "endTs": { "$lte": cutoff }, "closedAt": now, "avg": { "$exists": false } },
-            "u": [ { "$set": { "avg": avg_expression() } } ],
+            "u": [ { "$set": set } ],
             "multi": true,
             "hint": { "closed": 1, "endTs": 1 },
         },
@@ -885,8 +954,9 @@ mod tests {
     #[test]
     fn the_seal_is_an_update_many_that_leaves_the_shard_key_alone() {
         let cutoff = bson::DateTime::from_millis(3_600_000);
-        let mut statements = vec![seal_statement(cutoff)];
-        statements.extend(legacy_seal_statements(cutoff, cutoff));
+        let published: HashMap<String, u64> = [("s00000001".to_string(), 5)].into();
+        let mut statements = vec![seal_statement(cutoff, &published)];
+        statements.extend(legacy_seal_statements(cutoff, cutoff, &published));
         for st in statements {
             assert_eq!(st.get_bool("multi"), Ok(true), "{st}");
             assert!(!st.get_bool("upsert").unwrap_or(false));

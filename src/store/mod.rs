@@ -204,6 +204,26 @@ impl Store {
             Mode::Buckets(m) => m.resolve(&mut self.mongo, req, abort).await?,
             Mode::Timeseries(m) => m.resolve(&mut self.mongo, req, abort).await?,
         };
+        if let Mode::Buckets(_) = &self.mode {
+            // Below its id's published checkpoint a sample is in, though a
+            // seal may have removed its LSN pair (a spool restored from a
+            // backup, or copied to another box, replays records an earlier
+            // run wrote and confirmed).
+            let coll = self.spools.clone();
+            let published = self
+                .mongo
+                .read_retrying("read published checkpoints", abort, |db, concern| {
+                    mongo::published_checkpoints(db.collection(&coll), concern)
+                })
+                .await?;
+            let samples = req.iter().flat_map(|r| r.samples.iter().map(|s| s.0));
+            for lsn in samples {
+                let id = format!("s{:08x}", self.tags.of(lsn));
+                if published.get(&id).is_some_and(|&c| lsn < c) {
+                    out.applied.insert(lsn);
+                }
+            }
+        }
         let lsns = || req.iter().flat_map(|r| r.samples.iter().map(|s| s.0));
         if let (Some(lo), Some(hi)) = (lsns().min(), lsns().max()) {
             // One range scan of `_id` per spool id the range was written under.
@@ -268,15 +288,26 @@ impl Store {
     }
 
     /// One closer run at `now_ms` (after one attempt at the schema, which
-    /// the seal's index hint needs): seals what is over, then writes the
-    /// rollups that are due. `Ok(sealed buckets)`.
-    pub async fn seal(&mut self, now_ms: i64) -> Result<u64, String> {
+    /// the seal's index hint needs): publishes `checkpoint` (bucket mode:
+    /// every record of the spool below it is in MongoDB, as the pipeline's
+    /// last checkpoint says, stored by the spool yet or not), seals what is
+    /// over (dropping the LSN
+    /// pairs every spool's published checkpoint has passed), then writes
+    /// the rollups that are due. `Ok(sealed buckets)`.
+    pub async fn seal(&mut self, now_ms: i64, checkpoint: u64) -> Result<u64, String> {
         if !self.try_ensure_schema().await {
             return Err("the schema is not in place".into());
         }
         let db = self.mongo.db.clone();
         let sealed = match &mut self.mode {
-            Mode::Buckets(m) => m.seal(&db, now_ms).await.map_err(|e| e.to_string())?,
+            Mode::Buckets(m) => {
+                let published = publish_checkpoint(&db, &self.spools, &self.tags, checkpoint)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                m.seal(&db, now_ms, &published)
+                    .await
+                    .map_err(|e| e.to_string())?
+            }
             Mode::Timeseries(_) => 0,
         };
         if let Some(r) = &mut self.rollups {
@@ -362,4 +393,38 @@ impl Store {
             )),
         }
     }
+}
+
+/// Publishes `checkpoint` (every record of the spool below it is in
+/// MongoDB) on the `<collection>_spools` document of each of the spool's
+/// ids, never lowering one (a spool copied to another box shares its old
+/// id with the original); returns what every spool published, by `lsns`
+/// field name. A spool that stops publishing keeps its pairs in the
+/// buckets sealed from then on; nothing else waits for it.
+async fn publish_checkpoint(
+    db: &Database,
+    spools: &str,
+    tags: &Tags,
+    checkpoint: u64,
+) -> mongodb::error::Result<std::collections::HashMap<String, u64>> {
+    let ids = std::iter::once(tags.current()).chain(tags.previous().iter().map(|p| p.0));
+    let updates: Vec<bson::Document> = ids
+        .map(|id| {
+            bson::doc! {
+                "q": { "_id": format!("s{id:08x}") },
+                "u": { "$max": { "checkpoint": checkpoint as i64 } },
+                "upsert": true,
+            }
+        })
+        .collect();
+    let reply = db
+        .run_command(bson::doc! {
+            "update": spools,
+            "updates": updates,
+            "ordered": false,
+            "writeConcern": { "w": "majority" },
+        })
+        .await?;
+    mongo::no_write_errors(&reply, "publish the spool's checkpoint")?;
+    mongo::published_checkpoints(db.collection(spools), None).await
 }

@@ -691,6 +691,30 @@ pub async fn deadletter_lsns(
     Ok(out)
 }
 
+/// The checkpoints spools published in `<collection>_spools`
+/// (`checkpoint` on the document of each spool id, `s<id in hex>`): every
+/// record of that id below it is in MongoDB (or dead-lettered). Keyed by
+/// the documents' `_id`, which is also the id's `lsns.<...>` field name.
+pub async fn published_checkpoints(
+    coll: mongodb::Collection<bson::Document>,
+    concern: Option<ReadConcern>,
+) -> mongodb::error::Result<std::collections::HashMap<String, u64>> {
+    let find = coll
+        .find(doc! { "checkpoint": { "$exists": true } })
+        .projection(doc! { "checkpoint": 1 });
+    let mut cursor = match concern {
+        Some(c) => find.read_concern(c).await?,
+        None => find.await?,
+    };
+    let mut out = std::collections::HashMap::new();
+    while let Some(d) = cursor.try_next().await? {
+        if let (Ok(id), Ok(c)) = (d.get_str("_id"), d.get_i64("checkpoint")) {
+            out.insert(id.to_string(), c.max(0) as u64);
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

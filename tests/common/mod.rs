@@ -1055,7 +1055,8 @@ pub fn check_bucket(b: &Document, window_ms: i64, max_samples: usize, max_bytes:
     let size = b.get_i32("size").expect("size") as usize;
     assert!(size <= max_bytes, "size <= max_bytes: {b}");
     // What the bucket holds: its samples, and an entry per distinct numeric
-    // name in each of sum, n, min, max and the seal's avg.
+    // name in each of sum, n, min, max and the seal's avg, and its {t, v}
+    // in first and last.
     let bytes: usize = samples
         .iter()
         .map(|s| bson::to_vec(s.as_document().unwrap()).unwrap().len())
@@ -1066,7 +1067,7 @@ pub fn check_bucket(b: &Document, window_ms: i64, max_samples: usize, max_bytes:
         .filter(|(_, v)| matches!(v, Bson::Double(_)))
         .map(|(k, _)| k.as_str())
         .collect();
-    let summaries: usize = names.iter().map(|n| 5 * (n.len() + 10)).sum();
+    let summaries: usize = names.iter().map(|n| 7 * n.len() + 108).sum();
     assert!(
         bytes + summaries <= size,
         "size counts what the bucket holds: {bytes} bytes of samples and {summaries} of summaries, size {size}: {b}"
