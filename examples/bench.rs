@@ -111,6 +111,29 @@ enum Cli {
     /// spooled reading must be resolved before it is written; beside the
     /// same backlog drained without a crash.
     Replay(ReplayArgs),
+    /// The database's statement rate with a long history stored: palletd
+    /// (buckets, `flush.max_delay = "200ms"`, so the database is what
+    /// limits) on an empty collection, then on one holding a month of
+    /// hourly buckets of every sensor.
+    History(HistoryArgs),
+}
+
+#[derive(clap::Args)]
+struct HistoryArgs {
+    /// Sensor counts, comma-separated.
+    #[arg(long, default_value = "1000,10000", value_delimiter = ',')]
+    sensors: Vec<usize>,
+    /// Days of hourly buckets per sensor stored before the run.
+    #[arg(long, default_value_t = 30)]
+    days: usize,
+    /// Readings per second offered, all sensors together.
+    #[arg(long, default_value_t = 5000.0)]
+    rate: f64,
+    /// Seconds of each measured step.
+    #[arg(long, default_value_t = 60)]
+    secs: u64,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 #[derive(clap::Args)]
@@ -330,6 +353,7 @@ fn main() -> anyhow::Result<()> {
         Cli::Hostile(args) => hostile(args),
         Cli::LiveRollups(args) => live_rollups(args),
         Cli::Replay(args) => replay(args),
+        Cli::History(args) => history(args),
         Cli::Backfill(args) => backfill(args),
     }
 }
@@ -581,6 +605,12 @@ fn closer(args: CloserArgs) -> anyhow::Result<()> {
             stored: after.stored - before.stored,
         };
         eprintln!("  {d:?} ({:.0}/s durable)", m.step.achieved_per_s);
+        let bytes = tokio::runtime::Runtime::new()?.block_on(sealed_bytes(&svc.mongodb_uri()))?;
+        eprintln!(
+            "  sealed buckets: {} of {} readings, {:.1} bytes per reading, of which lsns {:.2}; {} of {} still carry lsns",
+            bytes.readings, bytes.buckets, bytes.bytes as f64 / bytes.readings.max(1) as f64,
+            bytes.lsns_bytes as f64 / bytes.readings.max(1) as f64, bytes.with_lsns, bytes.buckets,
+        );
         rows.push((label, d, m.step));
     }
     println!("| closer | runs | sealed buckets | seal ms / sealed bucket | rollup pass ms / sealed bucket | statements / sealed bucket | rollups written | offered / durable readings/s |");
@@ -2795,6 +2825,154 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     });
     std::fs::create_dir_all(&args.run.out)?;
     let name = format!("replay-{}", chrono::Utc::now().format("%Y-%m-%dT%H%M%SZ"));
+    std::fs::write(
+        args.run.out.join(format!("{name}.json")),
+        serde_json::to_string_pretty(&out)?,
+    )?;
+    Ok(())
+}
+
+/// What the sealed buckets of bench.readings weigh.
+#[derive(Debug, Default)]
+struct SealedBytes {
+    buckets: u64,
+    readings: u64,
+    /// BSON bytes of the whole documents.
+    bytes: u64,
+    /// Bytes of their `lsns` elements.
+    lsns_bytes: u64,
+    with_lsns: u64,
+}
+
+async fn sealed_bytes(uri: &str) -> anyhow::Result<SealedBytes> {
+    let coll = mongodb::Client::with_uri_str(uri)
+        .await?
+        .database("bench")
+        .collection::<bson::RawDocumentBuf>("readings");
+    let mut cursor = coll.find(doc! { "closed": true }).await?;
+    let mut out = SealedBytes::default();
+    while let Some(d) = cursor.try_next().await? {
+        out.buckets += 1;
+        out.bytes += d.as_bytes().len() as u64;
+        if let Ok(c) = d.get_i32("count") {
+            out.readings += c.max(0) as u64;
+        }
+        if let Ok(l) = d.get_document("lsns") {
+            out.with_lsns += 1;
+            // The element: type, "lsns", NUL, the document.
+            out.lsns_bytes += 1 + 5 + l.as_bytes().len() as u64;
+        }
+    }
+    Ok(out)
+}
+
+/// Inserts `hours` sealed hourly buckets (one sample each) of each of the
+/// simulator's first `sensors` sensors, before the current hour; returns
+/// the seconds it took.
+async fn prefill(uri: &str, sensors: usize, hours: usize) -> anyhow::Result<f64> {
+    let coll = mongodb::Client::with_uri_str(uri)
+        .await?
+        .database("bench")
+        .collection::<bson::Document>("readings");
+    coll.create_indexes(palletd::store::buckets::indexes())
+        .await?;
+    let now = chrono::Utc::now().timestamp_millis() / 3_600_000 * 3_600_000;
+    let started = Instant::now();
+    let mut docs = Vec::with_capacity(10_000);
+    for h in 1..=hours as i64 {
+        let start = now - h * 3_600_000;
+        let (t, end) = (
+            bson::DateTime::from_millis(start),
+            bson::DateTime::from_millis(start + 3_600_000),
+        );
+        for s in 0..sensors {
+            let sensor = format!("s{s:05}");
+            let edge = doc! { "t": t, "v": 21.5 };
+            docs.push(doc! {
+                "_id": palletd::bucket::bucket_id(&sensor, start, 0),
+                "sensorId": &sensor, "startTs": t, "endTs": end, "closed": true, "closedAt": end,
+                "count": 1, "size": 200, "minTs": t, "maxTs": t,
+                "sum": { "temp": 21.5 }, "n": { "temp": 1 }, "min": { "temp": 21.5 }, "max": { "temp": 21.5 },
+                "avg": { "temp": 21.5 }, "first": { "temp": edge.clone() }, "last": { "temp": edge },
+                "samples": [ { "ts": t, "temp": 21.5 } ],
+            });
+            if docs.len() == 10_000 {
+                coll.insert_many(std::mem::take(&mut docs))
+                    .ordered(false)
+                    .await?;
+            }
+        }
+    }
+    if !docs.is_empty() {
+        coll.insert_many(docs).ordered(false).await?;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+fn history(args: HistoryArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    let tail = "[flush]\nmax_delay = \"200ms\"\n";
+    let mut rows = Vec::new();
+    for &sensors in &args.sensors {
+        for stored_days in [0, args.days] {
+            let label = if stored_days == 0 {
+                "empty collection".to_string()
+            } else {
+                format!("{stored_days} days of hourly buckets stored")
+            };
+            eprintln!("== history, {sensors} sensors, {label}");
+            let svc = Services::start(&args.run)?;
+            let prefill_s = if stored_days > 0 {
+                let s = rt.block_on(prefill(&svc.mongodb_uri(), sensors, stored_days * 24))?;
+                eprintln!(
+                    "  {} buckets stored in {s:.0} s",
+                    sensors * stored_days * 24
+                );
+                Some(s)
+            } else {
+                None
+            };
+            let sink = buckets_sink(&args.run, &svc, tail)?;
+            let port = sink.procs[0].1;
+            step(&args.run, &svc, &sink, sensors, args.rate, 10)?;
+            let before = counter_sum(port, palletd::telemetry::STATEMENTS);
+            let m = step(&args.run, &svc, &sink, sensors, args.rate, args.secs)?;
+            let statements = counter_sum(port, palletd::telemetry::STATEMENTS) - before;
+            let row = json!({
+                "sensors": sensors,
+                "variant": label,
+                "stored_buckets": sensors * stored_days * 24,
+                "prefill_s": prefill_s,
+                "offered_per_s": m.step.target_per_s,
+                "durable_per_s": m.step.achieved_per_s,
+                "statements_per_s": statements / m.step.seconds,
+                "lag_p50_s": quantile(&m.before.live_age, &m.after.live_age, 0.5),
+                "lag_p99_s": quantile(&m.before.live_age, &m.after.live_age, 0.99),
+            });
+            eprintln!("  {row}");
+            rows.push(row);
+            drop(sink);
+        }
+    }
+    println!("| sensors | collection | offered/s | durable/s | statements/s | lag p50 | lag p99 |");
+    println!("|---:|---|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        let f = |k: &str, d: usize| fmt(r[k].as_f64(), d);
+        println!(
+            "| {} | {} | {} | {} | {} | {} s | {} s |",
+            f("sensors", 0),
+            r["variant"].as_str().unwrap_or(""),
+            f("offered_per_s", 0),
+            f("durable_per_s", 0),
+            f("statements_per_s", 0),
+            f("lag_p50_s", 2),
+            f("lag_p99_s", 2),
+        );
+    }
+    let out =
+        json!({ "scenario": "history", "days": args.days, "rows": rows, "machine": machine() });
+    std::fs::create_dir_all(&args.run.out)?;
+    let name = format!("history-{}", chrono::Utc::now().format("%Y-%m-%dT%H%M%SZ"));
     std::fs::write(
         args.run.out.join(format!("{name}.json")),
         serde_json::to_string_pretty(&out)?,
