@@ -210,19 +210,21 @@ async fn bucket_rolls_over_at_the_byte_cap() {
     for b in &buckets {
         check_bucket(b, HOUR_MS, 1000, 1000);
         // A statement of one more sample costs its document and, once,
-        // the summaries of its numeric fields.
+        // the summaries of its numeric fields (sum, n, min, max, avg, and
+        // first and last as {t, v}).
         let first = b.get_array("samples").unwrap()[0].as_document().unwrap();
         let summaries: usize = first
             .iter()
             .filter(|(_, v)| matches!(v, bson::Bson::Double(_)))
-            .map(|(k, _)| 5 * (k.len() + 10))
+            .map(|(k, _)| 7 * k.len() + 108)
             .sum();
         let one = (bson::to_vec(first).unwrap().len() + summaries) as i32;
         if b.get_i32("size").unwrap() + one <= 1000 {
             not_full += 1;
         }
     }
-    assert_eq!(not_full, 1, "all buckets but the last are full by size");
+    // (The last may be full too: 40 samples can fill the buckets exactly.)
+    assert!(not_full <= 1, "all buckets but the last are full by size");
     assert_eq!(unwind(&buckets).len(), 40);
     stack.stop();
 }
