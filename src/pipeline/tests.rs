@@ -592,13 +592,10 @@ impl World {
                         );
                     }
                 }
-                // The spool's stored checkpoint, under each of its ids.
-                let ids = std::iter::once(self.tags.current())
-                    .chain(self.tags.previous().iter().map(|p| p.0));
-                for id in ids.collect::<Vec<_>>() {
-                    let c = self.db.published.entry(id).or_default();
-                    *c = (*c).max(self.checkpoint);
-                }
+                // The pipeline's checkpoint, under the spool's current id
+                // (an earlier id may be another box's too).
+                let c = self.db.published.entry(self.tags.current()).or_default();
+                *c = (*c).max(self.checkpoint);
                 self.db.strip();
                 self.core.sealed(self.now, now_ms, Some(now_ms - 5_000));
             }

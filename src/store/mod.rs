@@ -396,27 +396,24 @@ impl Store {
 }
 
 /// Publishes `checkpoint` (every record of the spool below it is in
-/// MongoDB) on the `<collection>_spools` document of each of the spool's
-/// ids, never lowering one (a spool copied to another box shares its old
-/// id with the original); returns what every spool published, by `lsns`
-/// field name. A spool that stops publishing keeps its pairs in the
-/// buckets sealed from then on; nothing else waits for it.
+/// MongoDB) on the `<collection>_spools` document of the spool's current
+/// id, never lowering it; returns what every spool published, by `lsns`
+/// field name. Only the current id: an earlier one (the spool was copied
+/// from another box) is the original's too, whose records above the copy
+/// this spool knows nothing of, so their pairs stay. A spool that stops
+/// publishing keeps its pairs in the buckets sealed from then on; nothing
+/// else waits for it.
 async fn publish_checkpoint(
     db: &Database,
     spools: &str,
     tags: &Tags,
     checkpoint: u64,
 ) -> mongodb::error::Result<std::collections::HashMap<String, u64>> {
-    let ids = std::iter::once(tags.current()).chain(tags.previous().iter().map(|p| p.0));
-    let updates: Vec<bson::Document> = ids
-        .map(|id| {
-            bson::doc! {
-                "q": { "_id": format!("s{id:08x}") },
-                "u": { "$max": { "checkpoint": checkpoint as i64 } },
-                "upsert": true,
-            }
-        })
-        .collect();
+    let updates = vec![bson::doc! {
+        "q": { "_id": format!("s{:08x}", tags.current()) },
+        "u": { "$max": { "checkpoint": checkpoint as i64 } },
+        "upsert": true,
+    }];
     let reply = db
         .run_command(bson::doc! {
             "update": spools,
