@@ -607,7 +607,7 @@ fn closer(args: CloserArgs) -> anyhow::Result<()> {
         eprintln!("  {d:?} ({:.0}/s durable)", m.step.achieved_per_s);
         let bytes = tokio::runtime::Runtime::new()?.block_on(sealed_bytes(&svc.mongodb_uri()))?;
         eprintln!(
-            "  sealed buckets: {} of {} readings, {:.1} bytes per reading, of which lsns {:.2}; {} of {} still carry lsns",
+            "  sealed buckets: {} readings in {} buckets, {:.1} bytes per reading, of which lsns {:.2}; {} of {} still carry lsns",
             bytes.readings, bytes.buckets, bytes.bytes as f64 / bytes.readings.max(1) as f64,
             bytes.lsns_bytes as f64 / bytes.readings.max(1) as f64, bytes.with_lsns, bytes.buckets,
         );
