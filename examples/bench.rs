@@ -2422,6 +2422,37 @@ async fn check_backfill_rollups(
     Ok((checked, wrong))
 }
 
+/// Publishes `count` readings (sensor, JSON) at QoS 1 as fast as the
+/// broker takes them, and returns once the broker acknowledged them all.
+async fn publish_acknowledged(
+    broker_port: u16,
+    client_id: &str,
+    count: usize,
+    messages: impl Iterator<Item = (String, serde_json::Value)>,
+) -> anyhow::Result<()> {
+    let mut opts = MqttOptions::new(client_id, "127.0.0.1", broker_port);
+    opts.set_max_packet_size(1 << 20, 1 << 20);
+    let (client, mut eventloop) = AsyncClient::new(opts, 1000);
+    let acks = tokio::spawn(async move {
+        let mut acked = 0usize;
+        while acked < count {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::PubAck(_))) => acked += 1,
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
+    for (sensor, v) in messages {
+        let topic = TOPIC.replace("{sensor}", &sensor);
+        client
+            .publish(topic, QoS::AtLeastOnce, false, v.to_string())
+            .await?;
+    }
+    acks.await?;
+    Ok(())
+}
+
 /// One station's reading at hour `h`: a day's swing and a year's, and
 /// noise of a fixed seed (the same in every run).
 fn weather(station: usize, h: usize) -> serde_json::Value {
@@ -2460,33 +2491,19 @@ fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
         let now = chrono::Utc::now().timestamp_millis() / 3_600_000 * 3_600_000;
         let first = now - args.hours as i64 * 3_600_000;
         let started = Instant::now();
-        rt.block_on(async {
-            let mut opts = MqttOptions::new("bench-backfill", "127.0.0.1", svc.broker_port);
-            opts.set_max_packet_size(1 << 20, 1 << 20);
-            let (client, mut eventloop) = AsyncClient::new(opts, 1000);
-            let acks = tokio::spawn(async move {
-                let mut acked = 0usize;
-                while acked < readings {
-                    match eventloop.poll().await {
-                        Ok(Event::Incoming(Packet::PubAck(_))) => acked += 1,
-                        Ok(_) => {}
-                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                    }
-                }
-            });
-            for h in 0..args.hours {
-                for s in 0..args.sensors {
-                    let mut v = weather(s, h);
-                    v["ts"] = json!(first + h as i64 * 3_600_000 + 1_000);
-                    let topic = TOPIC.replace("{sensor}", &format!("station-{s}"));
-                    client
-                        .publish(topic, QoS::AtLeastOnce, false, v.to_string())
-                        .await?;
-                }
-            }
-            acks.await?;
-            anyhow::Ok(())
-        })?;
+        let messages = (0..args.hours).flat_map(|h| {
+            (0..args.sensors).map(move |s| {
+                let mut v = weather(s, h);
+                v["ts"] = json!(first + h as i64 * 3_600_000 + 1_000);
+                (format!("station-{s}"), v)
+            })
+        });
+        rt.block_on(publish_acknowledged(
+            svc.broker_port,
+            "bench-backfill",
+            readings,
+            messages,
+        ))?;
         let published_s = started.elapsed().as_secs_f64();
         let mut stored = 0.0;
         while started.elapsed() < Duration::from_secs(1800) {
@@ -2724,33 +2741,18 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         let first = now - args.windows as i64 * 60_000;
         let step_ms = 60_000 / args.per_window as i64;
         let published = Instant::now();
-        rt.block_on(async {
-            let mut opts = MqttOptions::new("bench-replay", "127.0.0.1", svc.broker_port);
-            opts.set_max_packet_size(1 << 20, 1 << 20);
-            let (client, mut eventloop) = AsyncClient::new(opts, 1000);
-            let acks = tokio::spawn(async move {
-                let mut acked = 0usize;
-                while acked < readings {
-                    match eventloop.poll().await {
-                        Ok(Event::Incoming(Packet::PubAck(_))) => acked += 1,
-                        Ok(_) => {}
-                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                    }
-                }
-            });
-            for i in 0..args.windows * args.per_window {
-                for s in 0..args.sensors {
-                    let v =
-                        json!({ "ts": first + i as i64 * step_ms, "temp": (i % 97) as f64 / 4.0 });
-                    let topic = TOPIC.replace("{sensor}", &format!("r{s}"));
-                    client
-                        .publish(topic, QoS::AtLeastOnce, false, v.to_string())
-                        .await?;
-                }
-            }
-            acks.await?;
-            anyhow::Ok(())
-        })?;
+        let messages = (0..args.windows * args.per_window).flat_map(|i| {
+            (0..args.sensors).map(move |s| {
+                let v = json!({ "ts": first + i as i64 * step_ms, "temp": (i % 97) as f64 / 4.0 });
+                (format!("r{s}"), v)
+            })
+        });
+        rt.block_on(publish_acknowledged(
+            svc.broker_port,
+            "bench-replay",
+            readings,
+            messages,
+        ))?;
         let published_s = published.elapsed().as_secs_f64();
         eprintln!("  {readings} acknowledged in {published_s:.1} s");
         if crash {

@@ -547,10 +547,9 @@ mod tests {
         }
     }
 
-    /// Decodes `payload` on `sensors/s1/telemetry`: (readings, errors,
-    /// keys compared).
-    fn decode_counting(payload: &[u8], max_fields: usize) -> (usize, Vec<DecodeError>, u64) {
-        let sub = Subscription {
+    /// A JSON subscription to `sensors/{sensor}/telemetry`.
+    fn telemetry() -> Subscription {
+        Subscription {
             pattern: super::super::TopicPattern::parse("sensors/{sensor}/telemetry").unwrap(),
             format: super::super::PayloadFormat::Json,
             timestamp_field: "ts".into(),
@@ -558,7 +557,13 @@ mod tests {
             field: None,
             qos: 1,
             rebirth_min_interval: None,
-        };
+        }
+    }
+
+    /// Decodes `payload` on `sensors/s1/telemetry`: (readings, errors,
+    /// keys compared).
+    fn decode_counting(payload: &[u8], max_fields: usize) -> (usize, Vec<DecodeError>, u64) {
+        let sub = telemetry();
         let m = sub.pattern.matches("sensors/s1/telemetry").unwrap();
         COMPARED.with(|c| c.set(0));
         let mut errors = Vec::new();
@@ -581,15 +586,7 @@ mod tests {
     /// different from what it sent.
     #[test]
     fn numbers_are_stored_as_the_double_their_text_names() {
-        let sub = Subscription {
-            pattern: super::super::TopicPattern::parse("sensors/{sensor}/telemetry").unwrap(),
-            format: super::super::PayloadFormat::Json,
-            timestamp_field: "ts".into(),
-            sensor_field: None,
-            field: None,
-            qos: 1,
-            rebirth_min_interval: None,
-        };
+        let sub = telemetry();
         let m = sub.pattern.matches("sensors/s1/telemetry").unwrap();
         let texts = [
             "1.0427500721073601",
@@ -643,15 +640,7 @@ mod tests {
         let payload = format!("{{{}}}", keys.join(","));
         let mut errors = Vec::new();
         let sub_limits = limits(64);
-        let sub = Subscription {
-            pattern: super::super::TopicPattern::parse("sensors/{sensor}/telemetry").unwrap(),
-            format: super::super::PayloadFormat::Json,
-            timestamp_field: "ts".into(),
-            sensor_field: None,
-            field: None,
-            qos: 1,
-            rebirth_min_interval: None,
-        };
+        let sub = telemetry();
         let m = sub.pattern.matches("sensors/s1/telemetry").unwrap();
         let r = decode(&sub, m, payload.as_bytes(), NOW, &sub_limits, &mut errors).unwrap();
         assert_eq!(r[0].fields.len(), 40);
