@@ -435,11 +435,43 @@ pub fn seq_of(id: &str) -> Option<u32> {
 /// start (a window that is absent is unknown). Usually one or two windows,
 /// so a small list rather than a map.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Fills(Vec<(i64, Fill)>);
+pub struct Fills(Vec<(i64, Fill)>, Quiet);
+
+/// How many fill lookups of a sensor in a row found no bucket in any
+/// window they asked for (saturating): from [`QUIET_LOOKUPS`] on, its new
+/// windows are taken to be empty without asking, until a bucket palletd did
+/// not know of turns up (a collision on its `_id`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Quiet(u8);
+
+/// Lookups that find nothing before a sensor's new windows are no longer
+/// looked up: a backfill (history arriving in time order, every window
+/// new) then costs the database its upserts only, not a query per flush;
+/// a wrong guess costs one collision and turns the lookups back on.
+pub const QUIET_LOOKUPS: u8 = 2;
 
 impl Fills {
     pub fn new() -> Fills {
         Fills::default()
+    }
+
+    /// Whether a lookup of this sensor's windows is likely to find nothing.
+    pub fn quiet(&self) -> bool {
+        self.1 .0 >= QUIET_LOOKUPS
+    }
+
+    /// A lookup of its windows found a bucket (`true`) or none.
+    pub fn looked_up(&mut self, found: bool) {
+        self.1 = Quiet(if found {
+            0
+        } else {
+            self.1 .0.saturating_add(1)
+        });
+    }
+
+    /// A statement met a bucket palletd did not know of: look up again.
+    pub fn surprised(&mut self) {
+        self.1 = Quiet(0);
     }
 
     pub fn get(&self, start: &i64) -> Option<&Fill> {
@@ -1238,5 +1270,25 @@ mod tests {
             stored.sort();
             prop_assert_eq!(stored, sent);
         }
+    }
+
+    /// Two empty lookups in a row make a sensor quiet; a bucket found, or
+    /// one met by a collision, ends it.
+    #[test]
+    fn a_sensor_is_quiet_after_two_empty_lookups_until_a_bucket_turns_up() {
+        let mut f = Fills::new();
+        f.looked_up(false);
+        assert!(!f.quiet());
+        f.looked_up(false);
+        assert!(f.quiet());
+        f.surprised();
+        assert!(!f.quiet());
+        f.looked_up(false);
+        f.looked_up(true);
+        f.looked_up(false);
+        assert!(!f.quiet());
+        f.looked_up(false);
+        f.retain(|_, _| false);
+        assert!(f.quiet(), "forgetting windows keeps what lookups found");
     }
 }

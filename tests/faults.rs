@@ -502,6 +502,53 @@ async fn a_backfill_of_many_windows_is_stored_once_in_bounded_flushes_across_a_k
     stack.stop();
 }
 
+/// A backfill costs the database its upserts, not a query per flush:
+/// once two fill lookups of a sensor found no bucket, its new windows are
+/// taken to be empty without asking. Counted by the server
+/// (`opcounters.query`) while palletd stores 9,000 hourly readings in
+/// flushes of at most 1,000 statements; the test reads nothing until they
+/// are stored. Before, every flush looked up the fill of its windows (one
+/// query per flush here, finding nothing: 9 or more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_stops_looking_up_windows_it_finds_empty() {
+    let stack = Stack::start("quiet", |c| {
+        c.window("1h")
+            .set("bucket.max_lateness", "200d")
+            .closer("1h", "300d")
+    })
+    .await;
+    let t0 = (now_ms() - 3100 * HOUR_MS).div_euclid(HOUR_MS) * HOUR_MS;
+    let queries = stack.db.queries().await;
+    let mut publisher = stack.publisher().await;
+    let mut sent = Vec::new();
+    for hour in 0..3000i64 {
+        for sensor in ["q1", "q2", "q3"] {
+            let seq = sent.len() as i64;
+            let ts = t0 + hour * HOUR_MS + 1000;
+            publisher
+                .json(sensor, serde_json::json!({ "ts": ts, "seq": seq }))
+                .await;
+            sent.push((sensor.to_string(), seq));
+        }
+    }
+    publisher.flush().await;
+    stack
+        .palletd
+        .wait_until(Duration::from_secs(120), "9,000 samples stored", |p| {
+            p.metric("palletd_samples_stored_total", None) >= 9000.0
+        })
+        .await;
+    let queries = stack.db.queries().await - queries;
+    let flushes = stack.palletd.metric("palletd_flushes_total", None);
+    assert_exactly_once(&stack.client, "quiet", &sent, Duration::from_secs(10)).await;
+    // Two lookups per sensor at most (the three share them when they
+    // are flushed together).
+    assert!(
+        queries <= 6 && flushes >= 9.0,
+        "{queries} queries in {flushes} flushes"
+    );
+}
+
 /// Copies directory `from` to `to` (files only, one level: a spool).
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();

@@ -11,7 +11,9 @@
 //!   an E11000 on it (the bucket is full or sealed) sends the statement to
 //!   the window's next bucket. Before planning, the newest bucket of each
 //!   window palletd has no memory of is learned with bounded lookups, so a
-//!   restart continues a half-full bucket.
+//!   restart continues a half-full bucket; a sensor whose lookups keep
+//!   finding nothing is not asked about its new windows
+//!   ([`bucket::QUIET_LOOKUPS`]).
 //! - **What a replay already applied**: every statement pushes its first
 //!   and last LSN onto the bucket's `lsns.<spool>` ([`bucket::lsns_field`]),
 //!   so an uncertain sample is in MongoDB iff a bucket of its sensor and
@@ -254,6 +256,7 @@ impl Buckets {
                 {
                     let (r, s) = order[next];
                     bucket::collided(&mut plans[r], s);
+                    batch.runs[r].fills.surprised();
                     metrics::counter!(crate::telemetry::BUCKET_COLLISIONS).increment(1);
                     backoff.reset();
                 }
@@ -300,6 +303,15 @@ impl Buckets {
     /// `{sensorId, startTs}` index. One attempt: the fill only improves
     /// packing, correctness never depends on it.
     async fn learn_fills(&self, mongo: &mut Mongo, batch: &mut Batch) {
+        // A quiet sensor's new windows are taken to be empty (seq 0).
+        for run in batch.runs.iter_mut().filter(|r| r.fills.quiet()) {
+            for s in run.samples.iter() {
+                let w = self.shape.window_start(s.ts_ms);
+                if !run.fills.contains_key(&w) {
+                    run.fills.insert(w, Fill::default());
+                }
+            }
+        }
         let unknown: Vec<(&str, i64)> = batch
             .runs
             .iter()
@@ -323,19 +335,26 @@ impl Buckets {
                     .enumerate()
                     .map(|(i, r)| (r.sensor.as_str(), i))
                     .collect();
-                let mut learned: Vec<(usize, i64, Fill)> = Vec::new();
+                let mut learned: Vec<(usize, i64, Option<Fill>)> = Vec::new();
                 for l in &lookups {
                     for (sensor, starts) in &l.asked {
                         let Some(&i) = runs.get(sensor) else { continue };
                         for &start in starts {
                             let key = (sensor.to_string(), start);
-                            let fill = found.get(&key).copied().unwrap_or_default();
-                            learned.push((i, start, fill));
+                            learned.push((i, start, found.get(&key).copied()));
                         }
                     }
                 }
+                let mut any = vec![None; batch.runs.len()];
                 for (i, start, fill) in learned {
-                    batch.runs[i].fills.insert(start, fill);
+                    let seen = any[i].get_or_insert(false);
+                    *seen |= fill.is_some();
+                    batch.runs[i].fills.insert(start, fill.unwrap_or_default());
+                }
+                for (run, found) in batch.runs.iter_mut().zip(any) {
+                    if let Some(found) = found {
+                        run.fills.looked_up(found);
+                    }
                 }
             }
             Err(e) => debug!(error = %e, "Could not learn open bucket fills; writing without."),

@@ -315,8 +315,8 @@ impl Database {
             .expect("setParameter ttlMonitorEnabled");
     }
 
-    /// Passes of the TTL monitor so far (`serverStatus.metrics.ttl.passes`).
-    pub async fn ttl_passes(&self) -> i64 {
+    /// A number of `serverStatus`, by its path (absent: `None`).
+    async fn server_status(&self, path: &[&str]) -> Option<i64> {
         let status = self
             .client()
             .await
@@ -324,13 +324,26 @@ impl Database {
             .run_command(doc! { "serverStatus": 1 })
             .await
             .unwrap();
-        status
-            .get_document("metrics")
-            .and_then(|m| m.get_document("ttl"))
-            .ok()
-            .and_then(|t| t.get("passes"))
-            .and_then(|p| p.as_i64().or(p.as_i32().map(i64::from)))
-            .unwrap_or(0)
+        let (last, parents) = path.split_last()?;
+        let mut d = &status;
+        for p in parents {
+            d = d.get_document(p).ok()?;
+        }
+        let n = d.get(last)?;
+        n.as_i64().or(n.as_i32().map(i64::from))
+    }
+
+    /// Queries the server has answered so far
+    /// (`serverStatus.opcounters.query`: `find` commands, of every client).
+    pub async fn queries(&self) -> i64 {
+        self.server_status(&["opcounters", "query"])
+            .await
+            .expect("serverStatus.opcounters.query")
+    }
+
+    /// Passes of the TTL monitor so far (`serverStatus.metrics.ttl.passes`).
+    pub async fn ttl_passes(&self) -> i64 {
+        (self.server_status(&["metrics", "ttl", "passes"]).await).unwrap_or(0)
     }
 }
 
