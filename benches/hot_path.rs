@@ -243,7 +243,7 @@ fn statements(c: &mut Criterion) {
                         &palletd::tags::Tags::new(1),
                     ) {
                         bytes += st
-                            .to_bson(&run.sensor, &run.samples, &shape)
+                            .to_bson(&run.sensor, &run.samples, &shape, false)
                             .as_bytes()
                             .len();
                     }

@@ -78,6 +78,9 @@ pub struct Buckets {
     grace_ms: i64,
     /// Whether the server lacks `$sortArray`; learned on the first seal.
     legacy_seal: Option<bool>,
+    /// Whether palletd writes through a sharded cluster's router; learned
+    /// on the first write ([`Buckets::shard_key`]).
+    routed: std::sync::OnceLock<bool>,
     /// The spool ids this spool's records were written under (each
     /// statement records its LSNs under its own, [`bucket::lsns_field`]).
     tags: Tags,
@@ -104,6 +107,7 @@ impl Buckets {
             expire_after: settings.retention.expire_after,
             grace_ms: settings.closer.grace.as_millis() as i64,
             legacy_seal: None,
+            routed: std::sync::OnceLock::new(),
             tags: Tags::new(0),
         }
     }
@@ -121,6 +125,24 @@ impl Buckets {
 
     fn coll(&self, db: &Database) -> Collection<Document> {
         db.collection(&self.collection)
+    }
+
+    /// Whether the upserts name the shard key in their filter: only through
+    /// a sharded cluster's router (`mongos` answers `hello` with `msg:
+    /// "isdbgrid"`), which needs it to route them; elsewhere the `_id`
+    /// alone is the cheaper filter ([`bucket::Statement::to_bson`]). Asked
+    /// once; a `hello` that fails counts as sharded (the filter every
+    /// server takes) and is asked again next time.
+    async fn shard_key(&self, db: &Database) -> bool {
+        if let Some(&routed) = self.routed.get() {
+            return routed;
+        }
+        match db.run_command(doc! { "hello": 1 }).await {
+            Ok(hello) => *self
+                .routed
+                .get_or_init(|| hello.get_str("msg") == Ok("isdbgrid")),
+            Err(_) => true,
+        }
     }
 
     pub(super) async fn schema(&self, db: &Database) -> Result<(), SchemaError> {
@@ -188,6 +210,7 @@ impl Buckets {
     ) -> Result<Written, Aborted> {
         let mut written = Written::default();
         self.learn_fills(mongo, batch).await;
+        let shard_key = self.shard_key(&mongo.db).await;
         let shape = self.shape;
         let mut plans: Vec<Vec<bucket::Statement>> = batch
             .runs
@@ -211,7 +234,7 @@ impl Buckets {
             let (batch_len, reply) = mongo
                 .write_until_answered("write buckets", &mut backoff, abort, |m| {
                     let statements = order[next..].iter().map(|&(r, s)| {
-                        plans[r][s].to_bson(&runs[r].sensor, &runs[r].samples, &shape)
+                        plans[r][s].to_bson(&runs[r].sensor, &runs[r].samples, &shape, shard_key)
                     });
                     m.batch_command("update", &self.collection, "updates", statements, true)
                 })
