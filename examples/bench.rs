@@ -132,6 +132,14 @@ struct HistoryArgs {
     /// Seconds of each measured step.
     #[arg(long, default_value_t = 60)]
     secs: u64,
+    /// Seconds of quiet after the prefill (after an `fsync`), so the
+    /// server's checkpoint of what was just inserted is not measured.
+    #[arg(long, default_value_t = 60)]
+    settle: u64,
+    /// Seconds of the warm-up step before the measured one (palletd's
+    /// first flushes, the server's cache filling with the current windows).
+    #[arg(long, default_value_t = 10)]
+    warmup: u64,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -1177,7 +1185,11 @@ max_sensors = 200000
                     .arg("run")
                     .arg("--config")
                     .arg(&path)
-                    .env("RUST_LOG", "info")
+                    // BENCH_RUST_LOG: palletd's log filter for experiments.
+                    .env(
+                        "RUST_LOG",
+                        std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "info".into()),
+                    )
                     .stdout(Stdio::null())
                     .stderr(Stdio::piped())
                     .spawn()?
@@ -2930,13 +2942,21 @@ fn history(args: HistoryArgs) -> anyhow::Result<()> {
                     "  {} buckets stored in {s:.0} s",
                     sensors * stored_days * 24
                 );
+                rt.block_on(async {
+                    mongodb::Client::with_uri_str(svc.mongodb_uri())
+                        .await?
+                        .database("admin")
+                        .run_command(doc! { "fsync": 1 })
+                        .await
+                })?;
+                std::thread::sleep(Duration::from_secs(args.settle));
                 Some(s)
             } else {
                 None
             };
             let sink = buckets_sink(&args.run, &svc, tail)?;
             let port = sink.procs[0].1;
-            step(&args.run, &svc, &sink, sensors, args.rate, 10)?;
+            step(&args.run, &svc, &sink, sensors, args.rate, args.warmup)?;
             let before = counter_sum(port, palletd::telemetry::STATEMENTS);
             let m = step(&args.run, &svc, &sink, sensors, args.rate, args.secs)?;
             let statements = counter_sum(port, palletd::telemetry::STATEMENTS) - before;
