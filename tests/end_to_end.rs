@@ -196,6 +196,48 @@ async fn full_bucket_rolls_over_to_new_document() {
     stack.stop();
 }
 
+/// After a restart palletd learns the fill of the window's newest bucket
+/// (by `_id`, four sequence numbers a round) and continues it, also when
+/// the window has more buckets than one round asks for: 23 readings in
+/// buckets of 5 are buckets 0-4 (the last holds 3); after a restart 4 more
+/// fill bucket 4 and start bucket 5, with no collision. (Asked only for
+/// 0-3, palletd would take bucket 4 for empty, send it 4 samples that do
+/// not fit, and collide.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_continues_the_newest_bucket_of_a_window_with_many() {
+    let mut stack = Stack::start("continue", |c| c.max_samples(5)).await;
+    publish_in_one_window(&stack, "c1", 23, 0).await;
+    stack.wait_stored(23).await;
+    stack.stop();
+    stack.palletd = Palletd::start(&stack.config);
+    stack.palletd.ready().await;
+    let mut publisher = stack.publisher().await;
+    let start = now_ms().div_euclid(HOUR_MS) * HOUR_MS;
+    for i in 23..27 {
+        publisher
+            .json("c1", serde_json::json!({ "ts": start + i, "seq": i }))
+            .await;
+    }
+    publisher.flush().await;
+    stack.wait_stored(27).await;
+    let mut counts: Vec<(String, i32)> = (stack.docs("readings").await.iter())
+        .map(|b| {
+            let id = b.get_str("_id").unwrap().to_string();
+            (id, b.get_i32("count").unwrap())
+        })
+        .collect();
+    counts.sort();
+    let counts: Vec<i32> = counts.into_iter().map(|c| c.1).collect();
+    assert_eq!(counts, [5, 5, 5, 5, 5, 2], "buckets 0-5 of the window");
+    assert_eq!(
+        stack
+            .palletd
+            .metric("palletd_bucket_id_collisions_total", None),
+        0.0
+    );
+    stack.stop();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bucket_rolls_over_at_the_byte_cap() {
     let mut stack = Stack::start("bysize", |c| {
