@@ -15,29 +15,12 @@ it times (seconds, three times each):
 
 Needs pymongo (pip install pymongo). Usage: bench/probes/fill_lookup.py [HOURS]
 """
-import datetime
-import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 
-import pymongo
+from secantus import dt, server
 
 SENSORS, H = 2048, 3_600_000
-
-
-def dt(ms):
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def timed(query):
@@ -48,16 +31,7 @@ def timed(query):
 
 def main():
     hours = int(sys.argv[1]) if len(sys.argv) > 1 else 240
-    binary = os.environ.get("PALLETD_SECANTUSD") or os.path.expanduser(
-        "~/.cache/palletd-test/secantus/bin/secantusd-rs")
-    port, data = free_port(), tempfile.mkdtemp()
-    server = subprocess.Popen(
-        [binary, "--host", "127.0.0.1", "--port", str(port), "--storage-path", data,
-         "--cache-size", "256M", "--log-level", "WARNING"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        client = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
-                                     serverSelectionTimeoutMS=10_000)
+    with server() as client:
         now = int(time.time() * 1000) // H * H
         names = [f"s{i:05}" for i in range(SENSORS)]
         print("| buckets per sensor | by key (s) | by _id (s) | found |")
@@ -89,9 +63,6 @@ def main():
             by_id = [timed(lambda: coll.find({"_id": {"$in": ids}}, fields)) for _ in range(3)]
             print(f"| {stored} | " + ", ".join(f"{t:.3f}" for t, _ in by_key) + " | "
                   + ", ".join(f"{t:.3f}" for t, _ in by_id) + f" | {by_id[0][1]} |", flush=True)
-    finally:
-        server.terminate()
-        server.wait()
 
 
 if __name__ == "__main__":

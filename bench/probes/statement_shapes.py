@@ -16,28 +16,11 @@ collection per shape, three rounds, and prints statements per second:
 
 Needs pymongo (pip install pymongo). Usage: bench/probes/statement_shapes.py
 """
-import datetime
-import os
-import socket
-import subprocess
-import tempfile
 import time
 
-import pymongo
+from secantus import dt, server
 
 N, H, FIELDS = 9000, 3_600_000, ["temp", "hum", "pres"]
-
-
-def dt(ms):
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def bucket(i):
@@ -121,25 +104,13 @@ def rate(db, name, shape, rnd):
 
 
 def main():
-    binary = os.environ.get("PALLETD_SECANTUSD") or os.path.expanduser(
-        "~/.cache/palletd-test/secantus/bin/secantusd-rs")
-    port, data = free_port(), tempfile.mkdtemp()
-    server = subprocess.Popen(
-        [binary, "--host", "127.0.0.1", "--port", str(port), "--storage-path", data,
-         "--cache-size", "256M", "--log-level", "WARNING"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        client = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
-                                     serverSelectionTimeoutMS=10_000)
+    with server() as client:
         db = client.probe
         print("| round | " + " | ".join(SHAPES) + " |")
         print("|---:|" + "---:|" * len(SHAPES))
         for rnd in range(3):
             rates = [rate(db, shape.replace(" ", "_"), shape, rnd) for shape in SHAPES]
             print(f"| {rnd + 1} | " + " | ".join(f"{r:,.0f}" for r in rates) + " |", flush=True)
-    finally:
-        server.terminate()
-        server.wait()
 
 
 if __name__ == "__main__":
