@@ -443,3 +443,72 @@ async fn a_rollup_the_database_refuses_is_set_aside_and_the_rest_written() {
     );
     stack.stop();
 }
+
+/// A backfill records its rollup keys as blocks: one queue entry per
+/// rollup, sensor and 64 intervals, whose bits are exactly the intervals
+/// written (before, an entry per interval: a statement per reading here,
+/// as every reading is its own bucket and interval). Then, with an entry
+/// of one interval as palletd wrote them before blocks beside them, the
+/// passes compute every rollup and empty the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_records_its_rollup_keys_in_blocks_of_64_intervals() {
+    // No closer run (so no pass) while the keys are looked at.
+    let mut stack = Stack::start("blocks", |c| {
+        c.window("1s")
+            .closer("1h", "1s")
+            .max_delay("200ms")
+            .rollup("2s", false, None)
+    })
+    .await;
+    let t0 = (now_ms() - 400_000).div_euclid(2000) * 2000;
+    let readings: Vec<Reading> = (0..600i64)
+        .map(|i| {
+            let sensor = ["q1", "q2"][(i % 2) as usize].to_string();
+            (
+                sensor,
+                t0 + (i / 2) * 1000,
+                vec![("v", serde_json::json!(i as f64 / 2.0))],
+            )
+        })
+        .collect();
+    publish(&mut stack.publisher().await, &readings).await;
+    stack.wait_stored(readings.len()).await;
+
+    let queue = stack.docs("readings_rollup_due").await;
+    let mut recorded: Vec<(String, i64)> = Vec::new();
+    for e in &queue {
+        let (sensor, start) = (e.get_str("s").unwrap(), e.get_datetime("t").unwrap());
+        let mask = e.get_i64("m").unwrap() as u64;
+        let start = start.timestamp_millis();
+        assert_eq!(start % (64 * 2000), 0, "{e:?}");
+        for bit in (0..64).filter(|b| mask >> b & 1 == 1) {
+            recorded.push((sensor.to_string(), start + bit * 2000));
+        }
+    }
+    recorded.sort();
+    let written: Vec<(String, i64)> = expected(&readings, 2000).into_keys().collect();
+    assert_eq!(written.len(), 300);
+    assert_eq!(recorded, written);
+    // 300 s of 2 s intervals: 3 or 4 blocks of 128 s per sensor.
+    assert!(queue.len() <= 8, "{} entries: {queue:?}", queue.len());
+
+    let old = bson::doc! {
+        "_id": format!("2s|{}|q1", t0 + 2000), "r": "2s", "s": "q1",
+        "t": bson::DateTime::from_millis(t0 + 2000), "v": 1_i64,
+        "due": bson::DateTime::from_millis(t0 + 5000),
+    };
+    (stack.client.database("blocks"))
+        .collection::<Document>("readings_rollup_due")
+        .insert_one(old)
+        .await
+        .unwrap();
+    stack.stop();
+    stack.config = stack.config.clone().closer("200ms", "1s");
+    stack.palletd = Palletd::start(&stack.config);
+    rollups_match(&stack, "2s", 2000, &readings).await;
+    eventually(Duration::from_secs(60), "the queue emptied", || async {
+        stack.docs("readings_rollup_due").await.is_empty()
+    })
+    .await;
+    stack.stop();
+}

@@ -7,22 +7,29 @@
 //!
 //! # When a rollup is written
 //! Every flush, before its write, records the (rollup, sensor, interval)
-//! keys it touches in `<collection>_rollup_due` (an upsert per key, once
-//! per key and run while the interval is open, so about one statement per
-//! sensor and interval), with `due` = the interval's end plus
-//! `closer.grace`: when its last window is sealed. A key the write makes
-//! due within a hold (`mongodb.write_time_limit` plus a second: late
-//! data, a backfill) is recorded with every write that touches it, due no
-//! sooner than the hold's end, when the write is applied or cut off by the
-//! server; a write that took longer than a second (retried) records them
-//! again after it. Each closer pass then computes the
-//! due keys' rollups from the stored readings (an aggregation on the
-//! server; only the results travel), upserts them, and deletes each key
-//! unless its version changed meanwhile. So a late reading makes its
-//! intervals be computed again, a crash anywhere leaves the key for the
-//! next pass, and computing twice gives the same document. With
-//! `partial = true` the pass also computes the open intervals' keys, marked
-//! `partial: true`, and keeps them.
+//! keys it touches in `<collection>_rollup_due`, once per key and run
+//! while the interval is open. An entry there is a block of [`BLOCK`]
+//! consecutive intervals of one rollup and sensor (aligned to the epoch),
+//! one bit each in `m`, so a flush sends one upsert per rollup, sensor
+//! and block it touches, not per interval: a backfill of a year of hourly
+//! readings records 137 blocks per sensor for a 1h rollup, where it
+//! recorded 8,760 keys. An interval is due at its end plus
+//! `closer.grace` (when its last window is sealed); an entry's `due` is
+//! its earliest interval's. A key the write makes due within a hold
+//! (`mongodb.write_time_limit` plus a second: late data, a backfill) is
+//! recorded with every write that touches it, and its block's `hold`
+//! moves to the hold's end, when the write is applied or cut off by the
+//! server: no pass takes the block before; a write that took longer than
+//! a second (retried) records them again after it. Each closer pass then
+//! computes the rollups of the due intervals of the entries due and not
+//! held, from the stored readings, upserts them, and clears their bits
+//! (deleting an entry left with none) unless the entry's version changed
+//! meanwhile. So a late reading makes its intervals be computed again, a
+//! crash anywhere leaves the key for the next pass, and computing twice
+//! gives the same document. With `partial = true` the pass also computes
+//! the open intervals' keys, marked `partial: true`, and keeps them.
+//! Entries of one interval each (written by palletd before blocks) are
+//! read, computed and deleted the same way.
 //!
 //! Over buckets, a rollup is merged from the summaries every bucket of
 //! the interval carries (`count`, and per field `sum`, `n`, `min`, `max`,
@@ -57,8 +64,12 @@ use crate::telemetry;
 /// Sensors one aggregation takes at most.
 const SENSORS_PER_QUERY: usize = 500;
 
-/// Due keys one pass takes at most (the rest wait for the next pass).
+/// Due keys one pass takes at most (the rest wait for the next pass):
+/// whole queue entries, until they hold this many intervals.
 const KEYS_PER_PASS: i64 = 20_000;
+
+/// Intervals one queue entry covers (a bit each of an `i64`).
+const BLOCK: i64 = 64;
 
 /// A key whose rollup cannot be written is tried again this much later.
 const PARKED_FOR: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -90,7 +101,6 @@ pub struct Rollups {
     specs: Vec<RollupSettings>,
     /// `<collection>_rollup_due`.
     queue: String,
-    grace_ms: i64,
     /// Keys this run recorded whose interval is not due yet.
     recorded: HashSet<Key>,
     /// `flush.backfill_share`: of the time, what passes that follow each
@@ -114,6 +124,8 @@ struct Passes {
     source: Source,
     /// `bucket.window` in ms.
     window_ms: i64,
+    /// `closer.grace` in ms.
+    grace_ms: i64,
 }
 
 impl Rollups {
@@ -127,7 +139,6 @@ impl Rollups {
         Some(Rollups {
             specs: settings.rollups.clone(),
             queue: queue.clone(),
-            grace_ms: settings.closer.grace.as_millis() as i64,
             recorded: HashSet::new(),
             share: settings.flush.backfill_share.clamp(0.05, 1.0),
             hold_ms: (settings.mongodb.write_time_limit + mongo::FENCE_MARGIN).as_millis() as i64,
@@ -140,6 +151,7 @@ impl Rollups {
                     StorageMode::Timeseries => Source::Timeseries,
                 },
                 window_ms: settings.bucket.window.as_millis() as i64,
+                grace_ms: settings.closer.grace.as_millis() as i64,
             },
             wake: None,
         })
@@ -212,7 +224,7 @@ impl Rollups {
     }
 
     fn due_ms(&self, key: &Key) -> i64 {
-        key.2 + self.specs[key.0].interval_ms() + self.grace_ms
+        self.passes.due_ms(&self.specs[key.0], key.2)
     }
 
     /// The keys a flush touches.
@@ -246,8 +258,9 @@ impl Rollups {
     ) -> Result<Vec<Key>, Aborted> {
         let keys = self.keys(batch);
         let held = now_ms + self.hold_ms;
+        let passes = &self.passes;
         self.recorded
-            .retain(|k| k.2 + self.specs[k.0].interval_ms() + self.grace_ms > held);
+            .retain(|k| passes.due_ms(&passes.specs[k.0], k.2) > held);
         let new: Vec<Key> = keys
             .iter()
             .filter(|k| self.due_ms(k) <= held || !self.recorded.contains(*k))
@@ -289,10 +302,37 @@ impl Rollups {
         self.record(m, &due, held, abort).await
     }
 
-    /// Upserts queue entries for `keys` (bumping their version), due at
-    /// their interval's end plus `closer.grace` and not before
-    /// `not_before_ms`, retrying until answered (idempotent: sent again
-    /// whatever happened).
+    /// The queue entries that record `keys`: per rollup, sensor and
+    /// block, its intervals' bits, their earliest and latest due time, and
+    /// whether one is due by `not_before_ms` (then the block is held
+    /// until then).
+    fn blocks(&self, keys: &[Key], not_before_ms: i64) -> Vec<Block> {
+        let mut out: BTreeMap<(usize, &str, i64), Block> = BTreeMap::new();
+        for k in keys {
+            let span = self.specs[k.0].interval_ms() * BLOCK;
+            let start = k.2.div_euclid(span) * span;
+            let bit = (k.2 - start) / self.specs[k.0].interval_ms();
+            let due = self.due_ms(k);
+            let b = out.entry((k.0, &k.1, start)).or_insert(Block {
+                rollup: k.0,
+                sensor: k.1.clone(),
+                start,
+                mask: 0,
+                first_due: due,
+                last_due: due,
+                held: false,
+            });
+            b.mask |= 1 << bit;
+            b.first_due = b.first_due.min(due);
+            b.last_due = b.last_due.max(due);
+            b.held |= due <= not_before_ms;
+        }
+        out.into_values().collect()
+    }
+
+    /// Upserts the queue entries of `keys` (bumping their versions), held
+    /// until `not_before_ms` where a key is due by then, retrying until
+    /// answered (idempotent: sent again whatever happened).
     async fn record(
         &self,
         m: &mut Mongo,
@@ -300,21 +340,29 @@ impl Rollups {
         not_before_ms: i64,
         abort: &CancellationToken,
     ) -> Result<(), Aborted> {
+        let blocks = self.blocks(keys, not_before_ms);
         let mut backoff = Backoff::default();
-        let mut rest = keys;
+        let mut rest = &blocks[..];
         while !rest.is_empty() {
             let (len, reply) = m
                 .write_until_answered("record rollups to compute", &mut backoff, abort, |m| {
-                    let statements = rest.iter().map(|k| {
-                        let due = bson::DateTime::from_millis(self.due_ms(k).max(not_before_ms));
+                    let statements = rest.iter().map(|b| {
+                        let mut latest =
+                            rawdoc! { "until": bson::DateTime::from_millis(b.last_due) };
+                        if b.held {
+                            latest.append("hold", bson::DateTime::from_millis(not_before_ms));
+                        }
+                        let name = self.specs[b.rollup].name.as_str();
                         rawdoc! {
-                            "q": { "_id": self.queue_id(k) },
+                            "q": { "_id": format!("{name}|b{}|{}", b.start, b.sensor) },
                             "u": {
+                                "$bit": { "m": { "or": b.mask as i64 } },
+                                "$min": { "due": bson::DateTime::from_millis(b.first_due) },
+                                "$max": latest,
                                 "$set": {
-                                    "due": due,
-                                    "r": self.specs[k.0].name.as_str(),
-                                    "s": k.1.as_str(),
-                                    "t": bson::DateTime::from_millis(k.2),
+                                    "r": name,
+                                    "s": b.sensor.as_str(),
+                                    "t": bson::DateTime::from_millis(b.start),
                                 },
                                 "$inc": { "v": 1_i64 },
                             },
@@ -338,14 +386,24 @@ impl Rollups {
         }
         Ok(())
     }
+}
 
-    /// `<rollup>|<interval start ms>|<sensorId>` (a rollup's name holds no
-    /// `|`): a string, as an `_id` that is a document was not served by the
-    /// `_id` index on SecantusDB (about 120 upserts/s, a backfill's keys
-    /// took minutes). Its parts are fields of the entry too.
-    fn queue_id(&self, k: &Key) -> String {
-        format!("{}|{}|{}", self.specs[k.0].name, k.2, k.1)
-    }
+/// One queue entry a flush records (see [`Rollups::blocks`]). Its `_id`
+/// is `<rollup>|b<block start ms>|<sensorId>` (a rollup's name holds no
+/// `|`; an entry of palletd before blocks has no `b`): a string, as an
+/// `_id` that is a document was not served by the `_id` index on
+/// SecantusDB (about 120 upserts/s, a backfill's keys took minutes). Its
+/// parts are fields of the entry too (`r`, `s`, `t`).
+#[derive(Debug, PartialEq)]
+struct Block {
+    rollup: usize,
+    sensor: String,
+    start: i64,
+    /// Bit `i`: the interval `start + i * interval`.
+    mask: u64,
+    first_due: i64,
+    last_due: i64,
+    held: bool,
 }
 
 impl Passes {
@@ -371,29 +429,27 @@ impl Passes {
         more
     }
 
+    /// When the interval of `spec` starting at `start` is due: its end
+    /// plus `closer.grace`.
+    fn due_ms(&self, spec: &RollupSettings, start: i64) -> i64 {
+        start + spec.interval_ms() + self.grace_ms
+    }
+
     /// One pass: computes and writes the due rollups (and the partial
-    /// ones), deleting the keys done.
+    /// ones), clearing the keys done.
     async fn pass(&self, db: &Database, now_ms: i64) -> mongodb::error::Result<Pass> {
         let mut out = Pass::default();
         let now = bson::DateTime::from_millis(now_ms);
-        let due: Vec<Document> = db
-            .collection::<Document>(&self.queue)
-            .find(doc! { "due": { "$lte": now } })
-            .sort(doc! { "due": 1 })
-            .limit(KEYS_PER_PASS)
-            .await?
-            .try_collect()
-            .await?;
-        out.more = due.len() as i64 >= KEYS_PER_PASS;
+        let due = doc! { "due": { "$lte": now }, "hold": { "$not": { "$gt": now } } };
+        let (due, more) = self.entries(db, due).await?;
+        out.more = more;
         self.compute_keys(db, due, now_ms, false, &mut out).await?;
         for spec in self.specs.iter().filter(|s| s.partial) {
-            let open: Vec<Document> = db
-                .collection::<Document>(&self.queue)
-                .find(doc! { "due": { "$gt": now }, "r": spec.name.as_str() })
-                .limit(KEYS_PER_PASS)
-                .await?
-                .try_collect()
-                .await?;
+            let open = doc! {
+                "r": spec.name.as_str(),
+                "$or": [{ "until": { "$gt": now } }, { "due": { "$gt": now } }],
+            };
+            let (open, _) = self.entries(db, open).await?;
             self.compute_keys(db, open, now_ms, true, &mut out).await?;
         }
         metrics::counter!(telemetry::ROLLUPS_WRITTEN).increment(out.written);
@@ -401,57 +457,95 @@ impl Passes {
         Ok(out)
     }
 
-    /// Computes the rollups of queue entries `entries`, query by query
-    /// ([`queries`]); deletes the entries (unless `partial`).
+    /// The queue entries `filter` matches, earliest due first, whole,
+    /// until they hold [`KEYS_PER_PASS`] intervals; whether more may match.
+    async fn entries(
+        &self,
+        db: &Database,
+        filter: Document,
+    ) -> mongodb::error::Result<(Vec<Entry>, bool)> {
+        let mut cursor = db
+            .collection::<Document>(&self.queue)
+            .find(filter)
+            .sort(doc! { "due": 1 })
+            .limit(KEYS_PER_PASS)
+            .await?;
+        let (mut out, mut keys, mut read) = (Vec::new(), 0, 0);
+        while let Some(d) = cursor.try_next().await? {
+            read += 1;
+            if let Some(e) = Entry::parse(&d) {
+                keys += e.mask.map_or(1, |m| m.count_ones() as i64);
+                out.push(e);
+            }
+            if keys >= KEYS_PER_PASS {
+                return Ok((out, true));
+            }
+        }
+        Ok((out, read >= KEYS_PER_PASS))
+    }
+
+    /// Computes the rollups of queue entries `entries` (of their intervals
+    /// due, or if `partial` of those not due), query by query
+    /// ([`queries`]); then, unless `partial`, clears the intervals done
+    /// ([`Passes::settle`]).
     async fn compute_keys(
         &self,
         db: &Database,
-        entries: Vec<Document>,
+        entries: Vec<Entry>,
         now_ms: i64,
         partial: bool,
         out: &mut Pass,
     ) -> mongodb::error::Result<()> {
-        // rollup name -> its entries
         let mut by_rollup: BTreeMap<String, Vec<Entry>> = BTreeMap::new();
         for e in entries {
-            let Some(id) = e.get("_id") else { continue };
-            // The key's parts: fields of the entry, or (an entry queued
-            // before the `_id` was a string) of its `_id`.
-            let parts = match id {
-                Bson::Document(d) => d,
-                _ => &e,
-            };
-            let (Ok(r), Ok(s), Ok(t)) = (
-                parts.get_str("r"),
-                parts.get_str("s"),
-                parts.get_datetime("t"),
-            ) else {
-                continue;
-            };
-            by_rollup.entry(r.to_string()).or_default().push(Entry {
-                sensor: s.to_string(),
-                start: t.timestamp_millis(),
-                version: read::number(e.get("v")).unwrap_or(0.0) as i64,
-                id: id.clone(),
-            });
+            by_rollup.entry(e.rollup.clone()).or_default().push(e);
         }
         for (name, entries) in by_rollup {
             let Some(spec) = self.specs.iter().find(|s| s.name == name) else {
                 // A rollup no longer configured: its keys just go.
                 if !partial {
-                    let all: Vec<&Entry> = entries.iter().collect();
-                    self.delete(db, &all, out).await?;
+                    self.delete(db, entries.iter(), out).await?;
                 }
                 continue;
             };
-            let keys: Vec<(&str, i64)> = entries
-                .iter()
-                .map(|e| (e.sensor.as_str(), e.start))
-                .collect();
+            // (sensor, interval start), and the index of its entry.
+            let mut keys: Vec<(&str, i64)> = Vec::new();
+            let mut owner: Vec<usize> = Vec::new();
+            for (i, e) in entries.iter().enumerate() {
+                for start in e.intervals(spec.interval_ms()) {
+                    let due = self.due_ms(spec, start) <= now_ms;
+                    if e.mask.is_none() || due != partial {
+                        keys.push((e.sensor.as_str(), start));
+                        owner.push(i);
+                    }
+                }
+            }
+            let mut failed: Vec<(usize, String)> = Vec::new();
             for query in self.queries_of(spec, &keys) {
-                let chunk: Vec<&Entry> = query.keys.iter().map(|&i| &entries[i]).collect();
-                self.compute_query(db, spec, &query, &chunk, now_ms, partial, out)
+                let f = self
+                    .compute_query(db, spec, &query, &keys, now_ms, partial, out)
                     .await?;
+                failed.extend(f);
+            }
+            let mut parked: BTreeMap<usize, &str> = BTreeMap::new();
+            for (k, error) in &failed {
+                parked.entry(owner[*k]).or_insert(error);
+            }
+            if !parked.is_empty() {
+                let parked: Vec<(&Entry, &str)> =
+                    parked.into_iter().map(|(i, e)| (&entries[i], e)).collect();
+                out.parked += failed.len() as u64;
+                self.park(db, &name, &parked, failed.len(), now_ms).await?;
+            }
+            if !partial {
+                let failed: HashSet<usize> = failed.into_iter().map(|(k, _)| k).collect();
+                let mut done = vec![Vec::new(); entries.len()];
+                for (k, &(_, start)) in keys.iter().enumerate() {
+                    if !failed.contains(&k) {
+                        done[owner[k]].push(start);
+                    }
+                }
+                self.settle(db, spec, &entries, &done, out).await?;
             }
         }
         Ok(())
@@ -479,43 +573,42 @@ impl Passes {
         }
     }
 
-    /// One query's rollups: computed, written, the keys that could not be
-    /// set aside, the others deleted (unless `partial`).
+    /// One query's rollups, computed and written; returns the keys (indexes
+    /// into `keys`) whose rollup could not be, with the error.
     #[allow(clippy::too_many_arguments)]
     async fn compute_query(
         &self,
         db: &Database,
         spec: &RollupSettings,
         query: &Query,
-        chunk: &[&Entry],
+        keys: &[(&str, i64)],
         now_ms: i64,
         partial: bool,
         out: &mut Pass,
-    ) -> mongodb::error::Result<()> {
-        let wanted: HashSet<(&str, i64)> =
-            chunk.iter().map(|e| (e.sensor.as_str(), e.start)).collect();
-        // Keys whose rollup cannot be computed or written: parked.
-        let mut failed: Vec<(&Entry, String)> = Vec::new();
+    ) -> mongodb::error::Result<Vec<(usize, String)>> {
+        let wanted: HashSet<(&str, i64)> = query.keys.iter().map(|&k| keys[k]).collect();
+        let mut failed: Vec<(usize, String)> = Vec::new();
         let docs = match self
             .compute(db, spec, query, &wanted, now_ms, partial)
             .await
         {
             Ok(docs) => docs,
             // Refused by the server (not the link): each key alone, so one
-            // that cannot be computed is parked and the others go on.
+            // that cannot be computed is set aside and the others go on.
             Err(e) if refused(&e) => {
                 let mut docs = Vec::new();
-                for entry in chunk {
+                for &k in &query.keys {
+                    let (sensor, start) = keys[k];
                     let one = Query {
-                        sensors: vec![entry.sensor.clone()],
-                        from: entry.start,
-                        to: entry.start + spec.interval_ms(),
+                        sensors: vec![sensor.to_string()],
+                        from: start,
+                        to: start + spec.interval_ms(),
                         keys: Vec::new(),
                     };
-                    let key = HashSet::from([(entry.sensor.as_str(), entry.start)]);
+                    let key = HashSet::from([(sensor, start)]);
                     match self.compute(db, spec, &one, &key, now_ms, partial).await {
                         Ok(d) => docs.extend(d),
-                        Err(e) if refused(&e) => failed.push((entry, e.to_string())),
+                        Err(e) if refused(&e) => failed.push((k, e.to_string())),
                         Err(e) => return Err(e),
                     }
                 }
@@ -538,39 +631,68 @@ impl Passes {
             out.written += (keys_of.len() - errors.len()) as u64;
             for (i, error) in errors {
                 let (sensor, start) = &keys_of[i];
-                if let Some(entry) = chunk
-                    .iter()
-                    .find(|e| &e.sensor == sensor && e.start == *start)
-                {
-                    failed.push((entry, error));
-                }
+                let of = |&&k: &&usize| keys[k] == (sensor.as_str(), *start);
+                failed.extend(query.keys.iter().filter(of).map(|&k| (k, error.clone())));
             }
         }
-        if !failed.is_empty() {
-            out.parked += failed.len() as u64;
-            self.park(db, &spec.name, &failed, now_ms).await?;
-        }
-        if !partial {
-            let done: Vec<&Entry> = chunk
+        Ok(failed)
+    }
+
+    /// After a pass computed `done[i]`, intervals of `entries[i]`: each
+    /// entry loses their bits, if its version is still the one read (a
+    /// write since then recorded it again: the next pass computes its due
+    /// intervals again); an entry left with none (or of one interval) is
+    /// deleted, one left with some is due at the earliest's due time.
+    async fn settle(
+        &self,
+        db: &Database,
+        spec: &RollupSettings,
+        entries: &[Entry],
+        done: &[Vec<i64>],
+        out: &mut Pass,
+    ) -> mongodb::error::Result<()> {
+        let interval = spec.interval_ms();
+        let mut gone: Vec<&Entry> = Vec::new();
+        let mut updates: Vec<Document> = Vec::new();
+        for (e, done) in entries.iter().zip(done) {
+            let Some(mask) = e.mask else {
+                if !done.is_empty() {
+                    gone.push(e);
+                }
+                continue;
+            };
+            let cleared = done
                 .iter()
-                .filter(|e| !failed.iter().any(|f| std::ptr::eq(f.0, **e)))
-                .copied()
-                .collect();
-            self.delete(db, &done, out).await?;
+                .fold(0_u64, |m, t| m | 1 << ((t - e.start) / interval));
+            let rest = mask & !cleared;
+            if rest == 0 {
+                gone.push(e);
+            } else if cleared != 0 {
+                let earliest = e.start + rest.trailing_zeros() as i64 * interval;
+                let due = bson::DateTime::from_millis(self.due_ms(spec, earliest));
+                updates.push(doc! {
+                    "q": { "_id": &e.id, "v": e.version },
+                    "u": { "$bit": { "m": { "and": !cleared as i64 } }, "$set": { "due": due } },
+                });
+            }
+        }
+        self.delete(db, gone.into_iter(), out).await?;
+        out.statements += updates.len() as u64;
+        if !updates.is_empty() {
+            write(db, &self.queue, "update", "updates", updates).await?;
         }
         Ok(())
     }
 
     /// Deletes queue entries, each only if its version is still the one
     /// read (a write since then recorded it again).
-    async fn delete(
+    async fn delete<'a>(
         &self,
         db: &Database,
-        entries: &[&Entry],
+        entries: impl Iterator<Item = &'a Entry>,
         out: &mut Pass,
     ) -> mongodb::error::Result<()> {
         let deletes: Vec<Document> = entries
-            .iter()
             .map(|e| doc! { "q": { "_id": &e.id, "v": e.version }, "limit": 1 })
             .collect();
         out.statements += deletes.len() as u64;
@@ -580,14 +702,17 @@ impl Passes {
         Ok(())
     }
 
-    /// Parks keys whose rollup could not be computed or written: due again
-    /// in [`PARKED_FOR`] (so they never block a pass), counted, logged at
-    /// most once per pass with the first error.
+    /// Sets aside the entries of keys (`keys` in all) whose rollup could
+    /// not be computed or written, with the first error of each: no pass
+    /// takes them for [`PARKED_FOR`] (so they never block a pass; the
+    /// other intervals of such a block wait as long), counted, logged once
+    /// per pass with the first error.
     async fn park(
         &self,
         db: &Database,
         rollup: &str,
-        failed: &[(&Entry, String)],
+        failed: &[(&Entry, &str)],
+        keys: usize,
         now_ms: i64,
     ) -> mongodb::error::Result<()> {
         let again = bson::DateTime::from_millis(now_ms + PARKED_FOR.as_millis() as i64);
@@ -597,14 +722,14 @@ impl Passes {
                 let error = crate::decode::truncate(error, 512);
                 doc! {
                     "q": { "_id": &e.id },
-                    "u": { "$set": { "due": again, "parked": true, "error": error } },
+                    "u": { "$max": { "hold": again }, "$set": { "parked": true, "error": error } },
                 }
             })
             .collect();
-        metrics::counter!(telemetry::ROLLUP_KEYS_PARKED).increment(failed.len() as u64);
+        metrics::counter!(telemetry::ROLLUP_KEYS_PARKED).increment(keys as u64);
         tracing::warn!(
             rollup,
-            keys = failed.len(),
+            keys,
             sensor = %failed[0].0.sensor,
             error = %failed[0].1,
             again = ?PARKED_FOR,
@@ -764,13 +889,54 @@ impl Passes {
 /// results stream; palletd holds one summary per key.
 const SUMMARIES_PER_QUERY: i64 = 10_000;
 
-/// A queue entry read back.
+/// A queue entry read back: a block of intervals of one rollup and
+/// sensor ([`Block`]), or one interval (written by palletd before blocks).
 #[derive(Debug)]
 struct Entry {
+    rollup: String,
     sensor: String,
+    /// The block's first interval (or the one interval).
     start: i64,
+    /// Bit `i`: the interval `start + i * interval`; `None`: `start` alone.
+    mask: Option<u64>,
     version: i64,
     id: Bson,
+}
+
+impl Entry {
+    fn parse(e: &Document) -> Option<Entry> {
+        let id = e.get("_id")?;
+        // The key's parts: fields of the entry, or (an entry queued
+        // before the `_id` was a string) of its `_id`.
+        let parts = match id {
+            Bson::Document(d) => d,
+            _ => e,
+        };
+        let mask = match e.get("m") {
+            Some(Bson::Int64(m)) => Some(*m as u64),
+            Some(Bson::Int32(m)) => Some(*m as u32 as u64),
+            _ => None,
+        };
+        Some(Entry {
+            rollup: parts.get_str("r").ok()?.to_string(),
+            sensor: parts.get_str("s").ok()?.to_string(),
+            start: parts.get_datetime("t").ok()?.timestamp_millis(),
+            mask,
+            version: read::number(e.get("v")).unwrap_or(0.0) as i64,
+            id: id.clone(),
+        })
+    }
+
+    /// The starts of its intervals.
+    fn intervals(&self, interval_ms: i64) -> Vec<i64> {
+        match self.mask {
+            None => vec![self.start],
+            Some(m) => (0..BLOCK)
+                .filter(|b| m >> b & 1 == 1)
+                .map(|b| self.start + b * interval_ms)
+                .collect(),
+        }
+    }
 }
 
 /// One rollup query: `sensors`' intervals in `[from, to)`, for the keys
@@ -1132,7 +1298,78 @@ mod tests {
         assert!(qs.iter().all(|q| (q.from, q.to) == (7 * HOUR, 8 * HOUR)));
     }
 
+    /// Rollups of the example configuration with `[[rollup]]`s of
+    /// `intervals`.
+    fn rollups_of(intervals: &[&str]) -> Rollups {
+        let mut text = crate::config::EXAMPLE.to_string();
+        for i in intervals {
+            text += &format!("\n[[rollup]]\ninterval = \"{i}\"\n");
+        }
+        Rollups::new(&crate::config::parse(&text, None).unwrap()).unwrap()
+    }
+
+    /// The keys of readings at `hours` (hour numbers) of `sensors`.
+    fn keys_of(r: &Rollups, sensors: &[&str], hours: &[i64]) -> Vec<Key> {
+        let mut keys = std::collections::BTreeSet::new();
+        for s in sensors {
+            for h in hours {
+                for (i, spec) in r.specs.iter().enumerate() {
+                    keys.insert((i, s.to_string(), spec.start_of(h * HOUR)));
+                }
+            }
+        }
+        keys.into_iter().collect()
+    }
+
+    /// A backfill's flush (1,000 statements: three sensors' 334 hours)
+    /// touches 1,056 keys of 1h, 1d and 7d rollups and records 24 entries:
+    /// per sensor 6 blocks of 64 hours, one of 64 days, one of 64 weeks.
+    #[test]
+    fn a_backfill_flush_records_a_block_per_64_intervals_not_a_key_each() {
+        let r = rollups_of(&["1h", "1d", "7d"]);
+        let hours: Vec<i64> = (0..334).map(|h| 490_000 + h).collect();
+        let keys = keys_of(&r, &["a", "b", "c"], &hours);
+        assert_eq!(keys.len(), 3 * (334 + 15 + 3));
+        let blocks = r.blocks(&keys, i64::MIN);
+        assert_eq!(blocks.len(), 3 * (6 + 1 + 1));
+        assert!(blocks.iter().all(|b| !b.held));
+    }
+
     proptest! {
+        /// Every key is a bit of exactly one block, of its rollup and
+        /// sensor, which starts at a multiple of 64 intervals; a block's
+        /// due times are its keys' earliest and latest, and it is held
+        /// if one of its keys is due by the hold's end.
+        #[test]
+        fn every_key_is_one_bit_of_its_block(
+            hours in proptest::collection::btree_set(0i64..20_000, 1..300),
+            sensors in 1usize..4,
+            hold in 0i64..20_000,
+        ) {
+            let r = rollups_of(&["1h", "1d"]);
+            let names = ["a", "b", "c"];
+            let hours: Vec<i64> = hours.into_iter().collect();
+            let keys = keys_of(&r, &names[..sensors], &hours);
+            let not_before = hold * HOUR;
+            let blocks = r.blocks(&keys, not_before);
+            let mut back = Vec::new();
+            for b in &blocks {
+                let interval = r.specs[b.rollup].interval_ms();
+                prop_assert_eq!(b.start % (interval * BLOCK), 0);
+                let mine: Vec<Key> = (0..BLOCK)
+                    .filter(|i| b.mask >> i & 1 == 1)
+                    .map(|i| (b.rollup, b.sensor.clone(), b.start + i * interval))
+                    .collect();
+                let dues: Vec<i64> = mine.iter().map(|k| r.due_ms(k)).collect();
+                prop_assert_eq!(b.first_due, *dues.iter().min().unwrap());
+                prop_assert_eq!(b.last_due, *dues.iter().max().unwrap());
+                prop_assert_eq!(b.held, b.first_due <= not_before);
+                back.extend(mine);
+            }
+            back.sort();
+            prop_assert_eq!(back, keys);
+        }
+
         /// Every key is in exactly one query, which names its sensor and
         /// holds its interval; no query reads more than
         /// SUMMARIES_PER_QUERY windows unless it is one sensor's one
