@@ -262,6 +262,7 @@ pub async fn run(
             max_pending_bytes: memory.pending,
             max_lateness_ms: settings.bucket.max_lateness.as_millis() as i64,
             max_delay: settings.flush.max_delay,
+            max_delay_limit: settings.flush.max_delay_limit,
             behind: pipeline::Config::behind_for(settings.flush.max_delay),
             backfill_share: settings.flush.backfill_share,
             seal_every: settings.closer.interval,

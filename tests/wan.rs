@@ -177,3 +177,56 @@ async fn a_draining_backlog_is_stored_exactly_once_through_kills_and_a_lost_repl
     );
     stack.stop();
 }
+
+/// A database slower than the flush delay asks for (each write takes a
+/// 500 ms round trip, the delay is 200 ms): due sensors wait past their
+/// deadline, so the policy stretches the delay (statements then carry more
+/// readings) while readings keep coming, every one of them is stored
+/// exactly once, and once the load stops the delay shrinks back to
+/// `flush.max_delay`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_slower_than_the_delay_stretches_it_and_it_shrinks_back() {
+    let db = Database::start();
+    let link = LinkProxy::start(
+        db.port,
+        Link {
+            one_way: Duration::from_millis(250),
+            bytes_per_sec: 0,
+        },
+    )
+    .await
+    .unwrap();
+    let stack = Stack::on(Broker::start(), db, "stretch", |c| {
+        c.mongodb_uri(&link.mongodb_uri(""))
+            .max_delay("200ms")
+            .set("flush.max_delay_limit", "5s")
+    })
+    .await;
+    let delay = |p: &Palletd| p.metric("palletd_flush_delay_seconds", None);
+    assert_eq!(delay(&stack.palletd), 0.2);
+    let publishing = publish_steadily(stack.publisher().await, 50, 200.0, 3_000);
+    let stretched = stack
+        .palletd
+        .wait_until(Duration::from_secs(60), "the delay stretched", |p| {
+            delay(p) > 0.2
+        });
+    let (sent, ()) = tokio::join!(publishing, stretched);
+    assert!(delay(&stack.palletd) <= 5.0);
+    assert_exactly_once(&stack.client, "stretch", &sent, Duration::from_secs(60)).await;
+    stack
+        .palletd
+        .wait_until(
+            Duration::from_secs(60),
+            "the delay back at max_delay",
+            |p| delay(p) == 0.2,
+        )
+        .await;
+    assert!(
+        stack
+            .palletd
+            .log()
+            .contains("not keeping up with the flush delay"),
+        "{}",
+        stack.palletd.log()
+    );
+}

@@ -33,6 +33,10 @@ pub const DEFAULT_SPOOL_DIR: &str = "/var/lib/palletd/spool";
 /// before it is written (see the README for the trade-off).
 pub const DEFAULT_MAX_DELAY: &str = "10s";
 
+/// `flush.max_delay_limit` unless set: how far the delay may stretch when
+/// the database cannot keep up with `max_delay`.
+pub const DEFAULT_MAX_DELAY_LIMIT: &str = "5m";
+
 /// Largest `bucket.max_bytes`: half of MongoDB's 16 MiB document limit leaves
 /// room for rollups and a sample that is counted but not yet pushed.
 pub const MAX_BUCKET_BYTES: u64 = 8 * 1024 * 1024;
@@ -330,6 +334,9 @@ pub struct FlushSettings {
     /// A sensor's samples are written once the oldest has waited this long
     /// (or earlier, when they fill the sensor's open bucket).
     pub max_delay: Duration,
+    /// How far the flush policy may stretch the delay when the database
+    /// cannot keep up with `max_delay` (at least `max_delay`; equal: never).
+    pub max_delay_limit: Duration,
     /// Memory cap: at this many buffered samples palletd flushes and stops
     /// reading from the broker until the flush succeeds.
     pub max_pending_samples: usize,
@@ -1009,6 +1016,25 @@ impl Validator {
             (d, None) => ("flush.max_delay", d),
         };
         let max_delay = self.positive_duration(path, raw.as_deref(), DEFAULT_MAX_DELAY);
+        let max_delay_limit = match f.max_delay_limit.as_deref() {
+            Some(raw) => {
+                self.positive_duration("flush.max_delay_limit", Some(raw), DEFAULT_MAX_DELAY_LIMIT)
+            }
+            // Unset: the default, or max_delay if that is longer.
+            None => self
+                .positive_duration("flush.max_delay_limit", None, DEFAULT_MAX_DELAY_LIMIT)
+                .max(max_delay),
+        };
+        if max_delay_limit < max_delay {
+            self.err(
+                "flush.max_delay_limit",
+                format!(
+                    "must be at least flush.max_delay ({}), got {}",
+                    humantime::format_duration(max_delay),
+                    humantime::format_duration(max_delay_limit)
+                ),
+            );
+        }
         let max_pending_samples = self.int_in(
             "flush.max_pending_samples",
             f.max_pending_samples,
@@ -1025,6 +1051,7 @@ impl Validator {
         }
         FlushSettings {
             max_delay,
+            max_delay_limit: max_delay_limit.max(max_delay),
             max_pending_samples,
             backfill_share: backfill_share.clamp(0.0, 1.0),
         }
@@ -1585,6 +1612,24 @@ mod tests {
             errors(&(MINIMAL.to_string() + "[flush]\ninterval = \"3s\"\nmax_delay = \"2s\"\n"))
                 .join("\n");
         assert!(joined.contains("flush.interval:"), "{joined}");
+    }
+
+    /// `flush.max_delay_limit`: 5 minutes unless set, never below
+    /// max_delay (an error when set so; unset, it follows a longer one).
+    #[test]
+    fn the_delay_limit_is_five_minutes_and_never_below_max_delay() {
+        let s = parse(MINIMAL, None).unwrap();
+        assert_eq!(s.flush.max_delay_limit, Duration::from_secs(300));
+        let flush = |t: &str| MINIMAL.to_string() + "[flush]\n" + t;
+        let s = parse(&flush("max_delay = \"10m\"\n"), None).unwrap();
+        assert_eq!(s.flush.max_delay_limit, Duration::from_secs(600));
+        let s = parse(&flush("max_delay_limit = \"30s\"\n"), None).unwrap();
+        assert_eq!(s.flush.max_delay_limit, Duration::from_secs(30));
+        let joined = errors(&flush("max_delay = \"1m\"\nmax_delay_limit = \"30s\"\n")).join("\n");
+        assert!(
+            joined.contains("flush.max_delay_limit: must be at least flush.max_delay (1m)"),
+            "{joined}"
+        );
     }
 
     #[test]

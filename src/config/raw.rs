@@ -91,6 +91,7 @@ pub struct RawBucket {
 #[serde(deny_unknown_fields)]
 pub struct RawFlush {
     pub max_delay: Option<String>,
+    pub max_delay_limit: Option<String>,
     /// Before `max_delay`: read as it, with a warning.
     pub interval: Option<String>,
     pub max_pending_samples: Option<i64>,

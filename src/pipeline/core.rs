@@ -63,7 +63,7 @@
 use std::time::{Duration, Instant};
 
 use super::pending::{Pending, SensorId};
-use super::policy::FlushPolicy;
+use super::policy::{FlushPolicy, Retuned};
 use crate::bucket::{SampleRef, Samples, Shape};
 use crate::deadletter::{self, DeadLetter, Reporter};
 use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
@@ -123,8 +123,11 @@ pub struct Config {
     pub max_lateness_ms: i64,
     /// How long a sensor's oldest pending sample may wait (`flush.max_delay`).
     pub max_delay: Duration,
-    /// The live lane is behind once its oldest sample waited this long: its
-    /// samples become backlog and it starts again at the newest records.
+    /// How far the policy may stretch that delay (`flush.max_delay_limit`).
+    pub max_delay_limit: Duration,
+    /// The live lane is behind once its oldest sample waited this long
+    /// (or three delays, the delay stretched): its samples become backlog
+    /// and it starts again at the newest records.
     pub behind: Duration,
     /// The share of the database's time the backlog gets while live
     /// readings are due too (0 to 1).
@@ -340,6 +343,7 @@ pub struct Core {
 impl Core {
     pub fn new(config: Config, now: Instant) -> Core {
         let max_delay_ms = config.max_delay.as_millis() as i64;
+        metrics::gauge!(telemetry::FLUSH_DELAY_SECONDS).set(config.max_delay.as_secs_f64());
         // What an earlier run left is the first backlog; live readings go
         // first from the start.
         let (back_from, cursor) = if config.from < config.fresh_from {
@@ -348,7 +352,12 @@ impl Core {
             (config.from, config.from)
         };
         Core {
-            policy: FlushPolicy::new(config.max_delay, config.seal_every, now),
+            policy: FlushPolicy::new(
+                config.max_delay,
+                config.max_delay_limit,
+                config.seal_every,
+                now,
+            ),
             live: Pending::new(config.shape, config.fresh_from, max_delay_ms),
             backlog: Pending::new(config.shape, config.fresh_from, max_delay_ms).untimed(),
             deadletters: Vec::new(),
@@ -463,6 +472,53 @@ impl Core {
             .min(by_bytes)
     }
 
+    /// `behind`, or three delays while the policy stretched the delay.
+    fn behind_ms(&self) -> i64 {
+        (self.config.behind.max(self.policy.delay() * 3)).as_millis() as i64
+    }
+
+    /// The delay a sensor's oldest sample waits now (`flush.max_delay`, or
+    /// stretched: [`super::policy`]).
+    pub fn delay(&self) -> Duration {
+        self.policy.delay()
+    }
+
+    /// The delay, if the policy stretched it beyond `flush.max_delay`.
+    pub fn stretched_delay(&self) -> Option<Duration> {
+        let d = self.policy.delay();
+        (d > self.config.max_delay).then_some(d)
+    }
+
+    /// At the end of a policy period: the delay follows how long due
+    /// sensors waited past it ([`FlushPolicy::retune`]).
+    fn retune(&mut self, now: Instant) {
+        if !self.policy.period_over(now) {
+            return;
+        }
+        let late = Duration::from_millis(self.live.take_lateness().max(0) as u64);
+        let half_full = self.held() * 2 >= self.config.max_pending
+            || self.held_bytes() * 2 >= self.config.max_pending_bytes;
+        let Some(retuned) = self.policy.retune(now, late, half_full) else {
+            return;
+        };
+        let delay = self.policy.delay();
+        self.live.set_delay_ms(delay.as_millis() as i64);
+        metrics::gauge!(telemetry::FLUSH_DELAY_SECONDS).set(delay.as_secs_f64());
+        let shown = humantime::format_duration(Duration::from_millis(delay.as_millis() as u64));
+        let late = humantime::format_duration(Duration::from_millis(late.as_millis() as u64));
+        match retuned {
+            Retuned::Stretched(_) => tracing::info!(
+                delay = %shown,
+                late_by = %late,
+                "The database is not keeping up with the flush delay: sensors wait longer, so each statement carries more readings."
+            ),
+            Retuned::Shrunk(_) => tracing::info!(
+                delay = %shown,
+                "The database keeps up again: the flush delay shrinks."
+            ),
+        }
+    }
+
     /// Whether records of `bytes` fit into memory now.
     fn fits_bytes(&self, bytes: usize) -> bool {
         self.held_bytes() + bytes <= self.config.max_pending_bytes
@@ -494,7 +550,7 @@ impl Core {
                 .map(|t| t + self.config.max_delay.as_millis() as i64),
             self.live
                 .oldest_since_ms()
-                .map(|t| t + self.config.behind.as_millis() as i64 + 1),
+                .map(|t| t + self.behind_ms() + 1),
         ]
         .into_iter()
         .flatten()
@@ -696,7 +752,7 @@ impl Core {
     /// merely slow makes sensors wait longer and statements larger; that
     /// pacing is not falling behind.)
     fn live_behind(&self, mono: i64) -> bool {
-        let behind = self.config.behind.as_millis() as i64;
+        let behind = self.behind_ms();
         // The oldest waiting sample: in memory, or on disk unread since the
         // live lane last caught up (across an outage nothing is read).
         let unread_since = (self.cursor < self.durable).then_some(self.caught_up_ms);
@@ -811,6 +867,7 @@ impl Core {
                 return Some(Action::Checkpoint(lsn));
             }
         }
+        self.retune(now);
         let pressure = self.live_room() == 0 && self.live.count() > 0;
         let deadletters_due = self.deadletter_bytes >= DEADLETTER_FLUSH_BYTES
             || self
@@ -1019,6 +1076,8 @@ impl Core {
         if !written.met_errors {
             // (Time spent waiting out an outage says nothing of the share.)
             self.share.add(lane, took, now);
+        } else {
+            self.policy.met_errors();
         }
         let mut report = Flushed {
             statements: written.statements as u64,

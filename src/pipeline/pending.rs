@@ -7,11 +7,14 @@
 //! Like a partitioned batcher with a batch and a timer per key: a sensor is
 //! *ready* once its samples fill its open bucket (by count or bytes) or
 //! span three windows or more (history: waiting fills nothing), and
-//! *due* once its oldest pending sample has waited `flush.max_delay`. Each
-//! time a sensor's queue goes from empty to holding something, its deadline
-//! joins a FIFO (deadlines are arrival time plus the same delay, so the
-//! FIFO is in deadline order); an entry whose sensor was flushed meanwhile
-//! is stale and skipped. Under memory pressure the oldest sensors go first.
+//! *due* once its oldest pending sample has waited the delay
+//! (`flush.max_delay`, stretched by the flush policy when the database
+//! cannot keep up: [`Pending::set_delay_ms`]). Each time a sensor's queue
+//! goes from empty to holding something, its arrival joins a FIFO (every
+//! sensor waits the same delay, so the FIFO is in deadline order whatever
+//! the delay is now; a sensor due at once goes to the front); an entry
+//! whose sensor was flushed meanwhile is stale and skipped. Under memory
+//! pressure the oldest sensors go first.
 //!
 //! # Uncertain samples
 //! A sample is *uncertain* when it may already be in MongoDB: it was read
@@ -41,6 +44,16 @@ use crate::flush::Run;
 
 /// A sensor's index in the slab.
 pub type SensorId = u32;
+
+/// When a sensor's pending samples began to wait: it is due the delay
+/// later, or then if `at_once`.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    since_ms: i64,
+    id: SensorId,
+    episode: u64,
+    at_once: bool,
+}
 
 #[derive(Debug)]
 struct SensorState {
@@ -77,12 +90,16 @@ pub struct Pending {
     /// Whether sensors fall due by age and fill (the live lane); the
     /// backlog is taken oldest first ([`Pending::oldest`]) instead.
     timed: bool,
-    max_delay_ms: i64,
+    /// How long a sensor's oldest sample waits before it is due.
+    delay_ms: i64,
     names: HashMap<Box<str>, SensorId>,
     slots: Vec<Option<SensorState>>,
     free: Vec<SensorId>,
-    /// (due ms, sensor, episode) in the order the episodes began.
-    deadlines: VecDeque<(i64, SensorId, u64)>,
+    /// In the order the episodes began (those due at once in front).
+    deadlines: VecDeque<Deadline>,
+    /// The longest a sensor [`Pending::due`] took had waited past its
+    /// deadline, since [`Pending::take_lateness`].
+    late_ms: i64,
     /// (first pending LSN, sensor): the lowest LSN memory needs.
     firsts: BTreeSet<(u64, SensorId)>,
     ready: Vec<SensorId>,
@@ -92,17 +109,18 @@ pub struct Pending {
 }
 
 impl Pending {
-    pub fn new(shape: Shape, uncertain_below: u64, max_delay_ms: i64) -> Pending {
+    pub fn new(shape: Shape, uncertain_below: u64, delay_ms: i64) -> Pending {
         Pending {
             shape,
             uncertain_below,
             uncertain_lsns: HashSet::new(),
             timed: true,
-            max_delay_ms,
+            delay_ms,
             names: HashMap::new(),
             slots: Vec::new(),
             free: Vec::new(),
             deadlines: VecDeque::new(),
+            late_ms: 0,
             firsts: BTreeSet::new(),
             ready: Vec::new(),
             episodes: 0,
@@ -115,6 +133,26 @@ impl Pending {
     pub fn untimed(mut self) -> Pending {
         self.timed = false;
         self
+    }
+
+    /// From now on a sensor is due once its oldest sample waited `ms`
+    /// (those pending too).
+    pub fn set_delay_ms(&mut self, ms: i64) {
+        self.delay_ms = ms;
+    }
+
+    /// The longest a sensor taken by [`Pending::due`] had waited past its
+    /// deadline since the last call (0 if none was late).
+    pub fn take_lateness(&mut self) -> i64 {
+        std::mem::take(&mut self.late_ms)
+    }
+
+    fn due_ms(&self, d: &Deadline) -> i64 {
+        if d.at_once {
+            d.since_ms
+        } else {
+            d.since_ms.saturating_add(self.delay_ms)
+        }
     }
 
     pub fn shape(&self) -> &Shape {
@@ -232,14 +270,15 @@ impl Pending {
         self.count += 1;
         self.bytes += sample.bytes() as usize;
         if starts {
-            self.begin_episode(id, now_ms + self.max_delay_ms, false);
+            self.begin_episode(id, now_ms, false);
         }
         self.update_ready(id);
     }
 
-    /// The sensor's queue began to hold something: its deadline joins the
-    /// FIFO (at the front when it is due at once), its first LSN the set.
-    fn begin_episode(&mut self, id: SensorId, due_ms: i64, at_once: bool) {
+    /// The sensor's queue began to hold something at `since_ms`: its
+    /// deadline joins the FIFO (at the front and due then, `at_once`), its
+    /// first LSN the set.
+    fn begin_episode(&mut self, id: SensorId, since_ms: i64, at_once: bool) {
         self.episodes += 1;
         let episode = self.episodes;
         let timed = self.timed;
@@ -254,10 +293,16 @@ impl Pending {
         if !timed {
             return;
         }
+        let d = Deadline {
+            since_ms,
+            id,
+            episode,
+            at_once,
+        };
         if at_once {
-            self.deadlines.push_front((due_ms, id, episode));
+            self.deadlines.push_front(d);
         } else {
-            self.deadlines.push_back((due_ms, id, episode));
+            self.deadlines.push_back(d);
         }
     }
 
@@ -316,18 +361,23 @@ impl Pending {
             .map(|s| s.samples.len())
             .sum();
         while out.len() < max {
-            let Some(&(due, id, episode)) = self.deadlines.front() else {
+            let Some(&d) = self.deadlines.front() else {
                 break;
             };
+            let id = d.id;
             let live = self
                 .state(id)
-                .is_some_and(|s| s.episode == episode && !s.samples.is_empty());
+                .is_some_and(|s| s.episode == d.episode && !s.samples.is_empty());
             if !live {
                 self.deadlines.pop_front();
                 continue;
             }
+            let due = self.due_ms(&d);
             if due > now_ms && !(pressure && taken * 2 < self.count) {
                 break;
+            }
+            if !d.at_once {
+                self.late_ms = self.late_ms.max(now_ms - due);
             }
             self.deadlines.pop_front();
             if chosen.insert(id) {
@@ -341,12 +391,16 @@ impl Pending {
     /// Whether a flush at `now_ms` may find a sensor due (a cheap look that
     /// may say yes for a deadline that turns out stale).
     pub fn may_be_due(&self, now_ms: i64) -> bool {
-        !self.ready.is_empty() || self.deadlines.front().is_some_and(|d| d.0 <= now_ms)
+        !self.ready.is_empty()
+            || self
+                .deadlines
+                .front()
+                .is_some_and(|d| self.due_ms(d) <= now_ms)
     }
 
     /// When the oldest pending sensor falls due (it may be stale).
     pub fn next_due_ms(&self) -> Option<i64> {
-        self.deadlines.front().map(|d| d.0)
+        self.deadlines.front().map(|d| self.due_ms(d))
     }
 
     /// Every sensor with pending samples.
@@ -442,7 +496,12 @@ impl Pending {
                 left = true;
                 let episode = s.episode;
                 if self.timed {
-                    self.deadlines.push_front((i64::MIN, id, episode));
+                    self.deadlines.push_front(Deadline {
+                        since_ms: i64::MIN,
+                        id,
+                        episode,
+                        at_once: true,
+                    });
                 }
                 continue;
             }
@@ -620,7 +679,7 @@ impl Pending {
             assert!(s.uncertain <= s.samples.len());
             let id = self.names[&s.name];
             if self.timed && !s.samples.is_empty() && !flushing.contains(&id) {
-                let live = self.deadlines.iter().any(|d| d.2 == s.episode);
+                let live = self.deadlines.iter().any(|d| d.episode == s.episode);
                 let ready = self
                     .ready
                     .iter()
@@ -683,6 +742,28 @@ mod tests {
         );
         let due = p.due(1100, false, usize::MAX);
         assert_eq!(names(&p, &due), vec!["b"], "b's oldest waited 1 s");
+    }
+
+    /// A delay set later counts for the sensors already waiting, stretched
+    /// or shrunk, in their order of arrival; a sensor taken past its
+    /// deadline reports how late it was.
+    #[test]
+    fn a_new_delay_counts_for_the_sensors_already_waiting() {
+        let mut p = Pending::new(SHAPE, 0, 1000);
+        p.push("a", sample(0, 1).as_ref(), 0);
+        p.push("b", sample(0, 2).as_ref(), 500);
+        p.set_delay_ms(3000);
+        assert!(p.due(2000, false, usize::MAX).is_empty(), "stretched");
+        assert_eq!(p.next_due_ms(), Some(3000));
+        let due = p.due(3200, false, usize::MAX);
+        assert_eq!(names(&p, &due), vec!["a"]);
+        assert_eq!(p.take_lateness(), 200);
+        assert_eq!(p.take_lateness(), 0, "taken");
+        p.set_delay_ms(100);
+        assert!(p.may_be_due(3200), "shrunk: b is overdue");
+        let due = p.due(3200, false, usize::MAX);
+        assert_eq!(names(&p, &due), vec!["b"]);
+        assert_eq!(p.take_lateness(), 2600);
     }
 
     /// History arriving: samples of three windows make the sensor ready at

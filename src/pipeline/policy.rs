@@ -14,8 +14,35 @@
 //! - Every `closer.interval` a seal, after the sensors holding samples of
 //!   the windows it closes were flushed (the pipeline core sees to that).
 //!   The first seal is due at start (it also sets the collection up early).
+//!
+//! # The delay, tuned to the database
+//! A sensor is due once its oldest sample waited the *delay*: at most
+//! `flush.max_delay` while the database keeps up. When it does not (each
+//! statement carries few samples and there are more sensors falling due
+//! per second than statements the database takes: 100,000 sensors at one
+//! reading in 20 s and a 10 s delay are 3,300 statements a second), due
+//! sensors queue up and wait past their deadline. Every *period* (the
+//! delay, at least a second) the policy looks at the longest such wait
+//! of a sensor a flush took ([`FlushPolicy::retune`]):
+//! - longer than half the delay: the delay is stretched by half, up to
+//!   `flush.max_delay_limit`, so each sensor is written less often with
+//!   more samples per statement (unless memory is half full: then holding
+//!   longer only moves the readings to disk);
+//! - shorter than an eighth of the delay for [`CALM_PERIODS`] periods in
+//!   a row since the last stretch: it shrinks by a fifth, down to
+//!   `flush.max_delay`, and keeps shrinking a period at a time while that
+//!   lasts.
+//!
+//! A period in which a write met database errors (an outage: waiting says
+//! nothing of the database's speed) changes nothing. So under sustained
+//! load a reading is durable within the delay plus half of it plus one
+//! flush, the delay at most `max_delay_limit`; beyond that the database
+//! cannot keep up even with the longest delay allowed, and the lag grows.
 
 use std::time::{Duration, Instant};
+
+/// Periods without a stretch before the delay may shrink.
+pub const CALM_PERIODS: u32 = 4;
 
 #[derive(Debug)]
 pub struct FlushPolicy {
@@ -23,16 +50,94 @@ pub struct FlushPolicy {
     seal_every: Duration,
     next_flush: Instant,
     next_seal: Instant,
+    /// `flush.max_delay` and `flush.max_delay_limit`.
+    base: Duration,
+    limit: Duration,
+    delay: Duration,
+    period_from: Instant,
+    /// A write of this period met database errors.
+    errors: bool,
+    /// Periods since the delay was last stretched (or since the start).
+    calm: u32,
+}
+
+/// How [`FlushPolicy::retune`] changed the delay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retuned {
+    Stretched(Duration),
+    Shrunk(Duration),
 }
 
 impl FlushPolicy {
-    pub fn new(max_delay: Duration, seal_every: Duration, now: Instant) -> FlushPolicy {
+    pub fn new(
+        max_delay: Duration,
+        max_delay_limit: Duration,
+        seal_every: Duration,
+        now: Instant,
+    ) -> FlushPolicy {
         FlushPolicy {
             tick: Self::tick_of(max_delay),
             seal_every,
             next_flush: now,
             next_seal: now,
+            base: max_delay,
+            limit: max_delay_limit.max(max_delay),
+            delay: max_delay,
+            period_from: now,
+            errors: false,
+            calm: 0,
         }
+    }
+
+    /// How long a sensor's oldest sample waits before it is due now.
+    pub fn delay(&self) -> Duration {
+        self.delay
+    }
+
+    /// A write met database errors (this period changes nothing).
+    pub fn met_errors(&mut self) {
+        self.errors = true;
+    }
+
+    /// Whether the period is over at `now` (then call
+    /// [`FlushPolicy::retune`]).
+    pub fn period_over(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.period_from) >= self.period()
+    }
+
+    /// The delay, at least a second.
+    fn period(&self) -> Duration {
+        self.delay.max(Duration::from_secs(1))
+    }
+
+    /// At the end of a period: `late`, the longest a sensor taken in it
+    /// had waited past its deadline; `memory_half_full`: stretching would
+    /// only move readings to disk. Starts the next period.
+    pub fn retune(
+        &mut self,
+        now: Instant,
+        late: Duration,
+        memory_half_full: bool,
+    ) -> Option<Retuned> {
+        self.period_from = now;
+        if std::mem::take(&mut self.errors) {
+            return None;
+        }
+        if late > self.delay / 2 {
+            // Not calm, whether it can stretch or not.
+            self.calm = 0;
+            if self.delay < self.limit && !memory_half_full {
+                self.delay = (self.delay * 3 / 2).min(self.limit);
+                return Some(Retuned::Stretched(self.delay));
+            }
+            return None;
+        }
+        self.calm = self.calm.saturating_add(1);
+        if late < self.delay / 8 && self.calm >= CALM_PERIODS && self.delay > self.base {
+            self.delay = (self.delay * 4 / 5).max(self.base);
+            return Some(Retuned::Shrunk(self.delay));
+        }
+        None
     }
 
     /// A tenth of the delay, between 10 ms and 1 s.
@@ -68,10 +173,15 @@ impl FlushPolicy {
     }
 
     /// When to be asked again at the latest, given when the oldest pending
-    /// sensor falls due.
+    /// sensor falls due (and, while the delay is stretched, at the end of
+    /// the period, so it shrinks back while nothing arrives).
     pub fn deadline(&self, next_due: Option<Instant>) -> Instant {
         let flush = next_due.map(|d| d.max(self.next_flush));
-        flush.map_or(self.next_seal, |f| f.min(self.next_seal))
+        let at = flush.map_or(self.next_seal, |f| f.min(self.next_seal));
+        match self.delay > self.base {
+            true => at.min(self.period_from + self.period()),
+            false => at,
+        }
     }
 }
 
@@ -84,7 +194,7 @@ mod tests {
     #[test]
     fn flushes_start_at_most_once_a_tick_unless_urgent() {
         let t0 = Instant::now();
-        let mut p = FlushPolicy::new(10 * SEC, 60 * SEC, t0);
+        let mut p = FlushPolicy::new(10 * SEC, 10 * SEC, 60 * SEC, t0);
         assert_eq!(FlushPolicy::tick_of(10 * SEC), SEC);
         assert_eq!(
             FlushPolicy::tick_of(Duration::from_millis(50)),
@@ -102,7 +212,7 @@ mod tests {
     #[test]
     fn a_seal_is_due_at_start_and_then_every_interval() {
         let t0 = Instant::now();
-        let mut p = FlushPolicy::new(10 * SEC, 60 * SEC, t0);
+        let mut p = FlushPolicy::new(10 * SEC, 10 * SEC, 60 * SEC, t0);
         assert!(p.seal_due(t0));
         p.sealed(t0);
         assert!(!p.seal_due(t0 + 59 * SEC));
@@ -116,12 +226,87 @@ mod tests {
     #[test]
     fn the_deadline_is_the_next_due_sensor_or_seal() {
         let t0 = Instant::now();
-        let mut p = FlushPolicy::new(10 * SEC, 60 * SEC, t0);
+        let mut p = FlushPolicy::new(10 * SEC, 10 * SEC, 60 * SEC, t0);
         p.sealed(t0);
         p.flushed(t0, false);
         assert_eq!(p.deadline(None), t0 + 60 * SEC);
         assert_eq!(p.deadline(Some(t0 + 5 * SEC)), t0 + 5 * SEC);
         assert_eq!(p.deadline(Some(t0)), t0 + SEC, "not before the tick");
         assert_eq!(p.deadline(Some(t0 + 90 * SEC)), t0 + 60 * SEC);
+        // Stretched: asked again at the end of the period.
+        let mut p = FlushPolicy::new(SEC, 60 * SEC, 60 * SEC, t0);
+        p.sealed(t0);
+        assert_eq!(p.deadline(None), t0 + 60 * SEC);
+        p.retune(t0 + SEC, 2 * SEC, false);
+        assert_eq!(p.delay(), 1500 * SEC / 1000);
+        assert_eq!(p.deadline(None), t0 + 2500 * SEC / 1000);
+    }
+
+    /// Due sensors waiting past their deadline stretch the delay by half a
+    /// period at a time, up to the limit; once they no longer wait, it
+    /// shrinks back a fifth a period after CALM_PERIODS calm ones, down to
+    /// max_delay. Errors and a half-full memory stop a stretch.
+    #[test]
+    fn the_delay_stretches_while_sensors_wait_past_it_and_shrinks_back() {
+        let t0 = Instant::now();
+        let mut p = FlushPolicy::new(10 * SEC, 40 * SEC, 60 * SEC, t0);
+        let mut t = t0;
+        let mut period = |p: &mut FlushPolicy, late: Duration, full: bool| {
+            assert!(!p.period_over(t + p.delay() - Duration::from_millis(1)));
+            t += p.delay();
+            assert!(p.period_over(t));
+            p.retune(t, late, full)
+        };
+        assert_eq!(
+            period(&mut p, 4 * SEC, false),
+            None,
+            "within half the delay"
+        );
+        assert_eq!(
+            period(&mut p, 6 * SEC, false),
+            Some(Retuned::Stretched(15 * SEC))
+        );
+        assert_eq!(
+            period(&mut p, 8 * SEC, false),
+            Some(Retuned::Stretched(22_500 * SEC / 1000))
+        );
+        p.met_errors();
+        assert_eq!(period(&mut p, 20 * SEC, false), None, "an outage");
+        assert_eq!(period(&mut p, 20 * SEC, true), None, "memory half full");
+        assert_eq!(
+            period(&mut p, 20 * SEC, false),
+            Some(Retuned::Stretched(33_750 * SEC / 1000))
+        );
+        assert_eq!(
+            period(&mut p, 20 * SEC, false),
+            Some(Retuned::Stretched(40 * SEC)),
+            "the limit"
+        );
+        assert_eq!(
+            period(&mut p, 30 * SEC, false),
+            None,
+            "at the limit, not calm"
+        );
+        // Calm again: CALM_PERIODS periods, then a fifth a period.
+        for _ in 1..CALM_PERIODS {
+            assert_eq!(period(&mut p, SEC, false), None);
+        }
+        assert_eq!(period(&mut p, SEC, false), Some(Retuned::Shrunk(32 * SEC)));
+        assert_eq!(
+            period(&mut p, SEC, false),
+            Some(Retuned::Shrunk(25_600 * SEC / 1000))
+        );
+        assert_eq!(
+            period(&mut p, 5 * SEC, false),
+            None,
+            "not calm enough to shrink"
+        );
+        let mut shrunk = 0;
+        while let Some(Retuned::Shrunk(d)) = period(&mut p, Duration::ZERO, false) {
+            shrunk += 1;
+            assert!(d >= 10 * SEC);
+        }
+        assert_eq!(p.delay(), 10 * SEC);
+        assert!(shrunk >= 4, "{shrunk}");
     }
 }

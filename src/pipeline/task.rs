@@ -127,6 +127,7 @@ pub async fn run(
         pending.set(core.unwritten() as f64);
         pending_bytes.set(core.held_bytes() as f64);
         meter.update(&core, &health);
+        health.set_stretched_delay(core.stretched_delay());
         let now = Instant::now();
         let Some(action) = core.poll(now, now_ms()) else {
             let durable = core.needs_durable();

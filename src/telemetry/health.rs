@@ -28,6 +28,8 @@ pub struct Health {
     /// estimated seconds to drain it (`u64::MAX`: unknown).
     backlog_readings: AtomicU64,
     backlog_eta_secs: AtomicU64,
+    /// The flush delay while the policy stretched it (ms; 0: not).
+    stretched_delay_ms: AtomicU64,
     /// Spool writes or syncs are failing (nothing new is acknowledged).
     spool_failing: AtomicBool,
     /// Bytes of spooled dead letters written to MongoDB so far (by the
@@ -185,6 +187,24 @@ impl Health {
     }
 
     /// "draining a backlog of N readings, about T left", while one drains.
+    /// The flush delay in force, if the policy stretched it beyond
+    /// `flush.max_delay`.
+    pub fn set_stretched_delay(&self, delay: Option<Duration>) {
+        let ms = delay.map_or(0, |d| d.as_millis() as u64);
+        self.stretched_delay_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// For the STATUS line: the delay, while stretched.
+    pub fn delay_note(&self) -> Option<String> {
+        match self.stretched_delay_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(format!(
+                "flush delay stretched to {} (the database is the bottleneck)",
+                humantime::format_duration(Duration::from_secs(ms.div_ceil(1000)))
+            )),
+        }
+    }
+
     pub fn backlog_note(&self) -> Option<String> {
         let readings = self.backlog_readings.load(Ordering::Relaxed);
         if readings == 0 {

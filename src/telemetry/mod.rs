@@ -49,6 +49,10 @@ pub const FLUSH_SECONDS: &str = "palletd_flush_duration_seconds";
 /// in MongoDB.
 pub const SAMPLE_AGE_SECONDS: &str = "palletd_sample_age_at_write_seconds";
 pub const PENDING_SAMPLES: &str = "palletd_pending_samples";
+/// The delay a sensor's oldest reading waits before it is written now:
+/// `flush.max_delay`, or stretched up to `flush.max_delay_limit` while the
+/// database cannot keep up.
+pub const FLUSH_DELAY_SECONDS: &str = "palletd_flush_delay_seconds";
 pub const OLDEST_UNACKED_SECONDS: &str = "palletd_oldest_unacked_age_seconds";
 pub const BROKER_RECONNECTS: &str = "palletd_broker_reconnects_total";
 pub const BROKER_CONNECTED: &str = "palletd_broker_connected";
@@ -166,6 +170,11 @@ pub fn describe() {
         "Samples in memory not yet written to MongoDB (the flush in flight included)."
     );
     describe_gauge!(
+        FLUSH_DELAY_SECONDS,
+        Unit::Seconds,
+        "How long a sensor's oldest reading waits before it is written: flush.max_delay, or stretched up to flush.max_delay_limit while the database cannot keep up (each statement then carries more readings)."
+    );
+    describe_gauge!(
         OLDEST_UNACKED_SECONDS,
         Unit::Seconds,
         "Age of the oldest message not yet acknowledged to the broker."
@@ -225,7 +234,7 @@ pub fn describe() {
     );
     describe_counter!(
         ROLLUP_STATEMENTS,
-        "Write statements rollups cost: keys recorded at flushes, rollup upserts and keys deleted by the closer."
+        "Write statements rollups cost: key blocks recorded at flushes, rollup upserts and keys cleared by the closer."
     );
     describe_counter!(
         DEAD_LETTERS_DROPPED,
@@ -361,7 +370,8 @@ pub fn install() -> Option<PrometheusHandle> {
             &[
                 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1,
                 1.2, 1.3, 1.4, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 11.0, 12.0, 13.0,
-                14.0, 15.0, 20.0, 30.0, 60.0, 300.0, 3600.0,
+                14.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 240.0, 300.0, 450.0, 600.0,
+                3600.0,
             ],
         )
         .ok()?;

@@ -169,6 +169,7 @@ footer {{ margin-top: 2em; color: #666; font-size: .9em; }}
 <tr><th>Backlog drains in about</th><td id="backlog-eta" class="n">{}</td></tr>
 <tr><th>Spool on disk</th><td id="spool" class="n">{:.1} MB</td></tr>
 <tr><th>Readings waiting in memory</th><td id="pending" class="n">{:.0}</td></tr>
+<tr><th>Flush delay (stretched while the database cannot keep up)</th><td id="flush-delay" class="n">{}</td></tr>
 </table>
 "#,
         escape(&ready_text),
@@ -184,6 +185,9 @@ footer {{ margin-top: 2em; color: #666; font-size: .9em; }}
         },
         now.get(super::SPOOL_BYTES) / 1e6,
         now.get(super::PENDING_SAMPLES),
+        humantime::format_duration(Duration::from_millis(
+            (now.get(super::FLUSH_DELAY_SECONDS) * 1000.0).round() as u64
+        )),
     );
     page.push_str("<h2>Dead letters in the last hour, by cause</h2>\n");
     let recent: Vec<(&String, f64)> = dead_now

@@ -141,9 +141,13 @@ fn notify_systemd(health: &Health, stop: &CancellationToken) {
         } else if !health.database_reachable() {
             "waiting for the database (readings are spooled and acknowledged)".to_string()
         } else {
-            match health.backlog_note() {
-                Some(note) => format!("storing {rate:.0} samples/s; {note}"),
-                None => format!("storing {rate:.0} samples/s"),
+            let notes: Vec<String> = [health.delay_note(), health.backlog_note()]
+                .into_iter()
+                .flatten()
+                .collect();
+            match notes.is_empty() {
+                true => format!("storing {rate:.0} samples/s"),
+                false => format!("storing {rate:.0} samples/s; {}", notes.join("; ")),
             }
         };
         if status != last_status {
