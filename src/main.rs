@@ -2,11 +2,6 @@
 //! library and maps the result to an exit code (0 clean stop, 78 bad
 //! configuration, 1 anything else).
 
-/// mimalloc instead of glibc's malloc: cheaper small allocations on the
-/// per-reading path (measured with scripts/bench, see the README).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
