@@ -31,7 +31,8 @@
 //! # What a flush takes
 //! Each live sensor is flushed by its own fill and age ([`super::pending`]):
 //! when its samples fill its open bucket, when its oldest sample waited
-//! `flush.max_delay`, or, when memory is full, oldest first. Under
+//! `flush.max_delay` (or will before the next flush, a tick later), or,
+//! when memory is full, oldest first. Under
 //! sustained load a reading is therefore durable within `max_delay` plus
 //! one flush (plus the wait for the flush before it when the database is
 //! the bottleneck). Before a seal, every live sensor holding samples of a
@@ -358,7 +359,11 @@ impl Core {
                 config.seal_every,
                 now,
             ),
-            live: Pending::new(config.shape, config.fresh_from, max_delay_ms),
+            live: {
+                let mut live = Pending::new(config.shape, config.fresh_from, max_delay_ms);
+                live.set_early_ms(FlushPolicy::tick_of(config.max_delay).as_millis() as i64);
+                live
+            },
             backlog: Pending::new(config.shape, config.fresh_from, max_delay_ms).untimed(),
             deadletters: Vec::new(),
             deadletters_since: None,

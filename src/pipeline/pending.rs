@@ -92,6 +92,9 @@ pub struct Pending {
     timed: bool,
     /// How long a sensor's oldest sample waits before it is due.
     delay_ms: i64,
+    /// A sensor due within this long is taken already (the flush policy's
+    /// tick: the next flush may be a tick away).
+    early_ms: i64,
     names: HashMap<Box<str>, SensorId>,
     slots: Vec<Option<SensorState>>,
     free: Vec<SensorId>,
@@ -116,6 +119,7 @@ impl Pending {
             uncertain_lsns: HashSet::new(),
             timed: true,
             delay_ms,
+            early_ms: 0,
             names: HashMap::new(),
             slots: Vec::new(),
             free: Vec::new(),
@@ -139,6 +143,12 @@ impl Pending {
     /// (those pending too).
     pub fn set_delay_ms(&mut self, ms: i64) {
         self.delay_ms = ms;
+    }
+
+    /// From now on a flush takes the sensors due within `ms` too, so no
+    /// sensor waits past its deadline for the next flush a tick later.
+    pub fn set_early_ms(&mut self, ms: i64) {
+        self.early_ms = ms;
     }
 
     /// The longest a sensor taken by [`Pending::due`] had waited past its
@@ -339,7 +349,8 @@ impl Pending {
     }
 
     /// The sensors a flush at `now_ms` takes, at most `max` of them: the
-    /// ready ones, those whose oldest sample waited long enough, and, under
+    /// ready ones, those whose oldest sample waited long enough (or will
+    /// within [`Pending::set_early_ms`]), and, under
     /// `pressure`, the oldest others until half of memory is taken. Stale
     /// deadlines are dropped; due sensors beyond `max` wait for the next.
     pub fn due(&mut self, now_ms: i64, pressure: bool, max: usize) -> Vec<SensorId> {
@@ -373,7 +384,7 @@ impl Pending {
                 continue;
             }
             let due = self.due_ms(&d);
-            if due > now_ms && !(pressure && taken * 2 < self.count) {
+            if due > now_ms + self.early_ms && !(pressure && taken * 2 < self.count) {
                 break;
             }
             if !d.at_once {
@@ -395,12 +406,13 @@ impl Pending {
             || self
                 .deadlines
                 .front()
-                .is_some_and(|d| self.due_ms(d) <= now_ms)
+                .is_some_and(|d| self.due_ms(d) <= now_ms + self.early_ms)
     }
 
-    /// When the oldest pending sensor falls due (it may be stale).
+    /// When the oldest pending sensor may be taken (it may be stale): its
+    /// deadline, less the early margin.
     pub fn next_due_ms(&self) -> Option<i64> {
-        self.deadlines.front().map(|d| self.due_ms(d))
+        (self.deadlines.front()).map(|d| self.due_ms(d).saturating_sub(self.early_ms))
     }
 
     /// Every sensor with pending samples.
@@ -764,6 +776,20 @@ mod tests {
         let due = p.due(3200, false, usize::MAX);
         assert_eq!(names(&p, &due), vec!["b"]);
         assert_eq!(p.take_lateness(), 2600);
+    }
+
+    /// With an early margin a sensor due within it is taken, none past it.
+    #[test]
+    fn a_sensor_due_within_the_early_margin_is_taken() {
+        let mut p = Pending::new(SHAPE, 0, 1000);
+        p.set_early_ms(100);
+        p.push("a", sample(0, 1).as_ref(), 0);
+        p.push("b", sample(0, 2).as_ref(), 50);
+        assert_eq!(p.next_due_ms(), Some(900));
+        assert!(!p.may_be_due(899));
+        let due = p.due(920, false, usize::MAX);
+        assert_eq!(names(&p, &due), vec!["a"], "b is due at 1050");
+        assert_eq!(p.take_lateness(), 0, "taken before its deadline");
     }
 
     /// History arriving: samples of three windows make the sensor ready at
