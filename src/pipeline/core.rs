@@ -927,6 +927,7 @@ impl Core {
     fn seal(&mut self, now: Instant, now_ms: i64, live_durable: bool) -> Option<Action> {
         let Some(grace) = self.config.seal_grace_ms else {
             self.busy = Some(Busy::Seal);
+            self.policy.seal_began(now);
             return Some(Action::Seal {
                 now_ms,
                 late: false,
@@ -951,6 +952,7 @@ impl Core {
         }
         self.seal_at = None;
         self.busy = Some(Busy::Seal);
+        self.policy.seal_began(now);
         Some(Action::Seal {
             now_ms: at,
             late: !closing.is_empty(),

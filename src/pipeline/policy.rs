@@ -34,7 +34,9 @@
 //!   lasts.
 //!
 //! A period in which a write met database errors (an outage: waiting says
-//! nothing of the database's speed) changes nothing. So under sustained
+//! nothing of the database's speed) changes nothing, and the time seals
+//! took is taken off the wait (no flush starts during a seal, and the
+//! hourly seal of every sensor's bucket can take seconds). So under sustained
 //! load a reading is durable within the delay plus half of it plus one
 //! flush, the delay at most `max_delay_limit`; beyond that the database
 //! cannot keep up even with the longest delay allowed, and the lag grows.
@@ -59,6 +61,10 @@ pub struct FlushPolicy {
     errors: bool,
     /// Periods since the delay was last stretched (or since the start).
     calm: u32,
+    /// When the seal in progress began, and how long seals took this
+    /// period (no flush starts during one: that wait is not the flushes').
+    seal_began: Option<Instant>,
+    sealing: Duration,
 }
 
 /// How [`FlushPolicy::retune`] changed the delay.
@@ -86,6 +92,8 @@ impl FlushPolicy {
             period_from: now,
             errors: false,
             calm: 0,
+            seal_began: None,
+            sealing: Duration::ZERO,
         }
     }
 
@@ -111,8 +119,10 @@ impl FlushPolicy {
     }
 
     /// At the end of a period: `late`, the longest a sensor taken in it
-    /// had waited past its deadline; `memory_half_full`: stretching would
-    /// only move readings to disk. Starts the next period.
+    /// had waited past its deadline (less the time seals took in it: the
+    /// closer's hourly seal of every sensor's bucket can take seconds, and
+    /// flushes wait for it); `memory_half_full`: stretching would only
+    /// move readings to disk. Starts the next period.
     pub fn retune(
         &mut self,
         now: Instant,
@@ -120,6 +130,7 @@ impl FlushPolicy {
         memory_half_full: bool,
     ) -> Option<Retuned> {
         self.period_from = now;
+        let late = late.saturating_sub(std::mem::take(&mut self.sealing));
         if std::mem::take(&mut self.errors) {
             return None;
         }
@@ -162,8 +173,16 @@ impl FlushPolicy {
         now >= self.next_seal
     }
 
+    /// A seal begins at `now`.
+    pub fn seal_began(&mut self, now: Instant) {
+        self.seal_began = Some(now);
+    }
+
     /// A seal ran at `now` (successfully or not: the next one retries).
     pub fn sealed(&mut self, now: Instant) {
+        if let Some(began) = self.seal_began.take() {
+            self.sealing += now.saturating_duration_since(began);
+        }
         let scheduled = self.next_seal + self.seal_every;
         self.next_seal = if scheduled < now {
             now + self.seal_every
@@ -308,5 +327,23 @@ mod tests {
         }
         assert_eq!(p.delay(), 10 * SEC);
         assert!(shrunk >= 4, "{shrunk}");
+    }
+
+    /// Sensors that waited past their deadline for a seal (the closer's
+    /// hourly seal of every bucket took 7 s in a soak at 10,000 sensors
+    /// and stretched a delay that was keeping up) do not stretch it: the
+    /// seal's time is taken off.
+    #[test]
+    fn a_wait_for_a_seal_does_not_stretch_the_delay() {
+        let t0 = Instant::now();
+        let mut p = FlushPolicy::new(10 * SEC, 60 * SEC, 60 * SEC, t0);
+        p.seal_began(t0 + SEC);
+        p.sealed(t0 + 8 * SEC);
+        assert_eq!(p.retune(t0 + 10 * SEC, 7_500 * SEC / 1000, false), None);
+        assert_eq!(
+            p.retune(t0 + 20 * SEC, 7_500 * SEC / 1000, false),
+            Some(Retuned::Stretched(15 * SEC)),
+            "the next period counts in full"
+        );
     }
 }
