@@ -24,8 +24,9 @@
 //! sensors queue up and wait past their deadline. Every *period* (the
 //! delay, at least a second) the policy looks at the longest such wait
 //! of a sensor a flush took ([`FlushPolicy::retune`]):
-//! - longer than half the delay: the delay is stretched by half, up to
-//!   `flush.max_delay_limit`, so each sensor is written less often with
+//! - longer than half the delay in two periods in a row (one stall of the
+//!   server is not a database that cannot keep up): the delay is
+//!   stretched by half, up to `flush.max_delay_limit`, so each sensor is written less often with
 //!   more samples per statement (unless memory is half full: then holding
 //!   longer only moves the readings to disk);
 //! - shorter than an eighth of the delay for [`CALM_PERIODS`] periods in
@@ -65,6 +66,9 @@ pub struct FlushPolicy {
     /// period (no flush starts during one: that wait is not the flushes').
     seal_began: Option<Instant>,
     sealing: Duration,
+    /// The last period was late too (a stretch takes two in a row: one
+    /// stall of the server is not a database that cannot keep up).
+    was_late: bool,
 }
 
 /// How [`FlushPolicy::retune`] changed the delay.
@@ -94,6 +98,7 @@ impl FlushPolicy {
             calm: 0,
             seal_began: None,
             sealing: Duration::ZERO,
+            was_late: false,
         }
     }
 
@@ -137,12 +142,17 @@ impl FlushPolicy {
         if late > self.delay / 2 {
             // Not calm, whether it can stretch or not.
             self.calm = 0;
-            if self.delay < self.limit && !memory_half_full {
+            if std::mem::replace(&mut self.was_late, true)
+                && self.delay < self.limit
+                && !memory_half_full
+            {
+                self.was_late = false;
                 self.delay = (self.delay * 3 / 2).min(self.limit);
                 return Some(Retuned::Stretched(self.delay));
             }
             return None;
         }
+        self.was_late = false;
         self.calm = self.calm.saturating_add(1);
         if late < self.delay / 8 && self.calm >= CALM_PERIODS && self.delay > self.base {
             self.delay = (self.delay * 4 / 5).max(self.base);
@@ -257,12 +267,13 @@ mod tests {
         p.sealed(t0);
         assert_eq!(p.deadline(None), t0 + 60 * SEC);
         p.retune(t0 + SEC, 2 * SEC, false);
+        p.retune(t0 + 2 * SEC, 2 * SEC, false);
         assert_eq!(p.delay(), 1500 * SEC / 1000);
-        assert_eq!(p.deadline(None), t0 + 2500 * SEC / 1000);
+        assert_eq!(p.deadline(None), t0 + 3500 * SEC / 1000);
     }
 
-    /// Due sensors waiting past their deadline stretch the delay by half a
-    /// period at a time, up to the limit; once they no longer wait, it
+    /// Due sensors waiting past their deadline two periods in a row stretch
+    /// the delay by half, up to the limit; once they no longer wait, it
     /// shrinks back a fifth a period after CALM_PERIODS calm ones, down to
     /// max_delay. Errors and a half-full memory stop a stretch.
     #[test]
@@ -281,14 +292,20 @@ mod tests {
             None,
             "within half the delay"
         );
+        assert_eq!(period(&mut p, 6 * SEC, false), None, "late once: a stall");
+        assert_eq!(period(&mut p, 4 * SEC, false), None, "and not again");
+        assert_eq!(period(&mut p, 6 * SEC, false), None, "late");
         assert_eq!(
             period(&mut p, 6 * SEC, false),
-            Some(Retuned::Stretched(15 * SEC))
+            Some(Retuned::Stretched(15 * SEC)),
+            "twice in a row"
         );
+        assert_eq!(period(&mut p, 8 * SEC, false), None);
         assert_eq!(
             period(&mut p, 8 * SEC, false),
             Some(Retuned::Stretched(22_500 * SEC / 1000))
         );
+        assert_eq!(period(&mut p, 20 * SEC, false), None);
         p.met_errors();
         assert_eq!(period(&mut p, 20 * SEC, false), None, "an outage");
         assert_eq!(period(&mut p, 20 * SEC, true), None, "memory half full");
@@ -296,6 +313,7 @@ mod tests {
             period(&mut p, 20 * SEC, false),
             Some(Retuned::Stretched(33_750 * SEC / 1000))
         );
+        assert_eq!(period(&mut p, 20 * SEC, false), None);
         assert_eq!(
             period(&mut p, 20 * SEC, false),
             Some(Retuned::Stretched(40 * SEC)),
@@ -306,6 +324,7 @@ mod tests {
             None,
             "at the limit, not calm"
         );
+        assert_eq!(period(&mut p, 30 * SEC, false), None, "still at the limit");
         // Calm again: CALM_PERIODS periods, then a fifth a period.
         for _ in 1..CALM_PERIODS {
             assert_eq!(period(&mut p, SEC, false), None);
@@ -340,10 +359,11 @@ mod tests {
         p.seal_began(t0 + SEC);
         p.sealed(t0 + 8 * SEC);
         assert_eq!(p.retune(t0 + 10 * SEC, 7_500 * SEC / 1000, false), None);
+        assert_eq!(p.retune(t0 + 20 * SEC, 7_500 * SEC / 1000, false), None);
         assert_eq!(
-            p.retune(t0 + 20 * SEC, 7_500 * SEC / 1000, false),
+            p.retune(t0 + 30 * SEC, 7_500 * SEC / 1000, false),
             Some(Retuned::Stretched(15 * SEC)),
-            "the next period counts in full"
+            "the periods after count in full (two in a row)"
         );
     }
 }
