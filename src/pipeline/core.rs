@@ -482,12 +482,6 @@ impl Core {
         (self.config.behind.max(self.policy.delay() * 3)).as_millis() as i64
     }
 
-    /// The delay a sensor's oldest sample waits now (`flush.max_delay`, or
-    /// stretched: [`super::policy`]).
-    pub fn delay(&self) -> Duration {
-        self.policy.delay()
-    }
-
     /// The delay, if the policy stretched it beyond `flush.max_delay`.
     pub fn stretched_delay(&self) -> Option<Duration> {
         let d = self.policy.delay();
