@@ -434,8 +434,22 @@ async fn legacy_and_pipeline_seals_agree() {
     )
     .await
     .unwrap();
-    assert_eq!(modern.seal(&database, 3000, &published).await.unwrap(), 1);
-    assert_eq!(legacy.seal(&database, 7000, &published).await.unwrap(), 1);
+    assert_eq!(
+        modern
+            .seal(&database, 3000, &published)
+            .await
+            .unwrap()
+            .buckets,
+        1
+    );
+    assert_eq!(
+        legacy
+            .seal(&database, 7000, &published)
+            .await
+            .unwrap()
+            .buckets,
+        1
+    );
     let mut docs = all_docs(&client, "seal", "readings").await;
     for d in &mut docs {
         check_sealed(d);
@@ -460,8 +474,22 @@ async fn legacy_and_pipeline_seals_agree() {
     )
     .await
     .unwrap();
-    assert_eq!(modern.seal(&database, 3000, &all_past).await.unwrap(), 1);
-    assert_eq!(legacy.seal(&database, 7000, &all_past).await.unwrap(), 1);
+    assert_eq!(
+        modern
+            .seal(&database, 3000, &all_past)
+            .await
+            .unwrap()
+            .buckets,
+        1
+    );
+    assert_eq!(
+        legacy
+            .seal(&database, 7000, &all_past)
+            .await
+            .unwrap()
+            .buckets,
+        1
+    );
     for d in all_docs(&client, "seal", "readings").await {
         if d.get_str("sensorId").unwrap().ends_with('2') {
             assert!(!d.contains_key("lsns"), "{d}");
@@ -523,4 +551,61 @@ async fn a_bucket_of_an_earlier_version_is_read_and_left_alone() {
         .collect();
     assert_eq!(seqs, vec![0, 1, 2, 3], "{out}");
     stack.stop();
+}
+
+/// A seal closes at most a chunk of buckets per statement and says when
+/// more may be left (the closer then lets flushes go between chunks): 25
+/// ended buckets in chunks of 10 take three calls in both seal forms, and
+/// the buckets whose window is not over stay open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seal_goes_in_chunks_until_every_ended_bucket_is_sealed() {
+    let db = Database::start();
+    let client = db.client().await;
+    let t = |ms: i64| bson::DateTime::from_millis(ms);
+    let settings = Config::offline(&db, "chunks")
+        .set("closer.grace", "1s")
+        .settings();
+    for legacy in [false, true] {
+        let database = client.database(&format!("chunks{}", legacy as u8));
+        let coll = database.collection::<Document>("readings");
+        coll.create_indexes(palletd::store::buckets::indexes())
+            .await
+            .unwrap();
+        let bucket = |i: i64, end: i64| {
+            doc! {
+                "_id": format!("s{i}|0|0"), "sensorId": format!("s{i}"),
+                "startTs": t(0), "endTs": t(end), "closed": false, "count": 2, "size": 1,
+                "sum": { "a": 3.0 }, "n": { "a": 2 }, "min": { "a": 1.0 }, "max": { "a": 2.0 },
+                "samples": [ { "ts": t(900), "a": 2.0 }, { "ts": t(100), "a": 1.0 } ],
+            }
+        };
+        let ended = (0..25).map(|i| bucket(i, 1000));
+        let open = (100..103).map(|i| bucket(i, 60_000));
+        coll.insert_many(ended.chain(open)).await.unwrap();
+        let mut buckets = palletd::store::buckets::Buckets::new(&settings)
+            .with_legacy_seal(legacy)
+            .with_seal_chunk(10);
+        let none = std::collections::HashMap::new();
+        let mut calls = Vec::new();
+        loop {
+            let sealed = buckets.seal(&database, 3000, &none).await.unwrap();
+            calls.push(sealed.buckets);
+            if !sealed.more {
+                break;
+            }
+        }
+        assert_eq!(calls, vec![10, 10, 5], "legacy: {legacy}");
+        let docs = all_docs(&client, database.name(), "readings").await;
+        for d in &docs {
+            if d.get_datetime("endTs").unwrap().timestamp_millis() == 1000 {
+                check_sealed(d);
+                assert_eq!(d.get_document("avg").unwrap(), &doc! { "a": 1.5 });
+            } else {
+                assert_eq!(d.get_bool("closed"), Ok(false), "{d}");
+            }
+        }
+        // Nothing left: one call that finds nothing.
+        let sealed = buckets.seal(&database, 3000, &none).await.unwrap();
+        assert_eq!((sealed.buckets, sealed.more), (0, false));
+    }
 }

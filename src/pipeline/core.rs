@@ -187,8 +187,16 @@ pub enum Action {
     /// backlog drains, to before the backlog's oldest window); report with
     /// [`Core::sealed`]. `late`: after [`SEAL_FLUSH_ROUNDS`] flushes, live
     /// sensors still hold samples of windows it closes (late readings kept
-    /// arriving); they go into new buckets.
-    Seal { now_ms: i64, late: bool },
+    /// arriving); they go into new buckets. A seal goes in chunks: `first`
+    /// is a closer run's first; while the store reports more to seal, the
+    /// next chunk follows with one other action at most in between (a
+    /// flush that fell due), so the hour's seal never holds flushes up for
+    /// its whole length.
+    Seal {
+        now_ms: i64,
+        late: bool,
+        first: bool,
+    },
     /// Shutdown: everything in memory is written.
     Done,
 }
@@ -307,11 +315,15 @@ pub struct Core {
     flushing: Option<(Lane, Vec<SensorId>)>,
     /// The resolve in progress is for a fall-back, not a flush.
     resolving_to_fall_back: bool,
-    /// The time (ms) of the seal being prepared, and how many flushes of
-    /// the sensors holding windows it closes were made for it.
-    seal_at: Option<(i64, u32)>,
+    /// The seal being prepared: its time (ms), how many flushes of the
+    /// sensors holding windows it closes were made for it, and whether it
+    /// is its closer run's first chunk.
+    seal_at: Option<(i64, u32, bool)>,
     /// Windows ending at or before this were sealed by the last seal.
     sealed_until: Option<i64>,
+    /// A chunk of a seal just ended with more to go: whatever else is due
+    /// goes first, once.
+    seal_yield: bool,
     stopping: bool,
     /// The last poll wanted to write but the spool was not durable yet.
     blocked: bool,
@@ -382,6 +394,7 @@ impl Core {
             resolving_to_fall_back: false,
             seal_at: None,
             sealed_until: None,
+            seal_yield: false,
             stopping: false,
             blocked: false,
             share: Share {
@@ -839,7 +852,9 @@ impl Core {
             let ids = self.backlog.all();
             return Some(self.flush(Lane::Backlog, ids, now));
         }
-        if self.policy.seal_due(now) {
+        // The next chunk of a seal after whatever else is due now.
+        let yielded = std::mem::take(&mut self.seal_yield);
+        if self.policy.seal_due(now) && !yielded {
             if let Some(action) = self.seal(now, now_ms, live_durable) {
                 return Some(action);
             }
@@ -912,6 +927,9 @@ impl Core {
         if self.backlog.count() > 0 {
             return Some(self.flush_backlog(now));
         }
+        if yielded {
+            return self.seal(now, now_ms, live_durable);
+        }
         None
     }
 
@@ -925,9 +943,10 @@ impl Core {
             return Some(Action::Seal {
                 now_ms,
                 late: false,
+                first: true,
             });
         };
-        let (at, rounds) = *self.seal_at.get_or_insert((now_ms, 0));
+        let (at, rounds, first) = *self.seal_at.get_or_insert((now_ms, 0, true));
         // Windows the backlog holds readings of stay open (a seal at `at`
         // closes windows ending by `at - grace`); while some of it is still
         // on disk, of unknown age, nothing is sealed.
@@ -941,7 +960,7 @@ impl Core {
         };
         let closing = self.live.holding_windows_ending_by(at - grace);
         if rounds < SEAL_FLUSH_ROUNDS && !closing.is_empty() {
-            self.seal_at = Some((at, rounds + 1));
+            self.seal_at = Some((at, rounds + 1, first));
             return self.flush_or_wait(Lane::Live, closing, live_durable, now);
         }
         self.seal_at = None;
@@ -950,6 +969,7 @@ impl Core {
         Some(Action::Seal {
             now_ms: at,
             late: !closing.is_empty(),
+            first,
         })
     }
 
@@ -1148,11 +1168,20 @@ impl Core {
 
     /// The report of an [`Action::Seal`] at `now_ms`: windows ending at or
     /// before `cutoff` are sealed (`None`: the seal failed, or the mode has
-    /// none). Open-bucket memory that no write can need again is forgotten,
-    /// and with it the sensors that hold nothing.
-    pub fn sealed(&mut self, now: Instant, now_ms: i64, cutoff: Option<i64>) {
+    /// none), or, with `more`, a chunk of them and the next is to follow.
+    /// Once a seal is over, open-bucket memory that no write can need
+    /// again is forgotten, and with it the sensors that hold nothing.
+    pub fn sealed(&mut self, now: Instant, now_ms: i64, cutoff: Option<i64>, more: bool) {
         self.busy = None;
         self.now = now;
+        if more {
+            // The next chunk is due at once, of the same run (it holds
+            // back and flushes first what a seal at `now_ms` would).
+            self.policy.seal_paused(now);
+            self.seal_at = Some((now_ms, 0, false));
+            self.seal_yield = true;
+            return;
+        }
         self.policy.sealed(now);
         let shape = self.config.shape;
         // Samples older than max_lateness are refused before they get here.

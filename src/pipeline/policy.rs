@@ -36,8 +36,8 @@
 //!
 //! A period in which a write met database errors (an outage: waiting says
 //! nothing of the database's speed) changes nothing, and the time seals
-//! took is taken off the wait (no flush starts during a seal, and the
-//! hourly seal of every sensor's bucket can take seconds). So under sustained
+//! took is taken off the wait (no flush starts during a chunk of a seal,
+//! and the hourly seal of every sensor's bucket takes seconds in all). So under sustained
 //! load a reading is durable within the delay plus half of it plus one
 //! flush, the delay at most `max_delay_limit`; beyond that the database
 //! cannot keep up even with the longest delay allowed, and the lag grows.
@@ -188,11 +188,17 @@ impl FlushPolicy {
         self.seal_began = Some(now);
     }
 
-    /// A seal ran at `now` (successfully or not: the next one retries).
-    pub fn sealed(&mut self, now: Instant) {
+    /// A chunk of a seal ended at `now` and more are to follow (flushes
+    /// may go in between).
+    pub fn seal_paused(&mut self, now: Instant) {
         if let Some(began) = self.seal_began.take() {
             self.sealing += now.saturating_duration_since(began);
         }
+    }
+
+    /// A seal ran at `now` (successfully or not: the next one retries).
+    pub fn sealed(&mut self, now: Instant) {
+        self.seal_paused(now);
         let scheduled = self.next_seal + self.seal_every;
         self.next_seal = if scheduled < now {
             now + self.seal_every

@@ -89,6 +89,8 @@ pub async fn run(
     let pending = metrics::gauge!(telemetry::PENDING_SAMPLES);
     let pending_bytes = metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "pending");
     let mut closer_failing = false;
+    // The time the seal's chunks took so far in this closer run.
+    let mut sealing = Duration::ZERO;
     // The last checkpoint the core gave: every record below it is in
     // MongoDB (stored by the spool or not yet), which is what the closer
     // publishes.
@@ -279,35 +281,47 @@ pub async fn run(
                     "Flushed."
                 );
             }
-            Action::Seal { now_ms, late } => {
+            Action::Seal {
+                now_ms,
+                late,
+                first,
+            } => {
                 if late {
                     debug!(
                         "Sealing while late readings of the closing windows are still in memory; they go into new buckets."
                     );
                 }
                 let started = Instant::now();
-                let sealed = store.seal(now_ms, confirmed).await;
-                metrics::histogram!(telemetry::CLOSER_SECONDS)
-                    .record(started.elapsed().as_secs_f64());
-                let cutoff = match sealed {
+                let sealed = store.seal(now_ms, confirmed, first).await;
+                sealing += started.elapsed();
+                let (cutoff, more) = match sealed {
                     Ok(sealed) => {
-                        if sealed > 0 {
-                            metrics::counter!(telemetry::BUCKETS_SEALED).increment(sealed);
-                            debug!(sealed, "Sealed buckets.");
+                        if sealed.buckets > 0 {
+                            metrics::counter!(telemetry::BUCKETS_SEALED).increment(sealed.buckets);
+                            debug!(
+                                sealed = sealed.buckets,
+                                more = sealed.more,
+                                "Sealed buckets."
+                            );
                         }
                         if std::mem::take(&mut closer_failing) {
                             info!("The closer works again.");
                         }
-                        store.seal_cutoff(now_ms)
+                        (store.seal_cutoff(now_ms), sealed.more)
                     }
                     Err(e) => {
                         if !std::mem::replace(&mut closer_failing, true) {
                             tracing::warn!(error = %e, "The closer could not seal buckets; retrying at its next interval.");
                         }
-                        None
+                        (None, false)
                     }
                 };
-                core.sealed(Instant::now(), now_ms, cutoff);
+                if !more {
+                    // The closer run's time: its chunks together.
+                    metrics::histogram!(telemetry::CLOSER_SECONDS)
+                        .record(std::mem::take(&mut sealing).as_secs_f64());
+                }
+                core.sealed(Instant::now(), now_ms, cutoff, more);
             }
             Action::Done => return Ok(()),
         }

@@ -207,6 +207,8 @@ struct World {
     deleted: HashSet<u64>,
     tombstone: std::collections::BTreeSet<u64>,
     lost: u64,
+    /// Closer runs so far (every other one goes in two chunks).
+    seals: u64,
     missed_an_earlier_runs: bool,
     /// The first LSN of this run.
     run_from: u64,
@@ -298,6 +300,7 @@ impl World {
             deleted: HashSet::new(),
             tombstone: Default::default(),
             lost: 0,
+            seals: 0,
             missed_an_earlier_runs: false,
             run_from: 1000,
             reads: 0,
@@ -569,7 +572,11 @@ impl World {
                     None => self.restart(),
                 }
             }
-            Action::Seal { now_ms, late } => {
+            Action::Seal {
+                now_ms,
+                late,
+                first,
+            } => {
                 // Nothing held of a window the seal closes (a sample the
                 // database refuses never goes into a bucket, nor do those
                 // refused with it).
@@ -597,10 +604,19 @@ impl World {
                 }
                 // The pipeline's checkpoint, under the spool's current id
                 // (an earlier id may be another box's too).
-                let c = self.db.published.entry(self.tags.current()).or_default();
-                *c = (*c).max(self.checkpoint);
+                // (Published at a closer run's first chunk only, as the
+                // store does.)
+                if first {
+                    let c = self.db.published.entry(self.tags.current()).or_default();
+                    *c = (*c).max(self.checkpoint);
+                }
                 self.db.strip();
-                self.core.sealed(self.now, now_ms, Some(now_ms - 5_000));
+                // Every other closer run goes in two chunks (the model's
+                // database seals it all in the first).
+                self.seals += 1;
+                let more = first && self.seals.is_multiple_of(2);
+                self.core
+                    .sealed(self.now, now_ms, Some(now_ms - 5_000), more);
             }
             Action::Done => return Ok(false),
         }
@@ -1173,4 +1189,70 @@ fn memory_held_stays_within_its_bytes_whatever_the_records_size() {
     w.drain().unwrap();
     w.check().unwrap();
     assert_eq!(w.db.stored.len(), RECORDS);
+}
+
+/// A closer run's seal goes in chunks (the hour's seal of 10,000 sensors'
+/// buckets is seconds of the server's time): a flush that fell due goes
+/// between two chunks, and with nothing due the next chunk follows at once,
+/// at the run's time; the run is over when a chunk reports no more.
+#[test]
+fn a_flush_that_falls_due_goes_between_two_chunks_of_a_seal() {
+    let mut w = World::new(Mode::Buckets, 1000);
+    // Carries out checkpoints; returns the first other action.
+    fn next(w: &mut World) -> Option<Action> {
+        loop {
+            match w.core.poll(w.now, w.now_ms)? {
+                Action::Checkpoint(lsn) => w.checkpoint = lsn,
+                other => return Some(other),
+            }
+        }
+    }
+    let Some(Action::Seal {
+        now_ms: at,
+        first: true,
+        ..
+    }) = next(&mut w)
+    else {
+        panic!("a seal is due at start");
+    };
+    w.core.sealed(w.now, at, Some(at - 5_000), true);
+    // Nothing due: the next chunk at once, of the same run.
+    let Some(Action::Seal {
+        now_ms,
+        first: false,
+        ..
+    }) = next(&mut w)
+    else {
+        panic!("the next chunk");
+    };
+    assert_eq!(now_ms, at);
+    w.core.sealed(w.now, at, Some(at - 5_000), true);
+    // A sensor falls due meanwhile: its flush goes first.
+    w.step(&Step::Sample {
+        sensor: 1,
+        ts_s: 30,
+        value: 1,
+        offered: true,
+    })
+    .unwrap();
+    w.sync();
+    w.now += Duration::from_secs(2);
+    w.now_ms += 2_000;
+    let Some(Action::Write(mut batch)) = next(&mut w) else {
+        panic!("the due flush before the next chunk");
+    };
+    let written = w.write(&mut batch, Fate::Fine).unwrap();
+    w.core.written(batch, written, w.now, w.now_ms);
+    let Some(Action::Seal {
+        now_ms,
+        first: false,
+        ..
+    }) = next(&mut w)
+    else {
+        panic!("then the next chunk");
+    };
+    assert_eq!(now_ms, at);
+    w.core.sealed(w.now, at, Some(at - 5_000), false);
+    assert!(next(&mut w).is_none(), "the run is over");
+    assert_eq!(w.db.stored.len(), 1);
 }

@@ -25,9 +25,10 @@
 //!   in LSN order: a sample at or below it is in (palletd no longer sets
 //!   `lsn`, so it keeps meaning exactly that). A sample below the
 //!   checkpoint its spool id published (`<collection>_spools`) is in too.
-//! - **Seal** (the closer): one multi-document update that the
-//!   `{closed, endTs}` index serves seals every bucket whose window ended
-//!   more than `closer.grace` ago: `closed: true`, `closedAt`, samples
+//! - **Seal** (the closer): in chunks of [`SEAL_CHUNK`] buckets (their
+//!   `_id`s found on the `{closed, endTs}` index, then one multi-document
+//!   update of those), every bucket whose window ended more than
+//!   `closer.grace` ago: `closed: true`, `closedAt`, samples
 //!   sorted by `ts`, `avg = sum / n`, and without the `lsns` pairs every
 //!   spool's published checkpoint has passed (no replay asks for them: a
 //!   sealed bucket then has the seeds' shape). On MongoDB 5.2+ (and SecantusDB) a
@@ -67,6 +68,19 @@ const DUPLICATE_KEY: i32 = 11000;
 /// makes the upsert collide (a unique index of the user's, say).
 const MAX_SEQ: u32 = 1_000_000;
 
+/// Buckets one seal statement closes at most (their `_id`s in its filter):
+/// about 0.1 s of SecantusDB's time for buckets of 200 samples, so flushes
+/// go on between the chunks of an hour's seal.
+pub const SEAL_CHUNK: usize = 1000;
+
+/// What one [`Buckets::seal`] call did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Sealed {
+    pub buckets: u64,
+    /// The chunk was full: more buckets may be left to seal.
+    pub more: bool,
+}
+
 /// First wire version with `$sortArray` (MongoDB 5.2).
 const WIRE_VERSION_SORT_ARRAY: i32 = 15;
 
@@ -78,6 +92,8 @@ pub struct Buckets {
     grace_ms: i64,
     /// Whether the server lacks `$sortArray`; learned on the first seal.
     legacy_seal: Option<bool>,
+    /// Buckets a seal call closes at most ([`SEAL_CHUNK`]).
+    seal_chunk: usize,
     /// Whether palletd writes through a sharded cluster's router; learned
     /// on the first write ([`Buckets::shard_key`]).
     routed: std::sync::OnceLock<bool>,
@@ -107,6 +123,7 @@ impl Buckets {
             expire_after: settings.retention.expire_after,
             grace_ms: settings.closer.grace.as_millis() as i64,
             legacy_seal: None,
+            seal_chunk: SEAL_CHUNK,
             routed: std::sync::OnceLock::new(),
             tags: Tags::new(0),
         }
@@ -120,6 +137,12 @@ impl Buckets {
     /// Forces the seal's update form for servers before 5.2 (for tests).
     pub fn with_legacy_seal(mut self, legacy: bool) -> Self {
         self.legacy_seal = Some(legacy);
+        self
+    }
+
+    /// Seals at most `n` buckets a call (for tests).
+    pub fn with_seal_chunk(mut self, n: usize) -> Self {
+        self.seal_chunk = n.max(1);
         self
     }
 
@@ -375,8 +398,13 @@ impl Buckets {
         }
     }
 
-    /// Seals every open bucket whose window ended at or before
-    /// `now_ms - closer.grace`. Returns how many were sealed.
+    /// Seals at most [`SEAL_CHUNK`] of the open buckets whose window ended
+    /// at or before `now_ms - closer.grace` (their `_id`s found first on
+    /// the `{closed, endTs}` index). Returns how many it sealed and whether
+    /// more may be left: the caller calls again, after letting a flush go
+    /// (the hour's seal of 10,000 sensors' buckets is seconds of the
+    /// server's time: one statement for all of them held every flush up
+    /// that long, and its work grew with the data).
     ///
     /// `published`: the checkpoint each spool published (by `lsns` field
     /// name); a sealed bucket keeps only the `lsns.<spool>` whose pairs
@@ -387,7 +415,7 @@ impl Buckets {
         db: &Database,
         now_ms: i64,
         published: &HashMap<String, u64>,
-    ) -> mongodb::error::Result<u64> {
+    ) -> mongodb::error::Result<Sealed> {
         let legacy = match self.legacy_seal {
             Some(l) => l,
             None => {
@@ -398,10 +426,27 @@ impl Buckets {
         };
         let cutoff = bson::DateTime::from_millis(self.cutoff(now_ms));
         let now = bson::DateTime::from_millis(now_ms);
+        let ids: Vec<Bson> = self
+            .coll(db)
+            .find(open_and_ended(cutoff))
+            .projection(doc! { "_id": 1 })
+            .hint(mongodb::options::Hint::Keys(
+                doc! { "closed": 1, "endTs": 1 },
+            ))
+            .limit(self.seal_chunk as i64)
+            .batch_size(self.seal_chunk as u32)
+            .await?
+            .try_filter_map(|d| async move { Ok(d.get("_id").cloned()) })
+            .try_collect()
+            .await?;
+        if ids.is_empty() {
+            return Ok(Sealed::default());
+        }
+        let more = ids.len() >= self.seal_chunk;
         let updates = if legacy {
-            legacy_seal_statements(cutoff, now, published)
+            legacy_seal_statements(&ids, cutoff, now, published)
         } else {
-            vec![seal_statement(cutoff, published)]
+            vec![seal_statement(&ids, cutoff, published)]
         };
         let reply = db
             .run_command(doc! {
@@ -413,7 +458,11 @@ impl Buckets {
             .await?;
         mongo::no_write_errors(&reply, "seal")?;
         // In the legacy form the second statement touches the same buckets.
-        Ok(reply.get_i32("nModified").unwrap_or(0).max(0) as u64 / if legacy { 2 } else { 1 })
+        let modified = reply.get_i32("nModified").unwrap_or(0).max(0) as u64;
+        Ok(Sealed {
+            buckets: modified / if legacy { 2 } else { 1 },
+            more,
+        })
     }
 
     /// Buckets whose `endTs` is at or before this are sealed at `now_ms`.
@@ -840,6 +889,13 @@ fn open_and_ended(cutoff: bson::DateTime) -> Document {
     doc! { "closed": false, "endTs": { "$lte": cutoff } }
 }
 
+/// [`open_and_ended`], of the buckets `ids` only (a seal's chunk).
+fn chunk_filter(ids: &[Bson], cutoff: bson::DateTime) -> Document {
+    let mut q = doc! { "_id": { "$in": ids } };
+    q.extend(open_and_ended(cutoff));
+    q
+}
+
 /// `avg.<f> = sum.<f> / n.<f>` for every rolled-up field, as an expression
 /// that MongoDB 5.0 accepts (`$getField` takes only constant names before 7.2).
 fn avg_expression() -> Document {
@@ -906,8 +962,12 @@ fn strip_expression(published: &HashMap<String, u64>) -> Option<Document> {
     } })
 }
 
-/// The one-statement seal (MongoDB 5.2+).
-fn seal_statement(cutoff: bson::DateTime, published: &HashMap<String, u64>) -> Document {
+/// The one-statement seal of the buckets `ids` (MongoDB 5.2+).
+fn seal_statement(
+    ids: &[Bson],
+    cutoff: bson::DateTime,
+    published: &HashMap<String, u64>,
+) -> Document {
     let mut set = doc! {
         "closed": true,
         "closedAt": "$$NOW",
@@ -918,15 +978,16 @@ fn seal_statement(cutoff: bson::DateTime, published: &HashMap<String, u64>) -> D
         set.insert("lsns", lsns);
     }
     doc! {
-        "q": open_and_ended(cutoff),
+        "q": chunk_filter(ids, cutoff),
         "u": [ { "$set": set } ],
         "multi": true,
-        "hint": { "closed": 1, "endTs": 1 },
     }
 }
 
-/// The two-statement seal for servers without `$sortArray`.
+/// The two-statement seal of the buckets `ids` for servers without
+/// `$sortArray`.
 fn legacy_seal_statements(
+    ids: &[Bson],
     cutoff: bson::DateTime,
     now: bson::DateTime,
     published: &HashMap<String, u64>,
@@ -937,19 +998,17 @@ fn legacy_seal_statements(
     }
     vec![
         doc! {
-            "q": open_and_ended(cutoff),
+            "q": chunk_filter(ids, cutoff),
             "u": {
                 "$push": { "samples": { "$each": [], "$sort": { "ts": 1 } } },
                 "$set": { "closed": true, "closedAt": now },
             },
             "multi": true,
-            "hint": { "closed": 1, "endTs": 1 },
         },
         doc! {
-            "q": { "closed": true, "endTs": { "$lte": cutoff }, "closedAt": now, "avg": { "$exists": false } },
+            "q": { "_id": { "$in": ids }, "closed": true, "closedAt": now, "avg": { "$exists": false } },
             "u": [ { "$set": set } ],
             "multi": true,
-            "hint": { "closed": 1, "endTs": 1 },
         },
     ]
 }
@@ -1023,10 +1082,17 @@ mod tests {
     fn the_seal_is_an_update_many_that_leaves_the_shard_key_alone() {
         let cutoff = bson::DateTime::from_millis(3_600_000);
         let published: HashMap<String, u64> = [("s00000001".to_string(), 5)].into();
-        let mut statements = vec![seal_statement(cutoff, &published)];
-        statements.extend(legacy_seal_statements(cutoff, cutoff, &published));
+        let ids = [Bson::String("a|0|0".into()), Bson::String("b|0|0".into())];
+        let mut statements = vec![seal_statement(&ids, cutoff, &published)];
+        statements.extend(legacy_seal_statements(&ids, cutoff, cutoff, &published));
         for st in statements {
             assert_eq!(st.get_bool("multi"), Ok(true), "{st}");
+            let q = st.get_document("q").unwrap();
+            assert_eq!(
+                q.get_document("_id").unwrap(),
+                &doc! { "$in": ids.to_vec() },
+                "a chunk's buckets only"
+            );
             assert!(!st.get_bool("upsert").unwrap_or(false));
             let sets: Vec<&Document> = match st.get("u").unwrap() {
                 Bson::Array(stages) => stages

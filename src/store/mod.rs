@@ -37,7 +37,7 @@ use crate::config::{Settings, StorageMode};
 use crate::flush::{Batch, Resolution, Resolve, Written};
 use crate::retry::{Aborted, Backoff};
 use crate::tags::Tags;
-use buckets::Buckets;
+use buckets::{Buckets, Sealed};
 use mongo::Mongo;
 use read::{Fields, Range, Summary, WindowStats};
 use timeseries::Timeseries;
@@ -70,6 +70,9 @@ pub struct Store {
     /// `<collection>_spools`: a document per spool id (the settle write).
     spools: String,
     rollups: Option<rollup::Rollups>,
+    /// The checkpoints published at the start of the closer run whose seal
+    /// is in chunks, until its last.
+    sealing: Option<std::collections::HashMap<String, u64>>,
 }
 
 impl Store {
@@ -88,6 +91,7 @@ impl Store {
             tags: Tags::new(0),
             spools: format!("{}_spools", settings.mongodb.collection),
             rollups: rollup::Rollups::new(settings),
+            sealing: None,
         }
     }
 
@@ -287,31 +291,47 @@ impl Store {
         }
     }
 
-    /// One closer run at `now_ms` (after one attempt at the schema, which
-    /// the seal's index hint needs): publishes `checkpoint` (bucket mode:
-    /// every record of the spool below it is in MongoDB, as the pipeline's
-    /// last checkpoint says, stored by the spool yet or not), seals what is
-    /// over (dropping the LSN
-    /// pairs every spool's published checkpoint has passed), then writes
-    /// the rollups that are due. `Ok(sealed buckets)`.
-    pub async fn seal(&mut self, now_ms: i64, checkpoint: u64) -> Result<u64, String> {
+    /// One step of a closer run at `now_ms` (after one attempt at the
+    /// schema, which the seal's index hint needs). The run's `first` step
+    /// publishes `checkpoint` (bucket mode: every record of the spool below
+    /// it is in MongoDB, as the pipeline's last checkpoint says, stored by
+    /// the spool yet or not); each step seals a chunk of what is over
+    /// (dropping the LSN pairs every spool's published checkpoint has
+    /// passed, as published at the run's start); the last one, which finds
+    /// nothing more to seal, wakes the rollups that are due.
+    pub async fn seal(
+        &mut self,
+        now_ms: i64,
+        checkpoint: u64,
+        first: bool,
+    ) -> Result<Sealed, String> {
         if !self.try_ensure_schema().await {
             return Err("the schema is not in place".into());
         }
         let db = self.mongo.db.clone();
         let sealed = match &mut self.mode {
             Mode::Buckets(m) => {
-                let published = publish_checkpoint(&db, &self.spools, &self.tags, checkpoint)
+                let published = match self.sealing.take() {
+                    Some(p) if !first => p,
+                    _ => publish_checkpoint(&db, &self.spools, &self.tags, checkpoint)
+                        .await
+                        .map_err(|e| e.to_string())?,
+                };
+                let sealed = m
+                    .seal(&db, now_ms, &published)
                     .await
                     .map_err(|e| e.to_string())?;
-                m.seal(&db, now_ms, &published)
-                    .await
-                    .map_err(|e| e.to_string())?
+                if sealed.more {
+                    self.sealing = Some(published);
+                }
+                sealed
             }
-            Mode::Timeseries(_) => 0,
+            Mode::Timeseries(_) => Sealed::default(),
         };
-        if let Some(r) = &mut self.rollups {
-            r.closer_ran(&db, now_ms).await;
+        if !sealed.more {
+            if let Some(r) = &mut self.rollups {
+                r.closer_ran(&db, now_ms).await;
+            }
         }
         Ok(sealed)
     }
