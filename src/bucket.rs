@@ -440,9 +440,13 @@ pub struct Fills(Vec<(i64, Fill)>, Quiet);
 /// How many fill lookups of a sensor in a row found no bucket in any
 /// window they asked for (saturating): from [`QUIET_LOOKUPS`] on, its new
 /// windows are taken to be empty without asking, until a bucket palletd did
-/// not know of turns up (a collision on its `_id`).
+/// not know of turns up (a collision on its `_id`); and whether that
+/// happened since the last lookup (`surprised`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Quiet(u8);
+struct Quiet {
+    misses: u8,
+    surprised: bool,
+}
 
 /// Lookups that find nothing before a sensor's new windows are no longer
 /// looked up: a backfill (history arriving in time order, every window
@@ -457,21 +461,40 @@ impl Fills {
 
     /// Whether a lookup of this sensor's windows is likely to find nothing.
     pub fn quiet(&self) -> bool {
-        self.1 .0 >= QUIET_LOOKUPS
+        self.1.misses >= QUIET_LOOKUPS
+    }
+
+    /// Whether window `start`, of which nothing is known, is taken to be
+    /// empty without a lookup: the sensor is quiet, or the window is newer
+    /// than every window palletd knows of it (a live sensor crossing into
+    /// its next window: only another writer could have started it, and then
+    /// the upsert extends that bucket while it has room; a wrong guess
+    /// costs a collision, which turns the lookups back on). Without it,
+    /// every sensor's first flush of each window waited for a lookup: at
+    /// the hour, 10,000 sensors' lookups at once.
+    pub fn assume_empty(&self, start: i64) -> bool {
+        self.quiet()
+            || (!self.1.surprised && !self.0.is_empty() && self.0.iter().all(|e| e.0 < start))
     }
 
     /// A lookup of its windows found a bucket (`true`) or none.
     pub fn looked_up(&mut self, found: bool) {
-        self.1 = Quiet(if found {
-            0
-        } else {
-            self.1 .0.saturating_add(1)
-        });
+        self.1 = Quiet {
+            misses: if found {
+                0
+            } else {
+                self.1.misses.saturating_add(1)
+            },
+            surprised: false,
+        };
     }
 
     /// A statement met a bucket palletd did not know of: look up again.
     pub fn surprised(&mut self) {
-        self.1 = Quiet(0);
+        self.1 = Quiet {
+            misses: 0,
+            surprised: true,
+        };
     }
 
     pub fn get(&self, start: &i64) -> Option<&Fill> {
@@ -1352,5 +1375,25 @@ mod tests {
         f.looked_up(false);
         f.retain(|_, _| false);
         assert!(f.quiet(), "forgetting windows keeps what lookups found");
+    }
+
+    /// A window newer than every one palletd knows of a sensor is taken to
+    /// be empty (no lookup at each window's start for a live sensor); an
+    /// older one, or any after a collision until the next lookup, is not.
+    #[test]
+    fn a_window_newer_than_every_known_one_is_taken_to_be_empty() {
+        let mut f = Fills::new();
+        assert!(!f.assume_empty(3_600_000), "nothing known: look it up");
+        f.looked_up(true);
+        f.insert(3_600_000, Fill::default());
+        assert!(f.assume_empty(7_200_000));
+        assert!(!f.assume_empty(0), "an older window may have buckets");
+        f.insert(0, Fill::default());
+        assert!(f.assume_empty(7_200_000));
+        assert!(!f.assume_empty(1_800_000), "between known windows");
+        f.surprised();
+        assert!(!f.assume_empty(7_200_000), "a collision: look up again");
+        f.looked_up(true);
+        assert!(f.assume_empty(7_200_000));
     }
 }

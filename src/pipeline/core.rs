@@ -31,11 +31,11 @@
 //! # What a flush takes
 //! Each live sensor is flushed by its own fill and age ([`super::pending`]):
 //! when its samples fill its open bucket, when its oldest sample waited
-//! `flush.max_delay` (or will before the next flush, a tick later), or,
-//! when memory is full, oldest first. Under
-//! sustained load a reading is therefore durable within `max_delay` plus
-//! one flush (plus the wait for the flush before it when the database is
-//! the bottleneck). Before a seal, every live sensor holding samples of a
+//! `flush.max_delay` (or will before the next flush could be over: a tick
+//! and the time flushes take lately), or, when memory is full, oldest
+//! first. Under sustained load a reading is therefore durable within
+//! about `max_delay` (plus the wait for the flush before it when the
+//! database is the bottleneck). Before a seal, every live sensor holding samples of a
 //! window the seal closes is flushed, and the seal leaves open the windows
 //! the backlog still holds readings of (all of them while some of the
 //! backlog is still on disk), so palletd's own holding never makes late
@@ -79,6 +79,11 @@ pub const CATCH_UP_BATCH: usize = 50_000;
 /// Flushes of the sensors holding windows a seal closes, before the seal
 /// goes ahead anyway (samples for those windows keep arriving late).
 const SEAL_FLUSH_ROUNDS: u32 = 3;
+
+/// While flushes keep the database busy, a seal's chunk waits this many
+/// times its predecessor's time before it goes first (a quarter of the
+/// database's time at least for the seal, three quarters for the flushes).
+const SEAL_WAIT: u32 = 3;
 
 /// Sensors one flush takes at most (its command stays small enough to be
 /// quick, and the sensors it wrote start their next delay early; the rest
@@ -251,7 +256,8 @@ enum Busy {
         spooled_deadletter_bytes: u64,
         started: Instant,
     },
-    Seal,
+    /// Since when.
+    Seal(Instant),
 }
 
 /// Recent database time per lane, halving every [`SHARE_HALF_LIFE`].
@@ -321,9 +327,11 @@ pub struct Core {
     seal_at: Option<(i64, u32, bool)>,
     /// Windows ending at or before this were sealed by the last seal.
     sealed_until: Option<i64>,
-    /// A chunk of a seal just ended with more to go: whatever else is due
-    /// goes first, once.
-    seal_yield: bool,
+    /// A seal in chunks is under way: its next chunk goes when nothing else
+    /// is to be done, or first from this time on (a chunk that took `d`
+    /// waits up to [`SEAL_WAIT`] x `d`: at least a quarter of the
+    /// database's time while flushes keep it busy, all of it otherwise).
+    seal_next: Option<Instant>,
     stopping: bool,
     /// The last poll wanted to write but the spool was not durable yet.
     blocked: bool,
@@ -394,7 +402,7 @@ impl Core {
             resolving_to_fall_back: false,
             seal_at: None,
             sealed_until: None,
-            seal_yield: false,
+            seal_next: None,
             stopping: false,
             blocked: false,
             share: Share {
@@ -515,6 +523,8 @@ impl Core {
         };
         let delay = self.policy.delay();
         self.live.set_delay_ms(delay.as_millis() as i64);
+        self.live
+            .set_early_ms(self.policy.early().as_millis() as i64);
         metrics::gauge!(telemetry::FLUSH_DELAY_SECONDS).set(delay.as_secs_f64());
         let shown = humantime::format_duration(Duration::from_millis(delay.as_millis() as u64));
         let late = humantime::format_duration(Duration::from_millis(late.as_millis() as u64));
@@ -852,9 +862,10 @@ impl Core {
             let ids = self.backlog.all();
             return Some(self.flush(Lane::Backlog, ids, now));
         }
-        // The next chunk of a seal after whatever else is due now.
-        let yielded = std::mem::take(&mut self.seal_yield);
-        if self.policy.seal_due(now) && !yielded {
+        // A seal's next chunk comes first once it waited long enough, else
+        // after whatever else is due (below).
+        let chunking = self.seal_next.is_some();
+        if self.policy.seal_due(now) && self.seal_next.is_none_or(|t| now >= t) {
             if let Some(action) = self.seal(now, now_ms, live_durable) {
                 return Some(action);
             }
@@ -927,7 +938,7 @@ impl Core {
         if self.backlog.count() > 0 {
             return Some(self.flush_backlog(now));
         }
-        if yielded {
+        if chunking {
             return self.seal(now, now_ms, live_durable);
         }
         None
@@ -938,7 +949,8 @@ impl Core {
     /// oldest window (`None`: nothing to do for it now).
     fn seal(&mut self, now: Instant, now_ms: i64, live_durable: bool) -> Option<Action> {
         let Some(grace) = self.config.seal_grace_ms else {
-            self.busy = Some(Busy::Seal);
+            self.seal_next = None;
+            self.busy = Some(Busy::Seal(now));
             self.policy.seal_began(now);
             return Some(Action::Seal {
                 now_ms,
@@ -952,6 +964,7 @@ impl Core {
         // on disk, of unknown age, nothing is sealed.
         if self.back_from < self.back_to {
             self.seal_at = None;
+            self.seal_next = None;
             return None;
         }
         let at = match self.backlog.min_ts() {
@@ -964,7 +977,8 @@ impl Core {
             return self.flush_or_wait(Lane::Live, closing, live_durable, now);
         }
         self.seal_at = None;
-        self.busy = Some(Busy::Seal);
+        self.seal_next = None;
+        self.busy = Some(Busy::Seal(now));
         self.policy.seal_began(now);
         Some(Action::Seal {
             now_ms: at,
@@ -1097,6 +1111,11 @@ impl Core {
         if !written.met_errors {
             // (Time spent waiting out an outage says nothing of the share.)
             self.share.add(lane, took, now);
+            if lane == Lane::Live && written.statements > 0 {
+                self.policy.flush_took(took);
+                self.live
+                    .set_early_ms(self.policy.early().as_millis() as i64);
+            }
         } else {
             self.policy.met_errors();
         }
@@ -1172,14 +1191,17 @@ impl Core {
     /// Once a seal is over, open-bucket memory that no write can need
     /// again is forgotten, and with it the sensors that hold nothing.
     pub fn sealed(&mut self, now: Instant, now_ms: i64, cutoff: Option<i64>, more: bool) {
-        self.busy = None;
+        let began = match self.busy.take() {
+            Some(Busy::Seal(began)) => began,
+            _ => now,
+        };
         self.now = now;
         if more {
-            // The next chunk is due at once, of the same run (it holds
-            // back and flushes first what a seal at `now_ms` would).
+            // The next chunk, of the same run (it holds back and flushes
+            // first what a seal at `now_ms` would).
             self.policy.seal_paused(now);
             self.seal_at = Some((now_ms, 0, false));
-            self.seal_yield = true;
+            self.seal_next = Some(now + now.saturating_duration_since(began) * SEAL_WAIT);
             return;
         }
         self.policy.sealed(now);

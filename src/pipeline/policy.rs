@@ -7,6 +7,10 @@
 //!   between 10 ms and 1 s), so sensors falling due close together share
 //!   one command; at once after a full flush (one that took as many sensors
 //!   as a flush may), under memory pressure and at shutdown.
+//! - A sensor is taken once it falls due before the next flush could be
+//!   over: within a tick plus the time flushes take lately (smoothed, at
+//!   most a quarter of the delay; [`FlushPolicy::early`]), so its oldest
+//!   reading is durable about when its delay is over, not a flush later.
 //! - Pacing by the database comes from there being one flush at a time:
 //!   when the database is the bottleneck, a flush takes longer, more
 //!   sensors fall due meanwhile and wait longer, so the next command
@@ -69,6 +73,8 @@ pub struct FlushPolicy {
     /// The last period was late too (a stretch takes two in a row: one
     /// stall of the server is not a database that cannot keep up).
     was_late: bool,
+    /// How long live flushes take lately (smoothed).
+    flush_time: Duration,
 }
 
 /// How [`FlushPolicy::retune`] changed the delay.
@@ -99,7 +105,21 @@ impl FlushPolicy {
             seal_began: None,
             sealing: Duration::ZERO,
             was_late: false,
+            flush_time: Duration::ZERO,
         }
+    }
+
+    /// A live flush that wrote took `took` (not counted while the database
+    /// met errors: an outage says nothing of a flush's time).
+    pub fn flush_took(&mut self, took: Duration) {
+        self.flush_time = (self.flush_time * 3 + took) / 4;
+    }
+
+    /// How long before its deadline a sensor is taken: a tick (the next
+    /// flush may be that far away) plus the time a flush takes lately, at
+    /// most a quarter of the delay.
+    pub fn early(&self) -> Duration {
+        self.tick + self.flush_time.min(self.delay / 4)
     }
 
     /// How long a sensor's oldest sample waits before it is due now.

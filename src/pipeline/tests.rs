@@ -614,7 +614,7 @@ impl World {
                 // Every other closer run goes in two chunks (the model's
                 // database seals it all in the first).
                 self.seals += 1;
-                let more = first && self.seals.is_multiple_of(2);
+                let more = self.mode == Mode::Buckets && first && self.seals.is_multiple_of(2);
                 self.core
                     .sealed(self.now, now_ms, Some(now_ms - 5_000), more);
             }
@@ -1192,11 +1192,12 @@ fn memory_held_stays_within_its_bytes_whatever_the_records_size() {
 }
 
 /// A closer run's seal goes in chunks (the hour's seal of 10,000 sensors'
-/// buckets is seconds of the server's time): a flush that fell due goes
-/// between two chunks, and with nothing due the next chunk follows at once,
-/// at the run's time; the run is over when a chunk reports no more.
+/// buckets is tens of seconds of the server's time): a flush that falls
+/// due goes before the next chunk until the chunk waited three times what
+/// the last one took, and with nothing due the next chunk follows at
+/// once, at the run's time; the run is over when a chunk reports no more.
 #[test]
-fn a_flush_that_falls_due_goes_between_two_chunks_of_a_seal() {
+fn flushes_go_between_the_chunks_of_a_seal_and_it_keeps_a_share() {
     let mut w = World::new(Mode::Buckets, 1000);
     // Carries out checkpoints; returns the first other action.
     fn next(w: &mut World) -> Option<Action> {
@@ -1207,6 +1208,24 @@ fn a_flush_that_falls_due_goes_between_two_chunks_of_a_seal() {
             }
         }
     }
+    fn pass(w: &mut World, ms: u64) {
+        w.now += Duration::from_millis(ms);
+        w.now_ms += ms as i64;
+    }
+    fn flush(w: &mut World, mut batch: Batch) {
+        let written = w.write(&mut batch, Fate::Fine).unwrap();
+        w.core.written(batch, written, w.now, w.now_ms);
+    }
+    fn due_sensor(w: &mut World, sensor: u8) {
+        w.step(&Step::Sample {
+            sensor,
+            ts_s: 30,
+            value: 1,
+            offered: true,
+        })
+        .unwrap();
+        w.sync();
+    }
     let Some(Action::Seal {
         now_ms: at,
         first: true,
@@ -1215,8 +1234,18 @@ fn a_flush_that_falls_due_goes_between_two_chunks_of_a_seal() {
     else {
         panic!("a seal is due at start");
     };
+    // Its first chunk takes 1 s, with more to go.
+    pass(&mut w, 1_000);
     w.core.sealed(w.now, at, Some(at - 5_000), true);
-    // Nothing due: the next chunk at once, of the same run.
+    // A sensor falls due 2 s later: its flush goes first (the chunk waits
+    // up to 3 s).
+    due_sensor(&mut w, 1);
+    pass(&mut w, 2_000);
+    let Some(Action::Write(batch)) = next(&mut w) else {
+        panic!("the due flush before the next chunk");
+    };
+    flush(&mut w, batch);
+    // Nothing else due: the next chunk at once, of the same run.
     let Some(Action::Seal {
         now_ms,
         first: false,
@@ -1226,33 +1255,25 @@ fn a_flush_that_falls_due_goes_between_two_chunks_of_a_seal() {
         panic!("the next chunk");
     };
     assert_eq!(now_ms, at);
+    pass(&mut w, 1_000);
     w.core.sealed(w.now, at, Some(at - 5_000), true);
-    // A sensor falls due meanwhile: its flush goes first.
-    w.step(&Step::Sample {
-        sensor: 1,
-        ts_s: 30,
-        value: 1,
-        offered: true,
-    })
-    .unwrap();
-    w.sync();
-    w.now += Duration::from_secs(2);
-    w.now_ms += 2_000;
-    let Some(Action::Write(mut batch)) = next(&mut w) else {
-        panic!("the due flush before the next chunk");
-    };
-    let written = w.write(&mut batch, Fate::Fine).unwrap();
-    w.core.written(batch, written, w.now, w.now_ms);
+    // Flushes keep falling due; once the chunk waited 3 s, it goes first.
+    due_sensor(&mut w, 2);
+    pass(&mut w, 3_000);
     let Some(Action::Seal {
         now_ms,
         first: false,
         ..
     }) = next(&mut w)
     else {
-        panic!("then the next chunk");
+        panic!("the chunk's turn");
     };
     assert_eq!(now_ms, at);
     w.core.sealed(w.now, at, Some(at - 5_000), false);
+    let Some(Action::Write(batch)) = next(&mut w) else {
+        panic!("then the flush");
+    };
+    flush(&mut w, batch);
     assert!(next(&mut w).is_none(), "the run is over");
-    assert_eq!(w.db.stored.len(), 1);
+    assert_eq!(w.db.stored.len(), 2);
 }

@@ -69,9 +69,14 @@ const DUPLICATE_KEY: i32 = 11000;
 const MAX_SEQ: u32 = 1_000_000;
 
 /// Buckets one seal statement closes at most (their `_id`s in its filter):
-/// about 0.1 s of SecantusDB's time for buckets of 200 samples, so flushes
-/// go on between the chunks of an hour's seal.
-pub const SEAL_CHUNK: usize = 1000;
+/// the first chunk's size; then each chunk is sized from the last one's
+/// time to take about [`SEAL_CHUNK_TIME`], between [`SEAL_CHUNK_MIN`] and
+/// [`SEAL_CHUNK_MAX`] buckets (SecantusDB took about 1.3 ms per bucket of
+/// 200 samples, so about 200 buckets).
+pub const SEAL_CHUNK: usize = 100;
+pub const SEAL_CHUNK_MIN: usize = 10;
+pub const SEAL_CHUNK_MAX: usize = 1000;
+pub const SEAL_CHUNK_TIME: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What one [`Buckets::seal`] call did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -92,8 +97,10 @@ pub struct Buckets {
     grace_ms: i64,
     /// Whether the server lacks `$sortArray`; learned on the first seal.
     legacy_seal: Option<bool>,
-    /// Buckets a seal call closes at most ([`SEAL_CHUNK`]).
+    /// Buckets a seal call closes at most ([`SEAL_CHUNK`]), and whether
+    /// that is fixed (tests) or follows the time chunks take.
     seal_chunk: usize,
+    seal_chunk_fixed: bool,
     /// Whether palletd writes through a sharded cluster's router; learned
     /// on the first write ([`Buckets::shard_key`]).
     routed: std::sync::OnceLock<bool>,
@@ -124,6 +131,7 @@ impl Buckets {
             grace_ms: settings.closer.grace.as_millis() as i64,
             legacy_seal: None,
             seal_chunk: SEAL_CHUNK,
+            seal_chunk_fixed: false,
             routed: std::sync::OnceLock::new(),
             tags: Tags::new(0),
         }
@@ -143,6 +151,7 @@ impl Buckets {
     /// Seals at most `n` buckets a call (for tests).
     pub fn with_seal_chunk(mut self, n: usize) -> Self {
         self.seal_chunk = n.max(1);
+        self.seal_chunk_fixed = true;
         self
     }
 
@@ -349,11 +358,15 @@ impl Buckets {
     /// ([`open_fills`]). One attempt: the fill only improves packing,
     /// correctness never depends on it.
     async fn learn_fills(&self, mongo: &mut Mongo, batch: &mut Batch) {
-        // A quiet sensor's new windows are taken to be empty (seq 0).
-        for run in batch.runs.iter_mut().filter(|r| r.fills.quiet()) {
-            for s in run.samples.iter() {
-                let w = self.shape.window_start(s.ts_ms);
-                if !run.fills.contains_key(&w) {
+        // A quiet sensor's new windows, and a window newer than every
+        // one known of its sensor, are taken to be empty (seq 0).
+        for run in batch.runs.iter_mut() {
+            let mut windows: Vec<i64> = (run.samples.iter())
+                .map(|s| self.shape.window_start(s.ts_ms))
+                .collect();
+            windows.dedup();
+            for w in windows {
+                if !run.fills.contains_key(&w) && run.fills.assume_empty(w) {
                     run.fills.insert(w, Fill::default());
                 }
             }
@@ -443,6 +456,7 @@ impl Buckets {
             return Ok(Sealed::default());
         }
         let more = ids.len() >= self.seal_chunk;
+        let started = std::time::Instant::now();
         let updates = if legacy {
             legacy_seal_statements(&ids, cutoff, now, published)
         } else {
@@ -457,6 +471,9 @@ impl Buckets {
             })
             .await?;
         mongo::no_write_errors(&reply, "seal")?;
+        if more && !self.seal_chunk_fixed {
+            self.seal_chunk = next_seal_chunk(self.seal_chunk, started.elapsed());
+        }
         // In the legacy form the second statement touches the same buckets.
         let modified = reply.get_i32("nModified").unwrap_or(0).max(0) as u64;
         Ok(Sealed {
@@ -885,8 +902,25 @@ fn lookups(mut pairs: Vec<(&str, i64)>) -> Vec<Lookup<'_>> {
     out
 }
 
+/// The flat view's pipeline: each sample of each bucket as a document of
+/// its own, with its bucket's sensor.
+pub fn flat_pipeline() -> Vec<Document> {
+    vec![
+        doc! { "$unwind": "$samples" },
+        doc! { "$replaceWith": { "$mergeObjects": [{ "sensorId": "$sensorId" }, "$samples"] } },
+    ]
+}
+
 fn open_and_ended(cutoff: bson::DateTime) -> Document {
     doc! { "closed": false, "endTs": { "$lte": cutoff } }
+}
+
+/// The next chunk's size after a full chunk of `n` buckets took `took`:
+/// about [`SEAL_CHUNK_TIME`]'s worth, growing at most fourfold a step.
+fn next_seal_chunk(n: usize, took: std::time::Duration) -> usize {
+    let per_bucket = took.as_secs_f64().max(1e-6) / n as f64;
+    let fit = (SEAL_CHUNK_TIME.as_secs_f64() / per_bucket) as usize;
+    fit.min(n * 4).clamp(SEAL_CHUNK_MIN, SEAL_CHUNK_MAX)
 }
 
 /// [`open_and_ended`], of the buckets `ids` only (a seal's chunk).
@@ -1074,6 +1108,17 @@ mod tests {
             prop_assert!(seen.values().all(|n| *n == 1));
             prop_assert!(want.iter().all(|p| seen.contains_key(p)));
         }
+    }
+
+    #[test]
+    fn a_seal_chunk_is_sized_to_take_a_quarter_second() {
+        let ms = std::time::Duration::from_millis;
+        // 1.3 ms a bucket: about 190.
+        assert_eq!(next_seal_chunk(100, ms(130)), 192);
+        assert_eq!(next_seal_chunk(200, ms(500)), 100);
+        assert_eq!(next_seal_chunk(100, ms(1)), 400, "fourfold at most");
+        assert_eq!(next_seal_chunk(1000, ms(1)), SEAL_CHUNK_MAX);
+        assert_eq!(next_seal_chunk(100, ms(60_000)), SEAL_CHUNK_MIN);
     }
 
     /// On a sharded collection a multi-document update needs no shard key
