@@ -21,6 +21,31 @@ pub const PAYLOAD_MAX: usize = 64 * 1024;
 /// `limits.max_deadletter_rate`.
 pub const PAYLOAD_CUT: usize = 256;
 
+/// Every cause a reading or a message is dead-lettered for: the label
+/// values of `palletd_dead_letters_total` (and of the dropped and cut
+/// counters), each registered at 0 at start. A cause not listed here is a
+/// bug (debug builds stop on it).
+pub const CAUSES: &[&str] = &[
+    "payload_too_large",
+    "unknown_topic",
+    "bad_sensor",
+    "bad_payload",
+    "bad_timestamp",
+    "time_out_of_range",
+    "bad_field",
+    "unknown_alias",
+    "too_many_samples",
+    "too_many_fields",
+    "field_name_too_long",
+    "string_too_long",
+    "too_many_sparkplug_nodes",
+    "too_many_sparkplug_devices",
+    "too_many_sparkplug_aliases",
+    "too_many_sensors",
+    "sample_too_large",
+    "rejected_by_database",
+];
+
 /// How often one cause of rejection is logged at most.
 const LOG_EVERY: Duration = Duration::from_secs(60);
 
@@ -76,6 +101,7 @@ impl Refusals {
         index: Option<usize>,
         error: impl FnOnce() -> String,
     ) {
+        debug_assert!(CAUSES.contains(&cause), "{cause} is not in CAUSES");
         let r = match self.causes.iter_mut().position(|r| r.cause == cause) {
             Some(i) => &mut self.causes[i],
             None => {
@@ -185,6 +211,7 @@ pub struct Reporter {
 impl Reporter {
     /// Counts `n` readings dead-lettered for `cause` and maybe logs it.
     pub fn report(&mut self, cause: &'static str, subject: &str, error: &str, n: u64) {
+        debug_assert!(CAUSES.contains(&cause), "{cause} is not in CAUSES");
         metrics::counter!(telemetry::DEAD_LETTERS, "cause" => cause).increment(n);
         let now = Instant::now();
         match self.last.get_mut(cause) {
@@ -235,12 +262,12 @@ mod tests {
             0,
             "t",
             &vec![b'x'; PAYLOAD_MAX + 5],
-            &one("c"),
+            &one("bad_payload"),
             PAYLOAD_MAX,
         );
         assert_eq!(d.get_bool("truncated"), Ok(true));
         assert_eq!(d.get_i64("payloadSize"), Ok((PAYLOAD_MAX + 5) as i64));
-        let small = for_message(1, 2, 0, "t", b"abc", &one("c"), PAYLOAD_MAX);
+        let small = for_message(1, 2, 0, "t", b"abc", &one("bad_payload"), PAYLOAD_MAX);
         assert!(small.get("truncated").is_none());
     }
 

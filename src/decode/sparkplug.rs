@@ -234,7 +234,8 @@ struct Topic<'a> {
     device: Option<&'a str>,
 }
 
-const KINDS: &[&str] = &[
+/// The message types of a Sparkplug B topic (STATE aside).
+pub const KINDS: &[&str] = &[
     "NBIRTH", "NDEATH", "DBIRTH", "DDEATH", "NDATA", "DDATA", "NCMD", "DCMD",
 ];
 

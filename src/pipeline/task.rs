@@ -82,7 +82,10 @@ pub async fn run(
     let lane_index = |lane: Lane| lane as usize;
     let mut meter = BacklogMeter {
         drained: 0,
-        at: Instant::now(),
+        // Published at once (the gauges are there from the start).
+        at: Instant::now()
+            .checked_sub(Duration::from_secs(1))
+            .unwrap_or_else(Instant::now),
         rate: 0.0,
         published: 0,
     };

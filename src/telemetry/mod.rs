@@ -335,16 +335,68 @@ pub fn describe() {
     );
 }
 
-/// Counters that alerts follow with `increase()`, present at 0 from the
-/// start: a first increment right at start (damage found by recovery) is
-/// then seen as the step it is, not as a series that begins at 1.
+/// Every counter, each labelled series whose labels are known in advance,
+/// and every histogram, present at 0 from the start (the Prometheus
+/// client guidelines): a dashboard panel of a healthy box shows 0, not "No
+/// data", and an alert on `increase(...)` tells "none" from "not scraped"
+/// and sees a first increment right at start (damage found by recovery)
+/// as the step it is. Not registered ahead: Sparkplug B's skipped metrics
+/// by `datatype` (a label per datatype a device sends).
 fn register_at_zero() {
+    for name in [
+        MESSAGES_RECEIVED,
+        SAMPLES_DECODED,
+        SAMPLES_STORED,
+        FLUSHES,
+        STATEMENTS,
+        BUCKETS_CREATED,
+        BUCKET_COLLISIONS,
+        BUCKETS_SEALED,
+        BYTES_REWRITTEN,
+        SAMPLES_LATE_INTO_SEALED,
+        BROKER_RECONNECTS,
+        SPOOL_REPLAYED,
+        ROLLUPS_WRITTEN,
+        ROLLUP_STATEMENTS,
+        ROLLUP_KEYS_PARKED,
+        FEED_SKIPPED,
+        BACKLOG_STORED,
+        SPOOL_FSYNCS,
+        SPOOL_DROPPED,
+        REDELIVERIES_SKIPPED,
+        SPARKPLUG_SEQ_GAPS,
+        SPARKPLUG_OUT_OF_ORDER,
+        SPARKPLUG_STALE_DEATHS,
+        SPARKPLUG_STATE_SAVES,
+        SPARKPLUG_SAVE_ERRORS,
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    for cause in crate::deadletter::CAUSES {
+        for name in [DEAD_LETTERS, DEAD_LETTERS_DROPPED, DEAD_LETTER_PAYLOADS_CUT] {
+            metrics::counter!(name, "cause" => *cause).increment(0);
+        }
+    }
+    for kind in crate::store::mongo::ERROR_KINDS {
+        metrics::counter!(DATABASE_ERRORS, "kind" => *kind).increment(0);
+    }
     for kind in ["sample", "dead_letter", "message_id", "unknown"] {
         metrics::counter!(SPOOL_DAMAGED, "kind" => kind).increment(0);
     }
-    metrics::counter!(ROLLUP_KEYS_PARKED).increment(0);
     for kind in ["disk_full", "io", "short_write", "other"] {
         metrics::counter!(SPOOL_WRITE_ERRORS, "kind" => kind).increment(0);
+    }
+    for kind in crate::decode::sparkplug::KINDS.iter().chain(&["STATE"]) {
+        metrics::counter!(SPARKPLUG_MESSAGES, "type" => *kind).increment(0);
+    }
+    for outcome in ["sent", "dropped"] {
+        metrics::counter!(SPARKPLUG_REBIRTHS, "outcome" => outcome).increment(0);
+    }
+    for name in [FLUSH_SECONDS, CLOSER_SECONDS, ROLLUP_PASS_SECONDS] {
+        let _ = metrics::histogram!(name);
+    }
+    for lane in ["live", "backlog"] {
+        let _ = metrics::histogram!(SAMPLE_AGE_SECONDS, "lane" => lane);
     }
 }
 
