@@ -37,6 +37,23 @@ fn element(dom: &str, id: &str) -> Option<String> {
     Some(rest[start..start + end].trim().to_string())
 }
 
+/// A status-page chart's points: (ms, value) from its `data-points`.
+fn chart_points(page: &str, id: &str) -> Vec<(i64, f64)> {
+    let Some(at) = page.find(&format!("<svg id=\"{id}\"")) else {
+        return Vec::new();
+    };
+    let rest = &page[at..];
+    let start = rest.find("data-points=\"").expect("data-points") + 13;
+    let end = start + rest[start..].find('"').expect("closing quote");
+    rest[start..end]
+        .split_whitespace()
+        .map(|p| {
+            let (t, v) = p.split_once(',').expect("t,v");
+            (t.parse().unwrap(), v.parse().unwrap())
+        })
+        .collect()
+}
+
 fn chromium(args: &[&str]) -> (String, String) {
     let browser = tool(&["chromium", "chromium-browser"]);
     let profile = tempfile::tempdir().unwrap();
@@ -83,9 +100,47 @@ async fn the_status_page_renders_in_a_browser_with_the_figures_of_metrics() {
             },
         )
         .await;
+    // The charts: a snapshot every 10 s; wait for one taken after all was
+    // stored and counted.
+    let stored_in_chart = |page: &str| {
+        let points = chart_points(page, "chart-stored");
+        let mut sum = 0.0;
+        for (i, (t, v)) in points.iter().enumerate() {
+            let dt = match i {
+                0 => 10_000,
+                _ => t - points[i - 1].0,
+            };
+            sum += v * dt as f64 / 1000.0;
+        }
+        sum
+    };
+    stack
+        .palletd
+        .wait_until(
+            Duration::from_secs(40),
+            "the charts showing every reading stored",
+            |p| (stored_in_chart(&http_get(p.http_port, "/").1) - 20.0).abs() < 0.5,
+        )
+        .await;
     let url = format!("http://127.0.0.1:{}/", stack.palletd.http_port);
     let (dom, log) = chromium(&["--dump-dom", &url]);
     let metrics = &stack.palletd;
+    // Each chart's points against the counters: readings stored per
+    // second add up to what was stored, dead letters per interval to the
+    // one counted; no backlog, no database error; the lag is that of
+    // readings held for max_delay (1 s here).
+    assert!((stored_in_chart(&dom) - 20.0).abs() < 0.5, "{dom}");
+    let sum = |id: &str| chart_points(&dom, id).iter().map(|p| p.1).sum::<f64>();
+    assert_eq!(
+        sum("chart-dead-letters"),
+        metrics.metric("palletd_dead_letters_total", None)
+    );
+    assert_eq!(sum("chart-db-errors"), 0.0);
+    assert_eq!(sum("chart-backlog"), 0.0);
+    let lag = chart_points(&dom, "chart-lag");
+    assert!(!lag.is_empty(), "{dom}");
+    assert!(lag.iter().all(|p| (0.0..10.0).contains(&p.1)), "{lag:?}");
+    assert!(dom.matches("<svg id=\"chart-").count() == 5, "{dom}");
 
     // The figures are those of /metrics at the same moment (nothing moves:
     // every reading is stored).

@@ -1,11 +1,20 @@
 //! The status page at `/`: one plain HTML page a technician opens on site.
 //! No script, no external asset, no build step; it refreshes itself every
-//! five seconds. Every figure on it is a value of `/metrics` (read from the
-//! same Prometheus registry when the page is rendered), or a difference of
-//! two such values in time ([`History`]: readings stored per second, dead
-//! letters in the last hour), plus readiness and the sensors that have been
-//! quiet longest (the spooler's bookkeeping of when each sensor was last
-//! heard from).
+//! five seconds and reads on a phone. Every figure on it is a value of
+//! `/metrics` (read from the same Prometheus registry when the page is
+//! rendered), or a difference of two such values in time ([`History`]:
+//! readings stored per second, dead letters in the last hour), plus
+//! readiness and the sensors quiet the longest (from
+//! `<collection>_latest`, or the spooler's bookkeeping when that is off).
+//!
+//! Charts of the last hour, drawn here as inline SVG from the snapshots
+//! [`History`] keeps every [`SNAPSHOT_EVERY`] (a point per snapshot):
+//! readings stored per second, the backlog, the live lag's p99 (from the
+//! sample-age histogram's buckets), database errors and dead letters per
+//! interval. Each chart's points are also in its `data-points` attribute
+//! (`<ms>,<value>` pairs), what the browser test checks against
+//! `/metrics`. A snapshot keeps only what the page shows (a few numbers
+//! and the lag histogram's buckets): an hour of them is about 300 KB.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write;
@@ -55,18 +64,111 @@ impl Figures {
     }
 }
 
-/// Snapshots of the counters the page shows as rates, one per
-/// [`SNAPSHOT_EVERY`], for the last hour.
+/// What the page needs of `/metrics` at one moment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    pub at_ms: i64,
+    pub stored: f64,
+    pub backlog: f64,
+    /// Failed database commands, all kinds.
+    pub db_errors: f64,
+    /// Dead letters by cause (the causes seen so far).
+    pub dead: BTreeMap<String, f64>,
+    /// The live lane's sample-age histogram: (bucket bound, cumulative
+    /// count), by bound.
+    pub age: Vec<(f64, f64)>,
+}
+
+impl Snapshot {
+    pub fn of(at_ms: i64, f: &Figures) -> Snapshot {
+        let prefix = format!("{}_bucket{{", super::SAMPLE_AGE_SECONDS);
+        let mut age: Vec<(f64, f64)> =
+            f.0.iter()
+                .filter_map(|(series, v)| {
+                    let labels = series.strip_prefix(&prefix)?.strip_suffix('}')?;
+                    let mut le = None;
+                    let mut live = false;
+                    for l in labels.split(',') {
+                        match l.split_once('=') {
+                            Some(("le", x)) => le = x.trim_matches('"').parse::<f64>().ok(),
+                            Some(("lane", x)) => live = x.trim_matches('"') == "live",
+                            _ => {}
+                        }
+                    }
+                    Some((le.filter(|_| live)?, *v))
+                })
+                .collect();
+        age.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Snapshot {
+            at_ms,
+            stored: f.get(super::SAMPLES_STORED),
+            backlog: f.get(super::BACKLOG_READINGS),
+            db_errors: f.by_label(super::DATABASE_ERRORS).values().sum(),
+            dead: f
+                .by_label(super::DEAD_LETTERS)
+                .into_iter()
+                .filter(|(_, n)| *n > 0.0)
+                .collect(),
+            age,
+        }
+    }
+
+    fn dead_total(&self) -> f64 {
+        self.dead.values().sum()
+    }
+}
+
+/// The `q` quantile of the ages counted between two snapshots (linear
+/// within a bucket; the last finite bound for ages beyond it); `None`
+/// without any.
+fn age_quantile(before: &Snapshot, after: &Snapshot, q: f64) -> Option<f64> {
+    let count = |s: &Snapshot, le: f64| {
+        s.age
+            .iter()
+            .find(|(b, _)| *b == le)
+            .map_or(0.0, |(_, c)| *c)
+    };
+    let diff: Vec<(f64, f64)> = after
+        .age
+        .iter()
+        .map(|&(le, c)| (le, c - count(before, le)))
+        .collect();
+    let total = diff.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let want = q * total;
+    let (mut lo, mut below) = (0.0, 0.0);
+    for &(le, c) in &diff {
+        if c >= want {
+            if !le.is_finite() {
+                return Some(lo);
+            }
+            let share = if c > below {
+                (want - below) / (c - below)
+            } else {
+                1.0
+            };
+            return Some(lo + (le - lo) * share);
+        }
+        (lo, below) = (le, c);
+    }
+    Some(lo)
+}
+
+/// Snapshots of what the page shows, one per [`SNAPSHOT_EVERY`], for the
+/// last hour.
 #[derive(Debug, Default)]
-pub struct History(Mutex<VecDeque<(i64, Figures)>>);
+pub struct History(Mutex<VecDeque<Snapshot>>);
 
 impl History {
-    pub fn record(&self, at_ms: i64, figures: Figures) {
+    pub fn record(&self, snapshot: Snapshot) {
+        let at_ms = snapshot.at_ms;
         let mut h = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        h.push_back((at_ms, figures));
+        h.push_back(snapshot);
         while h
             .front()
-            .is_some_and(|f| at_ms - f.0 > KEEP.as_millis() as i64 + 10_000)
+            .is_some_and(|f| at_ms - f.at_ms > KEEP.as_millis() as i64 + 10_000)
         {
             h.pop_front();
         }
@@ -74,15 +176,116 @@ impl History {
 
     /// The oldest snapshot taken at least `ago` before `now_ms`, else the
     /// oldest kept (palletd is younger than `ago`).
-    fn at_least(&self, now_ms: i64, ago: Duration) -> Option<(i64, Figures)> {
+    fn at_least(&self, now_ms: i64, ago: Duration) -> Option<Snapshot> {
         let h = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let cutoff = now_ms - ago.as_millis() as i64;
         h.iter()
             .rev()
-            .find(|s| s.0 <= cutoff)
+            .find(|s| s.at_ms <= cutoff)
             .or_else(|| h.front())
             .cloned()
     }
+
+    /// A point per pair of consecutive snapshots of the last hour before
+    /// `now_ms`, at the later one's time: `f(earlier, later)`.
+    fn series(
+        &self,
+        now_ms: i64,
+        f: impl Fn(&Snapshot, &Snapshot) -> Option<f64>,
+    ) -> Vec<(i64, Option<f64>)> {
+        let h = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let from = now_ms - KEEP.as_millis() as i64;
+        let mut out = Vec::new();
+        let mut it = h.iter().filter(|s| s.at_ms >= from && s.at_ms <= now_ms);
+        let Some(mut prev) = it.next() else {
+            return out;
+        };
+        for s in it {
+            out.push((s.at_ms, f(prev, s)));
+            prev = s;
+        }
+        out
+    }
+}
+
+/// One chart of the last hour before `now_ms` as inline SVG: a line
+/// through `points` (broken where a point is `None`), the largest value
+/// on the left, the hour along the bottom; the points in `data-points`.
+fn chart(id: &str, title: &str, unit: &str, points: &[(i64, Option<f64>)], now_ms: i64) -> String {
+    const W: f64 = 300.0;
+    const H: f64 = 60.0;
+    let hour = KEEP.as_millis() as f64;
+    let max = points.iter().filter_map(|p| p.1).fold(0.0f64, f64::max);
+    let top = if max > 0.0 { max * 1.1 } else { 1.0 };
+    let x = |t: i64| W - (now_ms - t) as f64 / hour * W;
+    let y = |v: f64| H - v / top * H;
+    let mut lines = String::new();
+    let mut run: Vec<String> = Vec::new();
+    // A line through each run of points; a point alone, and the newest,
+    // as a dot (a young palletd's hour is a few points at the right edge).
+    let flush = |run: &mut Vec<String>, lines: &mut String| {
+        match run.as_slice() {
+            [] => {}
+            [one] => {
+                let (cx, cy) = one.split_once(',').unwrap_or(("0", "0"));
+                let _ = write!(
+                    lines,
+                    "<circle cx=\"{cx}\" cy=\"{cy}\" r=\"1.5\" fill=\"#1f5fa8\"/>"
+                );
+            }
+            _ => {
+                let _ = write!(
+                    lines,
+                    "<polyline points=\"{}\" fill=\"none\" stroke=\"#1f5fa8\" stroke-width=\"1.5\"/>",
+                    run.join(" ")
+                );
+            }
+        }
+        run.clear();
+    };
+    for &(t, v) in points {
+        match v {
+            Some(v) => run.push(format!("{:.1},{:.1}", x(t), y(v))),
+            None => flush(&mut run, &mut lines),
+        }
+    }
+    flush(&mut run, &mut lines);
+    if let Some((t, Some(v))) = points.last() {
+        let _ = write!(
+            lines,
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2\" fill=\"#1f5fa8\"/>",
+            x(*t),
+            y(*v)
+        );
+    }
+    let data: Vec<String> = points
+        .iter()
+        .filter_map(|&(t, v)| Some(format!("{t},{}", v?)))
+        .collect();
+    let last = points
+        .iter()
+        .rev()
+        .find_map(|p| p.1)
+        .map_or("-".to_string(), |v| format!("{v:.1}"));
+    format!(
+        r##"<figure><figcaption>{title}: <span id="{id}-last">{last}</span> {unit}</figcaption>
+<svg id="{id}" data-points="{}" viewBox="-2 -12 {} {}" width="100%" role="img" aria-label="{title}, last hour">
+<rect x="0" y="0" width="{W}" height="{H}" fill="#f7f7f7" stroke="#ccc"/>
+<text x="2" y="-2" font-size="9" fill="#666">{}</text><text x="0" y="{}" font-size="9" fill="#666">1 h ago</text><text x="{}" y="{}" font-size="9" fill="#666" text-anchor="end">now</text>
+{lines}</svg></figure>
+"##,
+        data.join(" "),
+        W + 4.0,
+        H + 26.0,
+        if max > 0.0 {
+            format!("max {max:.1}")
+        } else {
+            "0".to_string()
+        },
+        H + 11.0,
+        W,
+        H + 11.0,
+    )
 }
 
 /// What the page shows besides `/metrics`.
@@ -113,15 +316,56 @@ pub fn render(facts: &Facts, now: &Figures, history: &History, now_ms: i64) -> S
     let stored = now.get(super::SAMPLES_STORED);
     let rate = history
         .at_least(now_ms, Duration::from_secs(60))
-        .filter(|(at, _)| now_ms - at >= 1000)
-        .map(|(at, then)| {
-            (stored - then.get(super::SAMPLES_STORED)) * 1000.0 / (now_ms - at) as f64
-        });
+        .filter(|then| now_ms - then.at_ms >= 1000)
+        .map(|then| (stored - then.stored) * 1000.0 / (now_ms - then.at_ms) as f64);
     let dead_now = now.by_label(super::DEAD_LETTERS);
     let dead_then = history
         .at_least(now_ms, KEEP)
-        .map(|(_, f)| f.by_label(super::DEAD_LETTERS))
+        .map(|s| s.dead)
         .unwrap_or_default();
+    let per_second = |a: &Snapshot, b: &Snapshot, v: fn(&Snapshot) -> f64| {
+        let secs = (b.at_ms - a.at_ms) as f64 / 1000.0;
+        (secs > 0.0).then(|| (v(b) - v(a)).max(0.0) / secs)
+    };
+    let charts = [
+        chart(
+            "chart-stored",
+            "Readings stored per second",
+            "/s",
+            &history.series(now_ms, |a, b| per_second(a, b, |s| s.stored)),
+            now_ms,
+        ),
+        chart(
+            "chart-backlog",
+            "Backlog",
+            "readings",
+            &history.series(now_ms, |_, b| Some(b.backlog)),
+            now_ms,
+        ),
+        chart(
+            "chart-lag",
+            "Live lag, p99",
+            "s",
+            &history.series(now_ms, |a, b| age_quantile(a, b, 0.99)),
+            now_ms,
+        ),
+        chart(
+            "chart-db-errors",
+            "Database errors per interval",
+            "",
+            &history.series(now_ms, |a, b| Some((b.db_errors - a.db_errors).max(0.0))),
+            now_ms,
+        ),
+        chart(
+            "chart-dead-letters",
+            "Dead letters per interval",
+            "",
+            &history.series(now_ms, |a, b| {
+                Some((b.dead_total() - a.dead_total()).max(0.0))
+            }),
+            now_ms,
+        ),
+    ];
     let (ready_class, ready_text) = match &facts.ready {
         Ok(None) => ("ok", "Ready".to_string()),
         Ok(Some(note)) => ("ok", format!("Ready; {note}")),
@@ -156,6 +400,8 @@ table {{ border-collapse: collapse; }} td, th {{ padding: .25em .8em; border-bot
 td.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
 .ok {{ color: #17692c; font-weight: bold; }} .bad {{ color: #b00020; font-weight: bold; }}
 footer {{ margin-top: 2em; color: #666; font-size: .9em; }}
+.charts {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(16em, 1fr)); gap: .5em 1.5em; }}
+figure {{ margin: 0; }} figcaption {{ font-size: .9em; }} .note {{ color: #666; font-size: .9em; }}
 </style></head><body>
 <h1>palletd on this box</h1>
 <p id="ready" class="{ready_class}">{}</p>
@@ -188,6 +434,12 @@ footer {{ margin-top: 2em; color: #666; font-size: .9em; }}
         humantime::format_duration(Duration::from_millis(
             (now.get(super::FLUSH_DELAY_SECONDS) * 1000.0).round() as u64
         )),
+    );
+    let _ = writeln!(
+        page,
+        "<h2>The last hour</h2>\n<p class=\"note\">A point every {} s.</p>\n<div class=\"charts\">\n{}</div>",
+        SNAPSHOT_EVERY.as_secs(),
+        charts.concat()
     );
     page.push_str("<h2>Dead letters in the last hour, by cause</h2>\n");
     let recent: Vec<(&String, f64)> = dead_now
@@ -244,7 +496,7 @@ pub async fn keep_history(
     let mut tick = tokio::time::interval(SNAPSHOT_EVERY);
     loop {
         tick.tick().await;
-        history.record(now_ms(), Figures::parse(&metrics.render()));
+        history.record(Snapshot::of(now_ms(), &Figures::parse(&metrics.render())));
     }
 }
 
@@ -257,6 +509,79 @@ mod tests {
         palletd_samples_stored_total 120\n\
         palletd_dead_letters_total{cause=\"bad_json\"} 3\n\
         palletd_dead_letters_total{cause=\"<script>\"} 1\n";
+
+    /// Each chart's points come from consecutive snapshots: rates and
+    /// increases per interval, the backlog as it was, the lag's p99 from
+    /// the histogram's buckets counted in the interval.
+    #[test]
+    fn the_charts_points_are_differences_of_consecutive_snapshots() {
+        let t0 = 1_000_000_000;
+        let at = |i: i64, stored: f64, dead: f64, slow: f64| {
+            Snapshot::of(
+                t0 + i * 10_000,
+                &Figures::parse(&format!(
+                    "palletd_samples_stored_total {stored}\n\
+                     palletd_backlog_readings 7\n\
+                     palletd_database_errors_total{{kind=\"network\"}} {dead}\n\
+                     palletd_dead_letters_total{{cause=\"bad_json\"}} {dead}\n\
+                     palletd_sample_age_at_write_seconds_bucket{{lane=\"live\",le=\"1\"}} 0\n\
+                     palletd_sample_age_at_write_seconds_bucket{{lane=\"live\",le=\"2\"}} {}\n\
+                     palletd_sample_age_at_write_seconds_bucket{{lane=\"live\",le=\"5\"}} {stored}\n\
+                     palletd_sample_age_at_write_seconds_bucket{{lane=\"live\",le=\"+Inf\"}} {stored}\n\
+                     palletd_sample_age_at_write_seconds_bucket{{lane=\"backlog\",le=\"1\"}} 99\n",
+                    stored - slow
+                )),
+            )
+        };
+        let history = History::default();
+        history.record(at(0, 0.0, 0.0, 0.0));
+        history.record(at(1, 100.0, 1.0, 100.0));
+        history.record(at(2, 300.0, 1.0, 100.0));
+        let now = t0 + 20_000;
+        let rates = history.series(now, |a, b| Some((b.stored - a.stored) / 10.0));
+        assert_eq!(
+            rates,
+            vec![(t0 + 10_000, Some(10.0)), (t0 + 20_000, Some(20.0))]
+        );
+        let p99: Vec<Option<f64>> = history
+            .series(now, |a, b| age_quantile(a, b, 0.99))
+            .into_iter()
+            .map(|p| p.1)
+            .collect();
+        // All 100 between 2 and 5 s; then all 200 between 1 and 2 s.
+        assert_eq!(p99, vec![Some(2.0 + 3.0 * 0.99), Some(1.0 + 0.99)]);
+        assert_eq!(
+            age_quantile(&at(0, 0.0, 0.0, 0.0), &at(0, 0.0, 0.0, 0.0), 0.99),
+            None
+        );
+        let page = render(
+            &Facts {
+                version: "1",
+                ready: Ok(None),
+                broker_connected: true,
+                database_reachable: true,
+                quiet: vec![],
+            },
+            &Figures::default(),
+            &history,
+            now,
+        );
+        let points = |id: &str| {
+            let at = page
+                .find(&format!("<svg id=\"{id}\" data-points=\""))
+                .unwrap();
+            let rest = &page[at..];
+            let start = rest.find("data-points=\"").unwrap() + 13;
+            rest[start..start + rest[start..].find('"').unwrap()].to_string()
+        };
+        let (t1, t2) = (t0 + 10_000, t0 + 20_000);
+        assert_eq!(points("chart-stored"), format!("{t1},10 {t2},20"));
+        assert_eq!(points("chart-backlog"), format!("{t1},7 {t2},7"));
+        assert_eq!(points("chart-db-errors"), format!("{t1},1 {t2},0"));
+        assert_eq!(points("chart-dead-letters"), format!("{t1},1 {t2},0"));
+        assert!(points("chart-lag").starts_with(&format!("{t1},4.97")));
+        assert!(page.contains("<polyline"));
+    }
 
     #[test]
     fn figures_are_read_from_the_metrics_text() {
@@ -271,12 +596,12 @@ mod tests {
     fn rates_and_the_last_hour_come_from_history_and_text_is_escaped() {
         let history = History::default();
         let t0 = 1_000_000_000;
-        history.record(
+        history.record(Snapshot::of(
             t0,
-            Figures::parse(
+            &Figures::parse(
                 "palletd_samples_stored_total 0\npalletd_dead_letters_total{cause=\"bad_json\"} 1\n",
             ),
-        );
+        ));
         let facts = Facts {
             version: "1.0 (abc)",
             ready: Err("database unreachable"),
