@@ -205,6 +205,7 @@ impl Sample {
                 FieldValue::Str(s) => doc.append(name, s.as_str()),
                 FieldValue::Bool(b) => doc.append(name, *b),
                 FieldValue::Date(t) => doc.append(name, bson::DateTime::from_millis(*t)),
+                FieldValue::Int(i) => doc.append(name, *i),
             }
         }
         Sample {

@@ -99,6 +99,9 @@ pub enum FieldValue {
     /// A point in time, milliseconds since the Unix epoch (a BSON date).
     /// Stored, not rolled up.
     Date(i64),
+    /// An integer palletd records itself (Sparkplug B's `_bdSeq`), stored
+    /// as a BSON long, not rolled up: a sequence number, not a measurement.
+    Int(i64),
 }
 
 /// One sample of one sensor: a timestamp in milliseconds since the Unix epoch

@@ -671,7 +671,7 @@ fn ask_rebirth(
 fn state_fields(state: &str, bd_seq: Option<u64>) -> Vec<(String, FieldValue)> {
     let mut f = vec![(STATE.to_string(), FieldValue::Str(state.into()))];
     if let Some(b) = bd_seq {
-        f.push((BD_SEQ.to_string(), FieldValue::Num(b as f64)));
+        f.push((BD_SEQ.to_string(), FieldValue::Int(b as i64)));
     }
     f
 }
@@ -719,6 +719,14 @@ fn count_metrics(payload: &[u8], max: usize) -> Result<usize, prost::DecodeError
     Ok(n)
 }
 
+/// A Float metric as the double of the shortest decimal that reads back
+/// as the same f32: a device that sent 18.85 meant 18.85, not the f32's
+/// exact value widened (18.850000381469727). Rust prints an f32 as exactly
+/// that shortest decimal.
+fn float_as_written(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(f64::from(x))
+}
+
 /// The value of the `bdSeq` metric of an NBIRTH or NDEATH.
 fn bd_seq_of(metrics: &[proto::Metric]) -> Option<u64> {
     let m = metrics
@@ -754,7 +762,7 @@ fn value(m: &proto::Metric, datatype: u32) -> Result<Option<FieldValue>, String>
         4 => int().map_or_else(|| Err(mismatch()), |v| num(v as i64 as f64)),
         5..=8 => int().map_or_else(|| Err(mismatch()), |v| num(v as f64)),
         9 | 10 => match m.value {
-            Some(Value::FloatValue(x)) => num(f64::from(x)),
+            Some(Value::FloatValue(x)) => num(float_as_written(x)),
             Some(Value::DoubleValue(x)) => num(x),
             _ => Err(mismatch()),
         },
@@ -856,6 +864,35 @@ mod tests {
 
     fn field<'a>(r: &'a Reading, name: &str) -> Option<&'a FieldValue> {
         r.fields.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    /// A Float is stored as the decimal the device meant (the shortest one
+    /// that reads back as the same f32), not as its exact value widened.
+    #[test]
+    fn a_float_is_stored_as_the_shortest_decimal_of_its_f32() {
+        assert_eq!(f64::from(18.85f32), 18.850000381469727);
+        assert_eq!(float_as_written(18.85), 18.85);
+        assert_eq!(float_as_written(0.1), 0.1);
+        assert_eq!(float_as_written(-3.4e38), -3.4e38);
+        assert_eq!(float_as_written(f32::MIN_POSITIVE), 1.1754944e-38);
+        for x in [18.85f32, 0.1, 1.0 / 3.0, 16_777_217.0, f32::MAX, -0.0] {
+            assert_eq!(float_as_written(x) as f32, x, "reads back as the same f32");
+        }
+        let mut d = decoder(false);
+        d.decode("spBv1.0/G/NBIRTH/N", &nbirth(3), NOW);
+        let data = payload(
+            1,
+            vec![proto::Metric {
+                alias: Some(1),
+                value: Some(Value::FloatValue(18.85)),
+                ..Default::default()
+            }],
+        );
+        let out = d.decode("spBv1.0/G/NDATA/N", &data, NOW);
+        assert_eq!(
+            field(&out.readings[0], "Temp%2EC"),
+            Some(&FieldValue::Num(18.85))
+        );
     }
 
     /// BIRTHs teach at most the nodes, devices per node and aliases in all
@@ -970,7 +1007,7 @@ mod tests {
         assert_eq!(field(r, "Temp%2EC"), Some(&FieldValue::Num(20.5)));
         assert_eq!(field(r, "Count"), Some(&FieldValue::Num(-1.0)));
         assert_eq!(field(r, STATE), Some(&FieldValue::Str("online".into())));
-        assert_eq!(field(r, BD_SEQ), Some(&FieldValue::Num(3.0)));
+        assert_eq!(field(r, BD_SEQ), Some(&FieldValue::Int(3)));
         let data = payload(
             1,
             vec![proto::Metric {
@@ -1139,7 +1176,7 @@ mod tests {
         for r in &out.readings {
             assert_eq!(r.ts_ms, NOW + 10);
             assert_eq!(field(r, STATE), Some(&FieldValue::Str("offline".into())));
-            assert_eq!(field(r, BD_SEQ), Some(&FieldValue::Num(7.0)));
+            assert_eq!(field(r, BD_SEQ), Some(&FieldValue::Int(7)));
         }
         let ddeath = d.decode("spBv1.0/G/DDEATH/N/D1", &payload(2, vec![]), NOW);
         assert_eq!(
