@@ -12,6 +12,9 @@
 //!   each node its own connection; DATA by alias, three metrics per
 //!   reading like the JSON workload's three fields). Run beside `buckets`
 //!   to compare Sparkplug with JSON in the same run.
+//! - `buckets-nolatest` (not in the default list): `buckets` with
+//!   `[latest] enabled = false`, beside `buckets` to measure what the
+//!   latest-value statements cost.
 //! - `buckets-x2` (not in the default list): two palletd instances on one
 //!   shared subscription (`[mqtt] share_group`), each with its own spool,
 //!   into the same collection; their figures are summed (CPU, peak RSS).
@@ -1141,11 +1144,12 @@ fn buckets_sink(args: &RunArgs, svc: &Services, tail: &str) -> anyhow::Result<Si
 
 /// A palletd scenario's storage mode and number of instances:
 /// `buckets` is one instance, `buckets-x2` two; `sparkplug` is one in
-/// bucket mode.
+/// bucket mode; `-nolatest` turns `[latest]` off (`buckets-nolatest`).
 fn palletd_kind(kind: &str) -> Option<(&str, usize)> {
     if kind == "sparkplug" {
         return Some(("buckets", 1));
     }
+    let kind = kind.strip_suffix("-nolatest").unwrap_or(kind);
     let (mode, n) = match kind.split_once("-x") {
         Some((mode, n)) => (mode, n.parse().ok()?),
         None => (kind, 1),
@@ -1191,9 +1195,12 @@ dir = "{spool}"
 listen = "127.0.0.1:{metrics_port}"
 [limits]
 max_sensors = 200000
+[latest]
+enabled = {latest}
 {subscription}
 {tail}
 "#,
+                    latest = !kind.ends_with("-nolatest"),
                     subscription = if kind == "sparkplug" {
                         "[[subscription]]\ntopic = \"spBv1.0/#\"\nformat = \"sparkplug_b\""
                     } else {

@@ -246,6 +246,7 @@ pub async fn run(
             (settings.bucket.window + settings.closer.grace).as_millis() as i64,
         ),
         health: health.clone(),
+        tell_quiet: !settings.latest.enabled,
         sparkplug,
         queue: queue.clone(),
         feed_budget: feed_budget.clone(),
@@ -318,8 +319,13 @@ pub async fn run(
         feed_budget,
         done.clone(),
     ));
+    let latest = settings
+        .latest
+        .enabled
+        .then(|| db.collection(&settings.mongodb.latest_collection()));
     tracker.spawn(telemetry::systemd::supervise(
         db,
+        latest,
         health.clone(),
         metrics,
         READY_FLUSH_BOUND,

@@ -133,6 +133,10 @@ struct QueryArgs {
     /// Print this many bucket documents (newest first, 3 samples each).
     #[arg(long, value_name = "N")]
     buckets: Option<i64>,
+    /// Print each sensor's latest value (or --sensor's) from
+    /// <collection>_latest, as JSON lines.
+    #[arg(long, conflicts_with_all = ["summary", "buckets", "stats", "from", "to"])]
+    latest: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -347,6 +351,11 @@ fn query(args: &QueryArgs, settings: &palletd::config::Settings) -> anyhow::Resu
         let mut out = std::io::BufWriter::new(stdout.lock());
         if args.summary {
             query::print_summary(&store.summary().await?, &mut out)?;
+        } else if args.latest {
+            if matches!(args.format, QueryFormat::Csv) {
+                anyhow::bail!("--latest prints JSON lines only");
+            }
+            query::print_latest(&store, args.sensor.as_deref(), &mut out).await?;
         } else if let Some(n) = args.buckets {
             store.print_raw(args.sensor.as_deref(), n, &mut out).await?;
         } else {

@@ -118,6 +118,30 @@ pub async fn print_readings(
     }
 }
 
+/// Prints each sensor's latest value as JSON lines, by sensor id:
+/// `{"sensorId", "ts", <fields>, "updatedAt"}`.
+pub async fn print_latest(
+    store: &Store,
+    sensor: Option<&str>,
+    out: &mut impl Write,
+) -> Result<u64> {
+    store
+        .latest(sensor, |id, ts, sample, updated| {
+            let mut obj = serde_json::Map::new();
+            obj.insert("sensorId".into(), id.into());
+            obj.insert("ts".into(), iso(ts).into());
+            obj.extend(
+                sample
+                    .iter()
+                    .filter(|(k, _)| k.as_str() != "ts")
+                    .map(|(k, v)| (k.clone(), json_value(v))),
+            );
+            obj.insert("updatedAt".into(), iso(updated).into());
+            writeln!(out, "{}", serde_json::Value::Object(obj))
+        })
+        .await
+}
+
 /// Prints per-window rollups.
 pub fn print_stats(
     sensor: &str,

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 
 use crate::decode::{Limits, PayloadFormat, Subscription, TopicPattern};
 use raw::{
-    RawBucket, RawCloser, RawFlush, RawHttp, RawLimits, RawMongo, RawMqtt, RawMqttTls,
+    RawBucket, RawCloser, RawFlush, RawHttp, RawLatest, RawLimits, RawMongo, RawMqtt, RawMqttTls,
     RawRetention, RawRollup, RawSize, RawSpool, RawStorage, RawSubscription, RawWriteConcern,
 };
 
@@ -116,6 +116,7 @@ pub struct Settings {
     pub flush: FlushSettings,
     pub closer: CloserSettings,
     pub retention: RetentionSettings,
+    pub latest: LatestSettings,
     pub http: HttpSettings,
     pub spool: crate::spool::SpoolSettings,
     pub limits: LimitSettings,
@@ -280,6 +281,16 @@ impl MongoSettings {
     pub fn deadletter_collection(&self) -> String {
         format!("{}_deadletter", self.collection)
     }
+
+    /// `<collection>_latest`: each sensor's newest sample (`[latest]`).
+    pub fn latest_collection(&self) -> String {
+        format!("{}_latest", self.collection)
+    }
+
+    /// `<collection>_flat`: a view of one document per reading (bucket mode).
+    pub fn flat_view(&self) -> String {
+        format!("{}_flat", self.collection)
+    }
 }
 
 /// How readings are stored.
@@ -406,6 +417,13 @@ pub struct RetentionSettings {
     pub deadletter_expire_after: Option<Duration>,
 }
 
+/// `[latest]`: `<collection>_latest`, one document per sensor holding its
+/// newest sample, written with every flush.
+#[derive(Debug, Clone)]
+pub struct LatestSettings {
+    pub enabled: bool,
+}
+
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
     /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` (an
@@ -421,6 +439,7 @@ const SECTIONS: &[&str] = &[
     "flush",
     "closer",
     "retention",
+    "latest",
     "http",
     "spool",
     "limits",
@@ -469,6 +488,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     let flush: RawFlush = v.section(&table, "flush", false).unwrap_or_default();
     let closer: RawCloser = v.section(&table, "closer", false).unwrap_or_default();
     let retention: RawRetention = v.section(&table, "retention", false).unwrap_or_default();
+    let latest: RawLatest = v.section(&table, "latest", false).unwrap_or_default();
     let http: RawHttp = v.section(&table, "http", false).unwrap_or_default();
     let spool: RawSpool = v.section(&table, "spool", false).unwrap_or_default();
     let limits: RawLimits = v.section(&table, "limits", false).unwrap_or_default();
@@ -510,6 +530,9 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     let flush = v.flush(flush);
     let closer = v.closer(closer);
     let retention = v.retention(retention);
+    let latest = LatestSettings {
+        enabled: latest.enabled.unwrap_or(true),
+    };
     let http = v.http(http);
     let mut spool = v.spool(spool, base);
     let limits = v.limits(limits);
@@ -543,6 +566,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
             flush,
             closer,
             retention,
+            latest,
             http,
             spool,
             limits,

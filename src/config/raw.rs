@@ -121,6 +121,12 @@ pub struct RawRetention {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct RawLatest {
+    pub enabled: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawSpool {
     pub dir: Option<String>,
     pub max_size: Option<RawSize>,

@@ -110,6 +110,10 @@ pub struct Spooler {
     pub sensors: SensorLimit,
     /// Where the quietest sensors are told (the status page).
     pub health: std::sync::Arc<crate::telemetry::Health>,
+    /// Whether the status page's quietest sensors come from here (when
+    /// `[latest]` is off; else they are read from `<collection>_latest`,
+    /// which knows the sensors silent since before this start too).
+    pub tell_quiet: bool,
     /// Where the Sparkplug B state is saved (with a `sparkplug_b`
     /// subscription).
     pub sparkplug: Option<sparkplug::StateFile>,
@@ -239,7 +243,7 @@ impl Spooler {
                 gauges_at = Instant::now();
                 self.gauges(&mut marks, &acks);
             }
-            if quiet_dirty && quiet_at.elapsed() >= QUIET_EVERY {
+            if self.tell_quiet && quiet_dirty && quiet_at.elapsed() >= QUIET_EVERY {
                 quiet_at = Instant::now();
                 quiet_dirty = false;
                 self.health.set_quiet(self.sensors.quietest(10));
@@ -289,7 +293,7 @@ impl Spooler {
                     None => break,
                 },
                 // Tell the quietest sensors once more after the last message.
-                _ = tokio::time::sleep(QUIET_EVERY.saturating_sub(quiet_at.elapsed())), if quiet_dirty => {}
+                _ = tokio::time::sleep(QUIET_EVERY.saturating_sub(quiet_at.elapsed())), if self.tell_quiet && quiet_dirty => {}
                 // While full, look again shortly: checkpoints free segments.
                 _ = tokio::time::sleep(Duration::from_millis(200)), if full => {}
                 // PUBACKs that did not fit into the client's queue.

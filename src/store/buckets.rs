@@ -180,7 +180,37 @@ impl Buckets {
     pub(super) async fn schema(&self, db: &Database) -> Result<(), SchemaError> {
         self.coll(db).create_indexes(indexes()).await?;
         mongo::sync_ttl(db, &self.collection, "endTs", TTL_INDEX, self.expire_after).await?;
+        self.flat_view(db).await?;
         Ok(())
+    }
+
+    /// `<collection>_flat`: a view with one document per reading,
+    /// `{sensorId, ts, <fields>}`, for tools that expect that shape
+    /// (Grafana's MongoDB plugins, Atlas Charts, BI connectors). A view
+    /// stores nothing; each query on it unwinds the buckets it reads
+    /// (README, "A flat view"). Made at start, its pipeline kept current.
+    async fn flat_view(&self, db: &Database) -> mongodb::error::Result<()> {
+        let name = format!("{}_flat", self.collection);
+        let pipeline = flat_pipeline();
+        match db
+            .create_collection(&name)
+            .view_on(self.collection.clone())
+            .pipeline(pipeline.clone())
+            .await
+        {
+            Ok(()) => Ok(()),
+            // NamespaceExists: the view of an earlier start.
+            Err(e) if mongo::command_code(&e) == Some(48) => {
+                db.run_command(doc! {
+                    "collMod": &name,
+                    "viewOn": &self.collection,
+                    "pipeline": pipeline,
+                })
+                .await?;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Each uncertain sample is in MongoDB iff a bucket of its sensor and

@@ -21,6 +21,7 @@
 
 pub mod buckets;
 pub mod fence;
+pub mod latest;
 pub mod mongo;
 pub mod read;
 pub mod rollup;
@@ -70,6 +71,8 @@ pub struct Store {
     /// `<collection>_spools`: a document per spool id (the settle write).
     spools: String,
     rollups: Option<rollup::Rollups>,
+    /// `<collection>_latest` (`[latest] enabled`).
+    latest: Option<latest::Latest>,
     /// The checkpoints published at the start of the closer run whose seal
     /// is in chunks, until its last.
     sealing: Option<std::collections::HashMap<String, u64>>,
@@ -91,6 +94,10 @@ impl Store {
             tags: Tags::new(0),
             spools: format!("{}_spools", settings.mongodb.collection),
             rollups: rollup::Rollups::new(settings),
+            latest: settings
+                .latest
+                .enabled
+                .then(|| latest::Latest::new(settings.mongodb.latest_collection())),
             sealing: None,
         }
     }
@@ -145,6 +152,10 @@ impl Store {
         };
         let mode = match (mode, &self.rollups) {
             (Ok(()), Some(r)) => r.schema(&db).await.map_err(SchemaError::from),
+            (other, _) => other,
+        };
+        let mode = match (mode, &self.latest) {
+            (Ok(()), Some(l)) => l.schema(&db).await.map_err(SchemaError::from),
             (other, _) => other,
         };
         let result = match mode {
@@ -246,9 +257,10 @@ impl Store {
         Ok(out)
     }
 
-    /// Writes a flush: its dead letters, then its samples, setting each
-    /// sample's outcome. Retries what certainly was not applied until it is;
-    /// returns when every sample is applied, rejected, or of unknown fate.
+    /// Writes a flush: its dead letters, its sensors' latest values, then
+    /// its samples, setting each sample's outcome. Retries what certainly
+    /// was not applied until it is; returns when every sample is applied,
+    /// rejected, or of unknown fate.
     pub async fn write(
         &mut self,
         batch: &mut Batch,
@@ -267,6 +279,9 @@ impl Store {
             }
             None => Vec::new(),
         };
+        if let Some(l) = &self.latest {
+            l.write(&mut self.mongo, batch, abort).await?;
+        }
         let mut written = match &self.mode {
             Mode::Buckets(m) => m.write(&mut self.mongo, batch, abort).await?,
             Mode::Timeseries(m) => m.write(&mut self.mongo, batch, abort).await?,
@@ -397,6 +412,20 @@ impl Store {
             .estimated_document_count()
             .await?;
         Ok(s)
+    }
+
+    /// Each sensor's latest value (`<collection>_latest`), or `sensor`'s.
+    pub async fn latest(
+        &self,
+        sensor: Option<&str>,
+        emit: impl FnMut(&str, i64, &bson::Document, i64) -> std::io::Result<()>,
+    ) -> read::Result<u64> {
+        let Some(l) = &self.latest else {
+            return Err(read::QueryError::Unsupported(
+                "[latest] enabled = false: palletd keeps no latest values".into(),
+            ));
+        };
+        latest::read(&self.mongo.db, l.collection(), sensor, emit).await
     }
 
     /// The raw documents palletd wrote (bucket mode only).

@@ -554,30 +554,61 @@ impl Mongo {
         docs: &[DeadLetter],
         abort: &CancellationToken,
     ) -> Result<(), Aborted> {
+        let docs: Vec<RawDocumentBuf> = docs.iter().map(|d| d.1.clone()).collect();
+        let refused = self
+            .send_idempotent(
+                "write dead letters",
+                "insert",
+                collection,
+                "documents",
+                &docs,
+                abort,
+            )
+            .await?;
+        for (index, code, msg) in refused.into_iter().filter(|e| e.1 != 11000) {
+            error!(index, code, error = %msg, "Dead letter refused by the database; dropped.");
+        }
+        Ok(())
+    }
+
+    /// Sends `docs` as `command`s on `collection` (unordered, split at the
+    /// server's limits) until each part is answered; a part whose answer is
+    /// lost is sent again, so the documents must be idempotent. Returns the
+    /// write errors: (index in `docs`, code, message).
+    pub async fn send_idempotent(
+        &mut self,
+        what: &str,
+        command: &str,
+        collection: &str,
+        field: &str,
+        docs: &[RawDocumentBuf],
+        abort: &CancellationToken,
+    ) -> Result<Vec<(usize, i32, String)>, Aborted> {
         let mut backoff = Backoff::default();
-        let mut rest = docs;
-        while !rest.is_empty() {
+        let mut refused = Vec::new();
+        let mut sent = 0;
+        while sent < docs.len() {
+            let rest = &docs[sent..];
             let (batch_len, reply) = self
-                .write_until_answered("write dead letters", &mut backoff, abort, |m| {
-                    let docs = rest.iter().map(|d| d.1.clone());
-                    m.batch_command("insert", collection, "documents", docs, false)
+                .write_until_answered(what, &mut backoff, abort, |m| {
+                    m.batch_command(command, collection, field, rest.iter().cloned(), false)
                 })
                 .await?;
             match reply {
                 Some(reply) => {
-                    for (index, code, msg) in
-                        reply.write_errors.into_iter().filter(|e| e.1 != 11000)
-                    {
-                        error!(index, code, error = %msg, "Dead letter refused by the database; dropped.");
-                    }
-                    rest = &rest[batch_len..];
+                    refused.extend(
+                        reply
+                            .write_errors
+                            .into_iter()
+                            .map(|(i, code, msg)| (sent + i, code, msg)),
+                    );
+                    sent += batch_len;
                     backoff.reset();
                 }
-                // Idempotent: sent again whatever happened.
                 None => self.wait(&mut backoff, abort).await?,
             }
         }
-        Ok(())
+        Ok(refused)
     }
 
     pub fn failed(&mut self, what: &str, e: &mongodb::error::Error) {

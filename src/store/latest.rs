@@ -1,0 +1,206 @@
+//! `<collection>_latest` (`[latest] enabled`, on by default): one document
+//! per sensor with its newest sample, the first question of a dashboard
+//! ("what does each sensor read now?") answered by a point read, and live
+//! by a change stream on this collection (MongoDB's time series
+//! collections cannot give one). In both storage modes.
+//!
+//! ```text
+//! { _id: <sensor id>, ts: <Date of its newest sample>,
+//!   sample: <that sample as stored: ts and every field>, updatedAt: <Date> }
+//! ```
+//!
+//! - **Written with every flush**, one statement per sensor of the flush
+//!   (its newest sample in the flush), in one unordered `update` command
+//!   sent right before the flush's own (an `update` command names one
+//!   collection; the client `bulkWrite` that spans collections needs
+//!   MongoDB 8.0). Before, not after: a flush whose reply is lost, or a
+//!   crash right after it, is resolved on the next try without being
+//!   written again, so the value must already be there; a sample the
+//!   database then refuses for good (rare: it goes to the dead letter) may
+//!   be the latest value meanwhile.
+//! - **Only ever forward in time**: each statement is a pipeline update
+//!   that replaces `ts`, `sample` and `updatedAt` only when its sample is
+//!   newer than the stored `ts`, so late data, a backlog drained after live
+//!   readings and a replay after a crash never move it back, and sending it
+//!   twice changes nothing.
+//! - **Bounded**: a flush takes at most `MAX_SENSORS_PER_FLUSH` sensors, so
+//!   the command holds at most that many statements; the collection holds
+//!   one small document per sensor, indexed on `ts` (the status page's
+//!   quietest sensors).
+
+use bson::{doc, Document, RawDocumentBuf};
+use mongodb::{Database, IndexModel};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::mongo::Mongo;
+use crate::bucket::SampleRef;
+use crate::flush::Batch;
+use crate::retry::Aborted;
+
+/// The latest-value collection.
+pub struct Latest {
+    collection: String,
+}
+
+impl Latest {
+    pub fn new(collection: String) -> Latest {
+        Latest { collection }
+    }
+
+    pub fn collection(&self) -> &str {
+        &self.collection
+    }
+
+    /// The `{ts: 1}` index (the quietest sensors first).
+    pub async fn schema(&self, db: &Database) -> mongodb::error::Result<()> {
+        db.collection::<Document>(&self.collection)
+            .create_index(IndexModel::builder().keys(doc! { "ts": 1 }).build())
+            .await?;
+        Ok(())
+    }
+
+    /// Writes the newest sample of each sensor of `batch`, retried until
+    /// the database answers (idempotent). A statement the database refuses
+    /// is logged and left: the next flush of that sensor tries again.
+    pub async fn write(
+        &self,
+        mongo: &mut Mongo,
+        batch: &Batch,
+        abort: &CancellationToken,
+    ) -> Result<(), Aborted> {
+        let statements: Vec<RawDocumentBuf> = batch
+            .runs
+            .iter()
+            .filter_map(|r| newest(r.samples.iter()).map(|s| statement(&r.sensor, s)))
+            .collect();
+        let refused = mongo
+            .send_idempotent(
+                "write latest values",
+                "update",
+                &self.collection,
+                "updates",
+                &statements,
+                abort,
+            )
+            .await?;
+        if let Some((_, code, msg)) = refused.first() {
+            warn!(
+                statements = refused.len(),
+                code,
+                error = %msg,
+                "The database refused latest-value statements; the next flush of those sensors tries again."
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Each sensor's latest value (or `sensor`'s only), by sensor id, streamed
+/// to `emit(sensor, ts_ms, sample, updated_ms)`.
+pub async fn read(
+    db: &Database,
+    collection: &str,
+    sensor: Option<&str>,
+    mut emit: impl FnMut(&str, i64, &Document, i64) -> std::io::Result<()>,
+) -> super::read::Result<u64> {
+    use futures_util::TryStreamExt;
+    let filter = sensor.map_or_else(Document::new, |s| doc! { "_id": s });
+    let mut cursor = db
+        .collection::<Document>(collection)
+        .find(filter)
+        .sort(doc! { "_id": 1 })
+        .await?;
+    let mut n = 0;
+    while let Some(d) = cursor.try_next().await? {
+        let id = d.get_str("_id")?;
+        let ts = d.get_datetime("ts")?.timestamp_millis();
+        let updated = d.get_datetime("updatedAt")?.timestamp_millis();
+        emit(id, ts, d.get_document("sample")?, updated)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// The newest of a sensor's samples (the last one of equal times).
+fn newest<'a>(samples: impl Iterator<Item = SampleRef<'a>>) -> Option<SampleRef<'a>> {
+    samples.fold(None, |best: Option<SampleRef<'a>>, s| match best {
+        Some(b) if b.ts_ms > s.ts_ms => Some(b),
+        _ => Some(s),
+    })
+}
+
+/// The upsert of `sensor`'s latest value with `sample`, applied only when
+/// it is newer than the stored one (`$gt` of a date over a missing `ts` is
+/// true: BSON orders dates after null).
+fn statement(sensor: &str, sample: SampleRef<'_>) -> RawDocumentBuf {
+    let ts = bson::DateTime::from_millis(sample.ts_ms);
+    let newer = doc! { "$gt": [ts, { "$ifNull": ["$ts", null] }] };
+    let pick = |new: bson::Bson, old: &str| doc! { "$cond": [newer.clone(), new, old] };
+    let sample_doc = bson::Document::try_from(sample.doc).unwrap_or_default();
+    let u = doc! { "$set": {
+        "ts": pick(ts.into(), "$ts"),
+        // $literal: a stored string that starts with '$' stays a string.
+        "sample": pick(doc! { "$literal": sample_doc }.into(), "$sample"),
+        "updatedAt": pick("$$NOW".into(), "$updatedAt"),
+    } };
+    let st = doc! { "q": { "_id": sensor }, "u": [u], "upsert": true };
+    RawDocumentBuf::from_document(&st).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bucket::{Sample, Samples};
+    use crate::decode::{FieldValue, Reading};
+
+    fn samples(ts: &[i64]) -> Samples {
+        let mut out = Samples::new();
+        for (i, &t) in ts.iter().enumerate() {
+            let r = Reading {
+                ts_ms: t,
+                fields: vec![("v".into(), FieldValue::Num(i as f64))],
+                ..Reading::default()
+            };
+            let s = Sample::encode(&r, 10 + i as u64);
+            out.push(SampleRef {
+                ts_ms: s.ts_ms,
+                lsn: s.lsn,
+                doc: &s.doc,
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn the_newest_sample_is_the_latest_time_and_the_last_of_equal_ones() {
+        let s = samples(&[5, 9, 2, 9, 1]);
+        let n = newest(s.iter()).unwrap();
+        assert_eq!((n.ts_ms, n.lsn), (9, 13));
+        assert!(newest(Samples::new().iter()).is_none());
+    }
+
+    #[test]
+    fn the_statement_replaces_the_value_only_with_a_newer_sample() {
+        let s = samples(&[1_000]);
+        let st = bson::Document::try_from(statement("s1", s.get(0)).as_ref()).unwrap();
+        assert_eq!(st.get_document("q").unwrap(), &doc! { "_id": "s1" });
+        assert_eq!(st.get_bool("upsert"), Ok(true));
+        let set = st.get_array("u").unwrap()[0]
+            .as_document()
+            .unwrap()
+            .get_document("$set")
+            .unwrap();
+        let ts = bson::DateTime::from_millis(1_000);
+        let newer = doc! { "$gt": [ts, { "$ifNull": ["$ts", null] }] };
+        assert_eq!(
+            set.get_document("ts").unwrap(),
+            &doc! { "$cond": [newer.clone(), ts, "$ts"] }
+        );
+        let sample = set.get_document("sample").unwrap();
+        assert_eq!(
+            sample,
+            &doc! { "$cond": [newer, { "$literal": { "ts": ts, "v": 0.0 } }, "$sample"] }
+        );
+    }
+}
