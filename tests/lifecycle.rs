@@ -609,3 +609,59 @@ async fn a_seal_goes_in_chunks_until_every_ended_bucket_is_sealed() {
         assert_eq!((sealed.buckets, sealed.more), (0, false));
     }
 }
+
+/// A bucket palletd filled to `bucket.max_samples` is sealed at the
+/// closer's next run, before its window ends (no statement can add to it):
+/// the hour's seal is left the last bucket of each sensor. The open one
+/// stays open and keeps filling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_buckets_are_sealed_before_their_window_ends() {
+    let mut stack = Stack::start("fullseal", |c| {
+        c.window("1h").max_samples(4).closer("1s", "5m").max_delay("200ms")
+    })
+    .await;
+    let mut publisher = stack.publisher().await;
+    let t0 = now_ms();
+    publish_seqs(&mut publisher, "fs1", t0, 0..10).await;
+    eventually(
+        Duration::from_secs(20),
+        "the two full buckets sealed, the third open",
+        || async {
+            let b = stack.docs("readings").await;
+            b.len() == 3
+                && b.iter()
+                    .filter(|b| b.get_bool("closed") == Ok(true))
+                    .count()
+                    == 2
+        },
+    )
+    .await;
+    let window = t0.div_euclid(3_600_000) * 3_600_000;
+    let by_id = |b: &[Document], seq: u32| {
+        b.iter()
+            .find(|d| d.get_str("_id") == Ok(format!("fs1|{window}|{seq}").as_str()))
+            .cloned()
+            .unwrap_or_else(|| panic!("bucket {seq} of {b:?}"))
+    };
+    let b = stack.docs("readings").await;
+    for seq in [0, 1] {
+        let full = by_id(&b, seq);
+        check_sealed(&full);
+        assert_eq!(full.get_i32("count"), Ok(4));
+    }
+    let open = by_id(&b, 2);
+    assert_eq!(open.get_bool("closed"), Ok(false));
+    assert_eq!(seqs(&open), vec![8, 9]);
+    // The open one fills, and is sealed in turn.
+    publish_seqs(&mut publisher, "fs1", t0, 10..13).await;
+    eventually(Duration::from_secs(20), "the third sealed too", || async {
+        let b = stack.docs("readings").await;
+        b.len() == 4 && by_id(&b, 2).get_bool("closed") == Ok(true)
+    })
+    .await;
+    let b = stack.docs("readings").await;
+    assert_eq!(seqs(&by_id(&b, 2)), vec![8, 9, 10, 11]);
+    assert_eq!(by_id(&b, 3).get_bool("closed"), Ok(false));
+    assert_eq!(stack.stored().await, 13);
+    stack.stop();
+}

@@ -78,6 +78,10 @@ pub const SEAL_CHUNK_MIN: usize = 10;
 pub const SEAL_CHUNK_MAX: usize = 1000;
 pub const SEAL_CHUNK_TIME: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// Full buckets whose `_id`s are held for an early seal; beyond, a full
+/// bucket waits for its window's end like the others (8 MB of ids at most).
+pub const FULL_HELD: usize = 100_000;
+
 /// What one [`Buckets::seal`] call did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Sealed {
@@ -101,6 +105,12 @@ pub struct Buckets {
     /// that is fixed (tests) or follows the time chunks take.
     seal_chunk: usize,
     seal_chunk_fixed: bool,
+    /// `_id`s of buckets this run's statements filled to
+    /// `bucket.max_samples` and not yet sealed (at most [`FULL_HELD`]):
+    /// no statement can add to them (the count cap in the filter), so the
+    /// closer seals them without waiting for their window's end and the
+    /// hour's seal is left the last bucket of each sensor.
+    full: Vec<Bson>,
     /// Whether palletd writes through a sharded cluster's router; learned
     /// on the first write ([`Buckets::shard_key`]).
     routed: std::sync::OnceLock<bool>,
@@ -132,6 +142,7 @@ impl Buckets {
             legacy_seal: None,
             seal_chunk: SEAL_CHUNK,
             seal_chunk_fixed: false,
+            full: Vec::new(),
             routed: std::sync::OnceLock::new(),
             tags: Tags::new(0),
         }
@@ -188,7 +199,7 @@ impl Buckets {
     /// `{sensorId, ts, <fields>}`, for tools that expect that shape
     /// (Grafana's MongoDB plugins, Atlas Charts, BI connectors). A view
     /// stores nothing; each query on it unwinds the buckets it reads
-    /// (README, "A flat view"). Made at start, its pipeline kept current.
+    /// (docs/storage.md, "A flat view"). Made at start, its pipeline kept current.
     async fn flat_view(&self, db: &Database) -> mongodb::error::Result<()> {
         let name = format!("{}_flat", self.collection);
         let pipeline = flat_pipeline();
@@ -265,7 +276,7 @@ impl Buckets {
     /// Plans and sends the batch's statements; sets every sample's outcome
     /// and the runs' open-bucket fills.
     pub(super) async fn write(
-        &self,
+        &mut self,
         mongo: &mut Mongo,
         batch: &mut Batch,
         abort: &CancellationToken,
@@ -327,6 +338,13 @@ impl Buckets {
                     st.base.map_or(0, |b| b.bytes)
                 };
                 written.bytes_rewritten += u64::from(held + st.bytes);
+                let full = st
+                    .fill_after(inserted)
+                    .is_some_and(|f| f.count >= shape.max_samples);
+                if full && self.full.len() < FULL_HELD {
+                    let id = bucket::bucket_id(&run.sensor, st.start_ms, st.seq);
+                    self.full.push(Bson::String(id));
+                }
                 settle(&mut run.fills, st, Some(inserted));
                 written.statements += 1;
                 written.buckets_created += inserted as u64;
@@ -418,6 +436,7 @@ impl Buckets {
         }
         unknown.sort_unstable();
         unknown.dedup();
+        metrics::counter!(crate::telemetry::FILL_LOOKUPS).increment(unknown.len() as u64);
         let pairs: Vec<(&str, i64)> = (unknown.iter())
             .map(|&(i, w)| (batch.runs[i].sensor.as_str(), w))
             .collect();
@@ -441,13 +460,14 @@ impl Buckets {
         }
     }
 
-    /// Seals at most [`SEAL_CHUNK`] of the open buckets whose window ended
-    /// at or before `now_ms - closer.grace` (their `_id`s found first on
-    /// the `{closed, endTs}` index). Returns how many it sealed and whether
-    /// more may be left: the caller calls again, after letting a flush go
-    /// (the hour's seal of 10,000 sensors' buckets is seconds of the
-    /// server's time: one statement for all of them held every flush up
-    /// that long, and its work grew with the data).
+    /// Seals a chunk of the open buckets whose window ended at or before
+    /// `now_ms - closer.grace` (their `_id`s found first on the `{closed,
+    /// endTs}` index), or, when none is left, of the buckets this run
+    /// filled ([`Buckets::full`]). Returns how many it sealed and whether
+    /// more may be left: the caller calls again, after letting flushes go
+    /// (the hour's seal of 10,000 sensors' buckets is tens of seconds of
+    /// the server's time: one statement for all of them held every flush
+    /// up that long, and its work grew with the data).
     ///
     /// `published`: the checkpoint each spool published (by `lsns` field
     /// name); a sealed bucket keeps only the `lsns.<spool>` whose pairs
@@ -482,15 +502,28 @@ impl Buckets {
             .try_filter_map(|d| async move { Ok(d.get("_id").cloned()) })
             .try_collect()
             .await?;
-        if ids.is_empty() {
+        let (ids, q, more) = if !ids.is_empty() {
+            let q = chunk_filter(&ids, cutoff);
+            let more = ids.len() >= self.seal_chunk || !self.full.is_empty();
+            (ids, q, more)
+        } else if !self.full.is_empty() {
+            let take = self.full.len().min(self.seal_chunk);
+            let ids: Vec<Bson> = self.full.drain(..take).collect();
+            // (Full: no statement can add to them, whatever their window.)
+            let q = doc! {
+                "_id": { "$in": &ids },
+                "closed": false,
+                "count": { "$gte": self.shape.max_samples as i64 },
+            };
+            (ids, q, !self.full.is_empty())
+        } else {
             return Ok(Sealed::default());
-        }
-        let more = ids.len() >= self.seal_chunk;
+        };
         let started = std::time::Instant::now();
         let updates = if legacy {
-            legacy_seal_statements(&ids, cutoff, now, published)
+            legacy_seal_statements(&ids, q, now, published)
         } else {
-            vec![seal_statement(&ids, cutoff, published)]
+            vec![seal_statement(q, published)]
         };
         let reply = db
             .run_command(doc! {
@@ -1026,12 +1059,8 @@ fn strip_expression(published: &HashMap<String, u64>) -> Option<Document> {
     } })
 }
 
-/// The one-statement seal of the buckets `ids` (MongoDB 5.2+).
-fn seal_statement(
-    ids: &[Bson],
-    cutoff: bson::DateTime,
-    published: &HashMap<String, u64>,
-) -> Document {
+/// The one-statement seal of the buckets `q` finds (MongoDB 5.2+).
+fn seal_statement(q: Document, published: &HashMap<String, u64>) -> Document {
     let mut set = doc! {
         "closed": true,
         "closedAt": "$$NOW",
@@ -1042,17 +1071,17 @@ fn seal_statement(
         set.insert("lsns", lsns);
     }
     doc! {
-        "q": chunk_filter(ids, cutoff),
+        "q": q,
         "u": [ { "$set": set } ],
         "multi": true,
     }
 }
 
-/// The two-statement seal of the buckets `ids` for servers without
-/// `$sortArray`.
+/// The two-statement seal of the buckets `q` finds, among `ids`, for
+/// servers without `$sortArray`.
 fn legacy_seal_statements(
     ids: &[Bson],
-    cutoff: bson::DateTime,
+    q: Document,
     now: bson::DateTime,
     published: &HashMap<String, u64>,
 ) -> Vec<Document> {
@@ -1062,7 +1091,7 @@ fn legacy_seal_statements(
     }
     vec![
         doc! {
-            "q": chunk_filter(ids, cutoff),
+            "q": q,
             "u": {
                 "$push": { "samples": { "$each": [], "$sort": { "ts": 1 } } },
                 "$set": { "closed": true, "closedAt": now },
@@ -1158,8 +1187,9 @@ mod tests {
         let cutoff = bson::DateTime::from_millis(3_600_000);
         let published: HashMap<String, u64> = [("s00000001".to_string(), 5)].into();
         let ids = [Bson::String("a|0|0".into()), Bson::String("b|0|0".into())];
-        let mut statements = vec![seal_statement(&ids, cutoff, &published)];
-        statements.extend(legacy_seal_statements(&ids, cutoff, cutoff, &published));
+        let q = chunk_filter(&ids, cutoff);
+        let mut statements = vec![seal_statement(q.clone(), &published)];
+        statements.extend(legacy_seal_statements(&ids, q, cutoff, &published));
         for st in statements {
             assert_eq!(st.get_bool("multi"), Ok(true), "{st}");
             let q = st.get_document("q").unwrap();

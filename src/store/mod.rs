@@ -282,7 +282,7 @@ impl Store {
         if let Some(l) = &self.latest {
             l.write(&mut self.mongo, batch, abort).await?;
         }
-        let mut written = match &self.mode {
+        let mut written = match &mut self.mode {
             Mode::Buckets(m) => m.write(&mut self.mongo, batch, abort).await?,
             Mode::Timeseries(m) => m.write(&mut self.mongo, batch, abort).await?,
         };
