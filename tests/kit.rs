@@ -440,6 +440,8 @@ fn the_debian_package_holds_the_kit_and_lintian_finds_no_errors() {
         "./usr/share/man/man1/palletd.1.gz",
         "./usr/share/bash-completion/completions/palletd",
         "./usr/share/doc/palletd/README.md",
+        "./usr/share/doc/palletd/docs/how-it-writes.md",
+        "./usr/share/doc/palletd/docs/status-page.png",
         "./usr/share/doc/palletd/copyright",
         "./usr/share/palletd/prometheus/palletd.rules.yml",
         "./usr/share/palletd/grafana/palletd-dashboard.json",
@@ -471,4 +473,41 @@ fn the_debian_package_holds_the_kit_and_lintian_finds_no_errors() {
         .arg(&deb));
     eprintln!("lintian:\n{out}{err}");
     assert!(ok, "lintian found errors:\n{out}{err}");
+}
+
+/// The README is the front door: its links and the documents' links to
+/// each other point at files that exist, and every document links back.
+#[test]
+fn the_readme_and_the_documents_link_to_files_that_exist() {
+    let re = regex::Regex::new(r"\]\(([^)#\s]+)(#[^)\s]*)?\)").unwrap();
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(repo().join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    assert!(docs.len() >= 6, "{docs:?}");
+    let readme = repo().join("README.md");
+    let front = std::fs::read_to_string(&readme).unwrap();
+    for doc in &docs {
+        let name = format!("docs/{}", doc.file_name().unwrap().to_string_lossy());
+        assert!(front.contains(&format!("]({name}")), "README does not link {name}");
+        let text = std::fs::read_to_string(doc).unwrap();
+        assert!(text.contains("](../README.md)"), "{name} does not link back");
+    }
+    for file in std::iter::once(&readme).chain(&docs) {
+        let text = std::fs::read_to_string(file).unwrap();
+        let dir = file.parent().unwrap();
+        for c in re.captures_iter(&text) {
+            let target = &c[1];
+            if target.starts_with("http") {
+                continue;
+            }
+            assert!(
+                dir.join(target).exists(),
+                "{} links to {target}, which does not exist",
+                file.display()
+            );
+        }
+    }
 }

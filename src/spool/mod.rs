@@ -48,7 +48,7 @@
 //!
 //! # Faults
 //! What each fault of the disk costs, and what palletd does about it, is in
-//! the README ("How it writes"): write and sync errors are retried in order
+//! docs/how-it-writes.md: write and sync errors are retried in order
 //! and what a failed fsync may have lost is written again ([`appender`]);
 //! damage costs the damaged records alone, counted ([`damage`]); a torn
 //! tail is cut; a full disk frees what MongoDB confirmed first; a spool
