@@ -3044,6 +3044,9 @@ struct Mark {
     delay_s: f64,
     peak_rss_mb: f64,
     cpu: Duration,
+    /// Windows looked up before a write, and the closer's time (seals).
+    lookups: f64,
+    sealing_s: f64,
 }
 
 fn soak(args: SoakArgs) -> anyhow::Result<()> {
@@ -3072,6 +3075,8 @@ fn soak(args: SoakArgs) -> anyhow::Result<()> {
             delay_s: counter_sum(port, palletd::telemetry::FLUSH_DELAY_SECONDS),
             peak_rss_mb: sink.peak_rss() as f64 / 1e6,
             cpu: sink.cpu(),
+            lookups: counter_sum(port, palletd::telemetry::FILL_LOOKUPS),
+            sealing_s: histogram_sum(port, palletd::telemetry::CLOSER_SECONDS)?,
         })
     };
     let mut marks = vec![mark(0.0)?];
@@ -3080,8 +3085,8 @@ fn soak(args: SoakArgs) -> anyhow::Result<()> {
         .stderr(Stdio::null())
         .spawn()?;
     let every = args.every.max(1) as f64;
-    println!("| t (s) | durable/s | live lag p50 | p99 | flush delay | statements / reading | CPU µs / reading | peak RSS MB |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| t (s) | durable/s | live lag p50 | p99 | flush delay | statements / reading | CPU µs / reading | peak RSS MB | fill lookups | sealing s |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let line = |a: &Mark, b: &Mark| {
         let stored = (b.scrape.stored - a.scrape.stored).max(0.0);
         let secs = (b.at - a.at).max(1e-3);
@@ -3095,12 +3100,14 @@ fn soak(args: SoakArgs) -> anyhow::Result<()> {
             "statements_per_reading": (b.statements - a.statements) / stored.max(1.0),
             "cpu_us_per_reading": b.cpu.saturating_sub(a.cpu).as_secs_f64() * 1e6 / stored.max(1.0),
             "peak_rss_mb": b.peak_rss_mb,
+            "fill_lookups": b.lookups - a.lookups,
+            "sealing_s": b.sealing_s - a.sealing_s,
         })
     };
     let print = |r: &serde_json::Value| {
         let f = |k: &str, d: usize| fmt(r[k].as_f64(), d);
         println!(
-            "| {} | {} | {} s | {} s | {} s | {} | {} | {} |",
+            "| {} | {} | {} s | {} s | {} s | {} | {} | {} | {} | {} |",
             f("to_s", 0),
             f("durable_per_s", 0),
             f("lag_p50_s", 2),
@@ -3109,6 +3116,8 @@ fn soak(args: SoakArgs) -> anyhow::Result<()> {
             f("statements_per_reading", 3),
             f("cpu_us_per_reading", 1),
             f("peak_rss_mb", 0),
+            f("fill_lookups", 0),
+            f("sealing_s", 1),
         );
     };
     let mut intervals = Vec::new();

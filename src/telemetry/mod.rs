@@ -38,6 +38,9 @@ pub const BUCKETS_CREATED: &str = "palletd_buckets_created_total";
 /// palletd knew: sent again to the next bucket of the window.
 pub const BUCKET_COLLISIONS: &str = "palletd_bucket_id_collisions_total";
 pub const BUCKETS_SEALED: &str = "palletd_buckets_sealed_total";
+/// Windows whose open buckets a flush looked up (a sensor's first flush
+/// after a start, or of an older window than it knows of).
+pub const FILL_LOOKUPS: &str = "palletd_bucket_fill_lookups_total";
 /// Bytes of bucket documents the database rewrote for applied statements
 /// (a `$push` rewrites the whole bucket): the write amplification.
 pub const BYTES_REWRITTEN: &str = "palletd_bucket_bytes_rewritten_total";
@@ -146,6 +149,10 @@ pub fn describe() {
         "Upserts that found their bucket full or sealed (E11000 on _id) and went to the next one."
     );
     describe_counter!(BUCKETS_SEALED, "Buckets sealed by the closer.");
+    describe_counter!(
+        FILL_LOOKUPS,
+        "Windows (sensor and window) whose open buckets a flush looked up by _id before writing: a sensor's first flush after a start, or one of a window older than those it knows of."
+    );
     describe_counter!(
         BYTES_REWRITTEN,
         Unit::Bytes,
@@ -352,6 +359,7 @@ fn register_at_zero() {
         BUCKETS_CREATED,
         BUCKET_COLLISIONS,
         BUCKETS_SEALED,
+        FILL_LOOKUPS,
         BYTES_REWRITTEN,
         SAMPLES_LATE_INTO_SEALED,
         BROKER_RECONNECTS,
