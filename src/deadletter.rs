@@ -1,18 +1,13 @@
 //! The dead letter: what cannot become a sample goes to
 //! `<collection>_deadletter` with its cause, and its message is
 //! acknowledged. This module owns the documents' shape, their idempotent
-//! `_id`, and how rejections are counted and logged (at most once a minute
-//! per cause, with how many were suppressed). Sans-IO.
+//! `_id` and the causes (counted and logged by `telemetry::Reporter`).
+//! Sans-IO.
 //!
 //! A dead letter carries the LSN of its spool record in its `_id`, so
 //! writing it again after a crash or an interrupted insert is harmless.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
-
 use bson::{doc, Document};
-
-use crate::telemetry;
 
 /// Payloads are kept up to this size (`truncated: true` beyond).
 pub const PAYLOAD_MAX: usize = 64 * 1024;
@@ -45,9 +40,6 @@ pub const CAUSES: &[&str] = &[
     "sample_too_large",
     "rejected_by_database",
 ];
-
-/// How often one cause of rejection is logged at most.
-const LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// A dead letter waiting to be written: its spool LSN and its document,
 /// as the BSON bytes it was spooled as (sent on without decoding).
@@ -201,40 +193,13 @@ pub fn for_sample(
     }
 }
 
-/// Counts rejections by cause and logs each cause at most once a minute,
-/// with how many were suppressed since.
-#[derive(Default)]
-pub struct Reporter {
-    last: HashMap<&'static str, (Instant, u64)>,
-}
-
-impl Reporter {
-    /// Counts `n` readings dead-lettered for `cause` and maybe logs it.
-    pub fn report(&mut self, cause: &'static str, subject: &str, error: &str, n: u64) {
-        debug_assert!(CAUSES.contains(&cause), "{cause} is not in CAUSES");
-        metrics::counter!(telemetry::DEAD_LETTERS, "cause" => cause).increment(n);
-        let now = Instant::now();
-        match self.last.get_mut(cause) {
-            Some((at, suppressed)) if now.duration_since(*at) < LOG_EVERY => {
-                *suppressed += n;
-            }
-            Some((at, suppressed)) => {
-                tracing::warn!(
-                    cause,
-                    subject,
-                    error,
-                    suppressed = *suppressed,
-                    "Reading sent to the dead letter."
-                );
-                *at = now;
-                *suppressed = n.saturating_sub(1);
-            }
-            None => {
-                tracing::warn!(cause, subject, error, "Reading sent to the dead letter.");
-                self.last.insert(cause, (now, n.saturating_sub(1)));
-            }
-        }
-    }
+/// A sample refused on its way to a bucket, for an edge to count and log
+/// (`telemetry::Reporter`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub cause: &'static str,
+    pub sensor: String,
+    pub error: String,
 }
 
 #[cfg(test)]

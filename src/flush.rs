@@ -10,6 +10,7 @@
 //! core asks the store to [`Resolve`] them.
 
 use std::collections::HashSet;
+use std::time::Instant;
 
 pub use crate::bucket::Fills;
 use crate::bucket::Samples;
@@ -88,4 +89,25 @@ pub struct Resolution {
     pub applied: HashSet<u64>,
     /// Whether a database call failed on the way (an outage goes on).
     pub met_errors: bool,
+}
+
+/// What a batch of messages appended, offered to the pipeline: the very
+/// records written to the spool (shared, not copied).
+#[derive(Debug, Clone)]
+pub struct Feed {
+    /// LSN of the first record.
+    pub first: u64,
+    /// LSN after the last record.
+    pub end: u64,
+    /// Samples and dead letters among them (what memory must hold).
+    pub records: usize,
+    /// The records as written (see [`crate::record::parse`]).
+    pub bytes: bytes::Bytes,
+    /// When they were spooled: their wait counts from here, however late
+    /// the pipeline takes them in (it takes nothing while a write waits out
+    /// an outage).
+    pub spooled: Instant,
+    /// Its bytes in the feed's budget, given back once the pipeline took it
+    /// in (`None`: no budget).
+    pub held: Option<std::sync::Arc<crate::budget::Held>>,
 }

@@ -46,10 +46,17 @@
 //! - [`bucket`]: the bucket document and its upsert statements.
 //! - [`flush`]: what a flush hands the store and what comes back.
 //! - [`deadletter`]: dead-letter documents, ids, counting and logging.
+//! - [`record`]: the spool's record format (what a record holds, how it is
+//!   framed and parsed back), shared by the spool and the pipeline.
 //! - [`tags`]: which spool id a record was written under.
-//! - [`retry`] (backoff) and [`clock`] (time stamps).
+//! - [`clock`] (time stamps).
 //!
-//! Imports run from the edges to the core; the core never imports an edge.
+//! Beside the tasks: [`retry`] (the backoff they wait out) and [`budget`]
+//! (byte budgets they wait on).
+//!
+//! Imports run from the edges to the core; the core never imports an edge,
+//! nor tokio or the metrics facade (it returns counts and ages for the
+//! tasks to record): `tests/layout.rs` checks it.
 //! A PUBLISH is acknowledged once everything it carried is durable in the
 //! local spool; the spool is written to MongoDB exactly once.
 
@@ -73,6 +80,7 @@ pub mod ingest;
 pub mod netem;
 pub mod pipeline;
 pub mod query;
+pub mod record;
 pub mod retry;
 pub mod shutdown;
 pub mod simulate;

@@ -491,9 +491,15 @@ fn the_readme_and_the_documents_link_to_files_that_exist() {
     let front = std::fs::read_to_string(&readme).unwrap();
     for doc in &docs {
         let name = format!("docs/{}", doc.file_name().unwrap().to_string_lossy());
-        assert!(front.contains(&format!("]({name}")), "README does not link {name}");
+        assert!(
+            front.contains(&format!("]({name}")),
+            "README does not link {name}"
+        );
         let text = std::fs::read_to_string(doc).unwrap();
-        assert!(text.contains("](../README.md)"), "{name} does not link back");
+        assert!(
+            text.contains("](../README.md)"),
+            "{name} does not link back"
+        );
     }
     for file in std::iter::once(&readme).chain(&docs) {
         let text = std::fs::read_to_string(file).unwrap();

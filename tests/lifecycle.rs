@@ -617,7 +617,10 @@ async fn a_seal_goes_in_chunks_until_every_ended_bucket_is_sealed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_buckets_are_sealed_before_their_window_ends() {
     let mut stack = Stack::start("fullseal", |c| {
-        c.window("1h").max_samples(4).closer("1s", "5m").max_delay("200ms")
+        c.window("1h")
+            .max_samples(4)
+            .closer("1s", "5m")
+            .max_delay("200ms")
     })
     .await;
     let mut publisher = stack.publisher().await;

@@ -6,6 +6,7 @@
 //! once, each with its TOML path (`mqtt.keep_alive: ...`).
 
 mod raw;
+pub mod spool;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -118,7 +119,7 @@ pub struct Settings {
     pub retention: RetentionSettings,
     pub latest: LatestSettings,
     pub http: HttpSettings,
-    pub spool: crate::spool::SpoolSettings,
+    pub spool: spool::SpoolSettings,
     pub limits: LimitSettings,
     pub subscriptions: Vec<Subscription>,
     /// `[[rollup]]`: summaries per sensor and interval, kept by the closer.
@@ -1252,8 +1253,8 @@ impl Validator {
         }
     }
 
-    fn spool(&mut self, s: RawSpool, base: Option<&Path>) -> crate::spool::SpoolSettings {
-        use crate::spool::{Fsync, WhenFull};
+    fn spool(&mut self, s: RawSpool, base: Option<&Path>) -> spool::SpoolSettings {
+        use spool::{Fsync, WhenFull};
         let dir = s.dir.unwrap_or_else(|| DEFAULT_SPOOL_DIR.into());
         if dir.trim().is_empty() {
             self.err("spool.dir", "must not be empty");
@@ -1290,13 +1291,13 @@ impl Validator {
                 WhenFull::Stop
             }
         };
-        crate::spool::SpoolSettings {
+        spool::SpoolSettings {
             dir,
             max_size,
             fsync,
             compress: s.compress.unwrap_or(true),
             when_full,
-            max_queued: crate::spool::DEFAULT_MAX_QUEUED,
+            max_queued: spool::DEFAULT_MAX_QUEUED,
         }
     }
 

@@ -66,12 +66,11 @@ use std::time::{Duration, Instant};
 use super::pending::{Pending, SensorId};
 use super::policy::{FlushPolicy, Retuned};
 use crate::bucket::{SampleRef, Samples, Shape};
-use crate::deadletter::{self, DeadLetter, Reporter};
+use crate::deadletter::{self, DeadLetter, Refusal};
+use crate::flush::Feed;
 use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
-use crate::spool::{parse, EntryRef};
-use crate::spooler::Feed;
+use crate::record::{parse, EntryRef};
 use crate::tags::Tags;
-use crate::telemetry;
 
 /// Records read from the spool per read step.
 pub const CATCH_UP_BATCH: usize = 50_000;
@@ -206,9 +205,14 @@ pub enum Action {
     Done,
 }
 
-/// What a finished flush did, for metrics and logs.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// What a finished flush did, for the task to record as metrics and logs
+/// (the core names no metric).
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Flushed {
+    /// The lane it wrote.
+    pub lane: Option<Lane>,
+    /// The age (now minus its timestamp, seconds) of each sample stored.
+    pub ages: Vec<f64>,
     pub samples_stored: u64,
     /// Of those, from the backlog.
     pub backlog_stored: u64,
@@ -295,7 +299,9 @@ pub struct Core {
     deadletters: Vec<DeadLetter>,
     /// When the oldest dead letter in memory arrived (monotonic ms).
     deadletters_since: Option<i64>,
-    reporter: Reporter,
+    /// Samples refused on the way (dead-lettered here), for the task to
+    /// count and log ([`Core::take_refusals`]).
+    refusals: Vec<Refusal>,
     /// The live lane's first LSN not in memory: records from it on are on
     /// disk only (or not written yet).
     cursor: u64,
@@ -364,7 +370,6 @@ pub struct Core {
 impl Core {
     pub fn new(config: Config, now: Instant) -> Core {
         let max_delay_ms = config.max_delay.as_millis() as i64;
-        metrics::gauge!(telemetry::FLUSH_DELAY_SECONDS).set(config.max_delay.as_secs_f64());
         // What an earlier run left is the first backlog; live readings go
         // first from the start.
         let (back_from, cursor) = if config.from < config.fresh_from {
@@ -387,7 +392,7 @@ impl Core {
             backlog: Pending::new(config.shape, config.fresh_from, max_delay_ms).untimed(),
             deadletters: Vec::new(),
             deadletters_since: None,
-            reporter: Reporter::default(),
+            refusals: Vec::new(),
             cursor,
             back_from,
             back_to: cursor,
@@ -503,10 +508,23 @@ impl Core {
         (self.config.behind.max(self.policy.delay() * 3)).as_millis() as i64
     }
 
+    /// How long a sensor's oldest reading waits now (`flush.max_delay`, or
+    /// stretched by the policy).
+    pub fn delay(&self) -> Duration {
+        self.policy.delay()
+    }
+
     /// The delay, if the policy stretched it beyond `flush.max_delay`.
     pub fn stretched_delay(&self) -> Option<Duration> {
         let d = self.policy.delay();
         (d > self.config.max_delay).then_some(d)
+    }
+
+    /// The samples refused since the last call (dead-lettered here: too
+    /// large for a bucket, or refused by the database), for the task to
+    /// count and log.
+    pub fn take_refusals(&mut self) -> Vec<Refusal> {
+        std::mem::take(&mut self.refusals)
     }
 
     /// At the end of a policy period: the delay follows how long due
@@ -525,7 +543,6 @@ impl Core {
         self.live.set_delay_ms(delay.as_millis() as i64);
         self.live
             .set_early_ms(self.policy.early().as_millis() as i64);
-        metrics::gauge!(telemetry::FLUSH_DELAY_SECONDS).set(delay.as_secs_f64());
         let shown = humantime::format_duration(Duration::from_millis(delay.as_millis() as u64));
         let late = humantime::format_duration(Duration::from_millis(late.as_millis() as u64));
         match retuned {
@@ -737,7 +754,11 @@ impl Core {
     fn hold(&mut self, lane: Lane, sensor: &str, sample: SampleRef<'_>, now: Instant, now_ms: i64) {
         if let Err(too_big) = self.config.shape.check(sample) {
             let error = too_big.to_string();
-            self.reporter.report("sample_too_large", sensor, &error, 1);
+            self.refusals.push(Refusal {
+                cause: "sample_too_large",
+                sensor: sensor.to_string(),
+                error: error.clone(),
+            });
             let doc = deadletter::for_sample(
                 self.config.tags.of(sample.lsn),
                 sample.lsn,
@@ -1127,11 +1148,8 @@ impl Core {
             ..Flushed::default()
         };
         let window = self.config.shape.window_ms;
-        let lane_name = match lane {
-            Lane::Live => "live",
-            Lane::Backlog => "backlog",
-        };
-        let age = metrics::histogram!(telemetry::SAMPLE_AGE_SECONDS, "lane" => lane_name);
+        report.lane = Some(lane);
+        report.ages.reserve(batch.samples());
         let mono = self.mono(now);
         for mut run in batch.runs {
             let outcomes = std::mem::take(&mut run.outcomes);
@@ -1142,7 +1160,9 @@ impl Core {
                 match outcomes.get(i).unwrap_or(&Outcome::NotSent) {
                     Outcome::Applied => {
                         report.samples_stored += 1;
-                        age.record((now_ms - sample.ts_ms).max(0) as f64 / 1000.0);
+                        report
+                            .ages
+                            .push((now_ms - sample.ts_ms).max(0) as f64 / 1000.0);
                         let start = self.config.shape.window_start(sample.ts_ms);
                         if self.sealed_until.is_some_and(|t| start + window <= t) {
                             report.late_into_sealed += 1;
@@ -1150,8 +1170,11 @@ impl Core {
                     }
                     Outcome::Rejected(error) => {
                         report.rejected += 1;
-                        self.reporter
-                            .report("rejected_by_database", &run.sensor, error, 1);
+                        self.refusals.push(Refusal {
+                            cause: "rejected_by_database",
+                            sensor: run.sensor.clone(),
+                            error: error.clone(),
+                        });
                         let doc = deadletter::for_sample(
                             self.config.tags.of(sample.lsn),
                             sample.lsn,

@@ -12,8 +12,8 @@ use tracing::{debug, error, info};
 
 use super::core::{Action, Core, Flushed, Lane, Leftover};
 use crate::clock::now_ms;
+use crate::flush::Feed;
 use crate::spool::{self, Reader, Spool};
-use crate::spooler::Feed;
 use crate::store::Store;
 use crate::telemetry::{self, Health};
 
@@ -91,6 +91,8 @@ pub async fn run(
     };
     let pending = metrics::gauge!(telemetry::PENDING_SAMPLES);
     let pending_bytes = metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "pending");
+    let delay = metrics::gauge!(telemetry::FLUSH_DELAY_SECONDS);
+    let mut reporter = telemetry::Reporter::default();
     let mut closer_failing = false;
     // The time the seal's chunks took so far in this closer run.
     let mut sealing = Duration::ZERO;
@@ -131,6 +133,10 @@ pub async fn run(
         core.set_durable(spool.durable());
         pending.set(core.unwritten() as f64);
         pending_bytes.set(core.held_bytes() as f64);
+        delay.set(core.delay().as_secs_f64());
+        for r in core.take_refusals() {
+            reporter.report(r.cause, &r.sensor, &r.error, 1);
+        }
         meter.update(&core, &health);
         health.set_stretched_delay(core.stretched_delay());
         let now = Instant::now();
@@ -333,6 +339,16 @@ pub async fn run(
 
 fn record(report: &Flushed, took: Duration) {
     use telemetry::*;
+    if let Some(lane) = report.lane {
+        let lane = match lane {
+            Lane::Live => "live",
+            Lane::Backlog => "backlog",
+        };
+        let age = metrics::histogram!(SAMPLE_AGE_SECONDS, "lane" => lane);
+        for a in &report.ages {
+            age.record(*a);
+        }
+    }
     static MOST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let most = MOST.fetch_max(report.statements, std::sync::atomic::Ordering::Relaxed);
     metrics::gauge!(FLUSH_STATEMENTS_MAX).set(most.max(report.statements) as f64);

@@ -39,9 +39,9 @@ use proptest::prelude::*;
 use super::core::{Action, Config, Core};
 use crate::bucket::{self, Sample, SampleRef, Shape};
 use crate::decode::{FieldValue, Reading};
+use crate::flush::Feed;
 use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
 use crate::spool::{Entry, Record};
-use crate::spooler::Feed;
 use crate::tags::Tags;
 
 const SHAPE: Shape = Shape {

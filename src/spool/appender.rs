@@ -629,7 +629,7 @@ fn census(
     upper: u64,
     from: u64,
 ) -> io::Result<Census> {
-    use super::record::{parse, EntryRef};
+    use crate::record::{parse, EntryRef};
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut scanner = Scanner::open(storage, path, first, upper)?;
     let mut c = Census::default();

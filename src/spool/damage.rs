@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 use tracing::{error, warn};
 
 use super::fs::{replace, Storage};
-use super::record::Kinds;
 use super::scan::Region;
 use super::segment::{list_ranges, range_name};
+use crate::record::Kinds;
 use crate::telemetry;
 
 const SUFFIX: &str = "damaged";

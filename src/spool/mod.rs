@@ -66,7 +66,6 @@ mod damage;
 pub mod fs;
 mod identity;
 mod reader;
-pub mod record;
 mod recover;
 mod scan;
 mod segment;
@@ -88,46 +87,10 @@ use appender::{Appender, Command};
 pub use fs::Storage;
 pub use identity::machine_fingerprint;
 pub use reader::{Read, Reader};
-pub use record::{parse, Entry, EntryRef, Record, RecordRef};
 pub use recover::Recovery;
 
-/// When the spool syncs to disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fsync {
-    /// Group commit: one fsync for all appends since the last one.
-    Batch,
-    /// An fsync after every append.
-    Always,
-    /// Never (tests only): a crash of the machine loses acknowledged data.
-    Off,
-}
-
-/// What happens at `spool.max_size`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WhenFull {
-    /// Stop taking messages (the broker keeps them).
-    Stop,
-    /// Delete the oldest segment (its readings are lost, and logged).
-    DropOldest,
-}
-
-/// Spool settings.
-#[derive(Debug, Clone)]
-pub struct SpoolSettings {
-    pub dir: PathBuf,
-    pub max_size: u64,
-    pub fsync: Fsync,
-    /// Compress segments the appender moved on from.
-    pub compress: bool,
-    pub when_full: WhenFull,
-    /// Bytes of appends on their way to the appender thread (its queue);
-    /// past them [`Spool::append`] waits. Counted against `max_size` too,
-    /// so a slow disk cannot carry the spool past it.
-    pub max_queued: usize,
-}
-
-/// [`SpoolSettings::max_queued`] of `limits.max_memory`'s default.
-pub const DEFAULT_MAX_QUEUED: usize = 4 << 20;
+pub use crate::config::spool::{Fsync, SpoolSettings, WhenFull, DEFAULT_MAX_QUEUED};
+pub use crate::record::{parse, Entry, EntryRef, Record, RecordRef};
 
 /// Numbers the appender keeps and the tasks read.
 #[derive(Debug)]

@@ -32,9 +32,9 @@ use super::checkpoint;
 use super::damage::{self, Damage};
 use super::fs::{remove_if_there, Storage};
 use super::identity;
-use super::record::{parse, EntryRef};
 use super::scan::{Item, Scanner};
 use super::segment::{dir_bytes, is_compressed, list_segments, segment_name};
+use crate::record::{parse, EntryRef};
 use crate::tags::Tags;
 
 /// What opening found.

@@ -16,8 +16,8 @@ use std::io;
 use std::path::Path;
 
 use super::fs::Storage;
-use super::record::{describe, frame, plausible, Frame, Kinds};
 use super::segment::{Chunk, Source};
+use crate::record::{describe, frame, plausible, Frame, Kinds};
 
 /// The next intact record past damage is looked for among LSNs this close
 /// to the last one.
@@ -257,9 +257,9 @@ impl Scanner {
 
 #[cfg(test)]
 mod tests {
-    use super::super::record::tests::sample;
-    use super::super::record::Record;
     use super::*;
+    use crate::record::tests::sample;
+    use crate::record::Record;
 
     fn plain(bytes: Vec<u8>) -> Source {
         Source::Plain(Box::new(io::Cursor::new(bytes)))

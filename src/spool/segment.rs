@@ -18,7 +18,7 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use super::fs::{write_all, AppendFile, ReadFile, Storage};
-use super::record::MAX_RECORD;
+use crate::record::MAX_RECORD;
 
 /// About this many bytes of records go into one compressed frame (measured:
 /// 82% of the ratio of one frame per segment, at most about 150 readings

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::fs::{self as stdfs, OpenOptions};
 
 use super::fs::Os;
-use super::record::tests::sample;
 use super::segment::{self, list_segments};
 use super::*;
+use crate::record::tests::sample;
 
 /// The box the spools of these tests belong to.
 const BOX: &str = "test-box";

@@ -28,34 +28,16 @@ use tracing::{error, info};
 
 use crate::bucket::{Sample, Shape};
 use crate::clock::now_ms;
-use crate::deadletter::{self, Reporter};
+use crate::deadletter;
 use crate::decode::Decoder;
 use crate::ingest::{AckToken, Acker, Message};
 use crate::spool::{EntryRef, RecordRef, Spool};
 use crate::telemetry;
+use crate::telemetry::Reporter;
 use acks::AckQueue;
 pub use sensors::SensorLimit;
 
-/// What a batch of messages appended, offered to the pipeline: the very
-/// records written to the spool (shared, not copied).
-#[derive(Debug, Clone)]
-pub struct Feed {
-    /// LSN of the first record.
-    pub first: u64,
-    /// LSN after the last record.
-    pub end: u64,
-    /// Samples and dead letters among them (what memory must hold).
-    pub records: usize,
-    /// The records as written (see [`crate::spool::parse`]).
-    pub bytes: bytes::Bytes,
-    /// When they were spooled: their wait counts from here, however late
-    /// the pipeline takes them in (it takes nothing while a write waits out
-    /// an outage).
-    pub spooled: Instant,
-    /// Its bytes in the feed's budget, given back once the pipeline took it
-    /// in (`None`: no budget).
-    pub held: Option<std::sync::Arc<crate::budget::Held>>,
-}
+use crate::flush::Feed;
 
 /// Messages handled together: one spool append and one feed for all.
 struct Batch {

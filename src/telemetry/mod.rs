@@ -12,11 +12,13 @@
 //! - [`systemd::supervise`] probes the database once a second and talks to
 //!   systemd: `READY=1`, `STATUS=` and `WATCHDOG=1` (see that module).
 
+pub mod deadletters;
 pub mod health;
 pub mod http;
 pub mod status;
 pub mod systemd;
 
+pub use deadletters::Reporter;
 pub use health::Health;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};

@@ -14,11 +14,11 @@
 //! spooler) they are consecutive, so a gap between two intact records says
 //! how many records damage cost.
 
-pub(super) const HEADER: usize = 8;
+pub(crate) const HEADER: usize = 8;
 /// The smallest body: LSN, kind and receive time.
-pub(super) const MIN_BODY: usize = 17;
+pub(crate) const MIN_BODY: usize = 17;
 /// Records larger than this are damage, not data.
-pub(super) const MAX_RECORD: u32 = 32 * 1024 * 1024;
+pub(crate) const MAX_RECORD: u32 = 32 * 1024 * 1024;
 const KIND_SAMPLE: u8 = 1;
 const KIND_DEADLETTER: u8 = 2;
 const KIND_MESSAGE_ID: u8 = 3;
@@ -177,7 +177,7 @@ pub fn parse(bytes: &[u8]) -> impl Iterator<Item = RecordRef<'_>> {
 
 /// What the bytes at the start of a buffer are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Frame {
+pub(crate) enum Frame {
     /// A whole, intact record of this many bytes, with this LSN.
     Whole { len: usize, lsn: u64 },
     /// The start of what may be a record: more bytes are needed to tell.
@@ -187,7 +187,7 @@ pub(super) enum Frame {
 }
 
 /// Checks the record at the start of `buf`: its length, checksum and body.
-pub(super) fn frame(buf: &[u8]) -> Frame {
+pub(crate) fn frame(buf: &[u8]) -> Frame {
     let Some(header) = buf.get(..HEADER) else {
         return Frame::Short;
     };
@@ -214,7 +214,7 @@ pub(super) fn frame(buf: &[u8]) -> Frame {
 /// Whether a record might start at `buf[0]` with an LSN in `lsns`: the
 /// cheap checks (length, kind, LSN) that come before the checksum when
 /// looking for the next intact record past damage.
-pub(super) fn plausible(buf: &[u8], lsns: &std::ops::Range<u64>) -> bool {
+pub(crate) fn plausible(buf: &[u8], lsns: &std::ops::Range<u64>) -> bool {
     let Some(head) = buf.get(..HEADER + MIN_BODY) else {
         // Too few bytes left to tell: the caller reads more first.
         return true;
@@ -240,7 +240,7 @@ pub struct Kinds {
 
 /// Reads what it can of damaged bytes that are believed to hold whole
 /// records (see [`Kinds`]); `None` when their lengths do not chain.
-pub(super) fn describe(mut bytes: &[u8]) -> Option<Kinds> {
+pub(crate) fn describe(mut bytes: &[u8]) -> Option<Kinds> {
     let mut k = Kinds::default();
     while !bytes.is_empty() {
         let head = bytes.get(..HEADER + MIN_BODY)?;
@@ -272,7 +272,7 @@ pub(super) fn describe(mut bytes: &[u8]) -> Option<Kinds> {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A sample record with a small made-up document.
