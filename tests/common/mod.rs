@@ -1085,9 +1085,17 @@ pub fn check_bucket(b: &Document, window_ms: i64, max_samples: usize, max_bytes:
         bytes + summaries <= size,
         "size counts what the bucket holds: {bytes} bytes of samples and {summaries} of summaries, size {size}: {b}"
     );
-    assert!(!b.get_bool("closed").expect("closed"), "closed == false");
     let start = b.get_datetime("startTs").unwrap().timestamp_millis();
     let end = b.get_datetime("endTs").unwrap().timestamp_millis();
+    // Open, unless full (the closer seals a bucket palletd filled without
+    // waiting for its window's end) or its window is over.
+    if b.get_bool("closed").expect("closed") {
+        assert!(
+            count == max_samples || end <= now_ms(),
+            "closed only when full or its window is over: {b}"
+        );
+        check_sealed(b);
+    }
     assert_eq!(
         start.rem_euclid(window_ms),
         0,
