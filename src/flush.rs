@@ -1,5 +1,5 @@
 //! What one flush hands to the store and what comes back: the types between
-//! the sans-IO pipeline core ([`crate::pipeline::core`]) and a storage mode
+//! the sans-IO pipeline core ([`crate::pipeline::state`]) and a storage mode
 //! ([`crate::store`]). Sans-IO.
 //!
 //! A flush is a [`Batch`]: per sensor a [`Run`] of its pending samples in

@@ -25,7 +25,7 @@
 //!   [`spool::fs`], the seam the property tests put a failing disk behind;
 //!   it survives write and fsync errors, a full disk, torn writes and
 //!   damage, and notices when it was copied to another box.
-//! - [`pipeline`]: a sans-IO core ([`pipeline::core`]) with its flush
+//! - [`pipeline`]: a sans-IO core ([`pipeline::state`]) with its flush
 //!   policy ([`pipeline::policy`]), and the task that carries out what it
 //!   decides ([`pipeline::task`]).
 //! - [`store`]: one file per storage mode (schema, resolving what a replay

@@ -17,7 +17,8 @@ const CORE: &[&str] = &[
     "flush.rs",
     "record.rs",
     "tags.rs",
-    "pipeline/core.rs",
+    "pipeline/backlog.rs",
+    "pipeline/state.rs",
     "pipeline/pending.rs",
     "pipeline/policy.rs",
 ];

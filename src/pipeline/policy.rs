@@ -1,4 +1,5 @@
-//! The flush policy: when a flush may start, and when to seal. Sans-IO: it
+//! The flush policy: when a flush may start, when to seal, and the
+//! backlog's share of the database's time and flush size. Sans-IO: it
 //! is told the time and answers "should I now?"; which sensors a flush
 //! takes is [`super::pending::Pending::due`]'s answer (ready, overdue, or
 //! the oldest under memory pressure).
@@ -50,6 +51,63 @@ use std::time::{Duration, Instant};
 
 /// Periods without a stretch before the delay may shrink.
 pub const CALM_PERIODS: u32 = 4;
+
+/// How long a backlog flush should take: live sensors falling due wait at
+/// most about this long behind one.
+const BACKLOG_FLUSH_TARGET: Duration = Duration::from_secs(1);
+
+/// Backlog flush sizes (samples), whatever the last one measured.
+pub const BACKLOG_FLUSH_MIN: usize = 1_000;
+const BACKLOG_FLUSH_MAX: usize = 100_000;
+
+/// Recent database time halves in this long (the backlog's share).
+const SHARE_HALF_LIFE: Duration = Duration::from_secs(10);
+
+/// The samples the next backlog flush takes, after one stored `stored` in
+/// `took`: about [`BACKLOG_FLUSH_TARGET`]'s worth at that speed.
+pub fn backlog_batch(stored: u64, took: Duration) -> usize {
+    let per_sec = stored as f64 / took.as_secs_f64().max(1e-3);
+    ((per_sec * BACKLOG_FLUSH_TARGET.as_secs_f64()) as usize)
+        .clamp(BACKLOG_FLUSH_MIN, BACKLOG_FLUSH_MAX)
+}
+
+/// Recent database time of the live and the backlog lane, halving every
+/// [`SHARE_HALF_LIFE`]: while both have work, the backlog gets
+/// `flush.backfill_share` of it.
+#[derive(Debug)]
+pub struct Share {
+    live: f64,
+    backlog: f64,
+    at: Instant,
+}
+
+impl Share {
+    pub fn new(now: Instant) -> Share {
+        Share {
+            live: 0.0,
+            backlog: 0.0,
+            at: now,
+        }
+    }
+
+    /// A flush of the backlog (or the live) lane took `took`, ending `now`.
+    pub fn add(&mut self, backlog: bool, took: Duration, now: Instant) {
+        let age = now.saturating_duration_since(self.at).as_secs_f64();
+        let keep = 0.5f64.powf(age / SHARE_HALF_LIFE.as_secs_f64());
+        self.live *= keep;
+        self.backlog *= keep;
+        self.at = now;
+        match backlog {
+            false => self.live += took.as_secs_f64(),
+            true => self.backlog += took.as_secs_f64(),
+        }
+    }
+
+    /// Whether the backlog had less than `share` of the recent time.
+    pub fn backlog_owed(&self, share: f64) -> bool {
+        self.backlog <= share * (self.live + self.backlog)
+    }
+}
 
 #[derive(Debug)]
 pub struct FlushPolicy {

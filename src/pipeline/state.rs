@@ -9,7 +9,7 @@
 //! Memory holds two [`Pending`]s. The *live* lane takes the spooler's feed
 //! (and, after a short gap, reads the log from its cursor on); its sensors
 //! fall due by age and fill. The *backlog* lane holds what palletd fell
-//! behind on: it reads an LSN range of the log, `[back_from, back_to)`, in
+//! behind on: it reads an LSN range of the log ([`super::backlog`]), in
 //! order, and is written oldest first in flushes sized to take about a
 //! second. When the live lane falls behind (across an outage its oldest
 //! sample, in memory or unread on disk, waited [`Config::behind`], or more
@@ -63,8 +63,9 @@
 
 use std::time::{Duration, Instant};
 
+use super::backlog::{self, Backlog};
 use super::pending::{Pending, SensorId};
-use super::policy::{FlushPolicy, Retuned};
+use super::policy::{self, FlushPolicy, Retuned, Share};
 use crate::bucket::{SampleRef, Samples, Shape};
 use crate::deadletter::{self, DeadLetter, Refusal};
 use crate::flush::Feed;
@@ -96,10 +97,6 @@ pub const MAX_SENSORS_PER_FLUSH: usize = 1000;
 /// in one. What the database pays per flush follows this, not the sensors.
 pub const MAX_STATEMENTS_PER_FLUSH: usize = 1000;
 
-/// How long a backlog flush should take: live sensors falling due wait at
-/// most about this long behind one.
-const BACKLOG_FLUSH_TARGET: Duration = Duration::from_secs(1);
-
 /// Bytes of memory a held sample costs besides its document (its slot).
 const SLOT_BYTES: usize = 32;
 
@@ -107,13 +104,6 @@ const SLOT_BYTES: usize = 32;
 /// bytes (else after `max_delay`, like a sensor): a flood of large ones
 /// neither takes the memory of good readings nor waits in the spool.
 const DEADLETTER_FLUSH_BYTES: usize = 1 << 20;
-
-/// Backlog flush sizes (samples), whatever the last one measured.
-const BACKLOG_FLUSH_MIN: usize = 1_000;
-const BACKLOG_FLUSH_MAX: usize = 100_000;
-
-/// Recent database time halves in this long (the backlog's share).
-const SHARE_HALF_LIFE: Duration = Duration::from_secs(10);
 
 /// How the core is set up.
 #[derive(Debug, Clone)]
@@ -238,7 +228,7 @@ pub struct Leftover {
 
 /// What is behind, for metrics, `/readyz` and the STATUS line.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
-pub struct Backlog {
+pub struct BacklogStatus {
     /// Readings not yet in MongoDB that the live lane gave up on or a
     /// restart left: in memory, plus an estimate of those on disk.
     pub readings: u64,
@@ -264,33 +254,6 @@ enum Busy {
     Seal(Instant),
 }
 
-/// Recent database time per lane, halving every [`SHARE_HALF_LIFE`].
-#[derive(Debug)]
-struct Share {
-    live: f64,
-    backlog: f64,
-    at: Instant,
-}
-
-impl Share {
-    fn add(&mut self, lane: Lane, took: Duration, now: Instant) {
-        let age = now.saturating_duration_since(self.at).as_secs_f64();
-        let keep = 0.5f64.powf(age / SHARE_HALF_LIFE.as_secs_f64());
-        self.live *= keep;
-        self.backlog *= keep;
-        self.at = now;
-        match lane {
-            Lane::Live => self.live += took.as_secs_f64(),
-            Lane::Backlog => self.backlog += took.as_secs_f64(),
-        }
-    }
-
-    /// Whether the backlog had less than `share` of the recent time.
-    fn backlog_owed(&self, share: f64) -> bool {
-        self.backlog <= share * (self.live + self.backlog)
-    }
-}
-
 pub struct Core {
     config: Config,
     policy: FlushPolicy,
@@ -305,18 +268,8 @@ pub struct Core {
     /// The live lane's first LSN not in memory: records from it on are on
     /// disk only (or not written yet).
     cursor: u64,
-    /// The backlog on disk not read yet: `[back_from, back_to)`, and how
-    /// many records that is.
-    back_from: u64,
-    back_to: u64,
-    unread: u64,
-    /// Samples in the unread backlog that were refused and wait in memory
-    /// as dead letters: not read again.
-    refused: std::collections::HashSet<u64>,
-    /// Parts of the unread backlog the live lane had read: `[from, to)`
-    /// and the LSNs in it that were still pending then. The others were
-    /// stored (or dead-lettered) and are not read again.
-    reread: Vec<(u64, u64, std::collections::HashSet<u64>)>,
+    /// The backlog's range of the spool not read yet.
+    range: Backlog,
     /// Everything below this LSN is durable in the spool.
     durable: u64,
     checkpoint_sent: u64,
@@ -372,11 +325,7 @@ impl Core {
         let max_delay_ms = config.max_delay.as_millis() as i64;
         // What an earlier run left is the first backlog; live readings go
         // first from the start.
-        let (back_from, cursor) = if config.from < config.fresh_from {
-            (config.from, config.fresh_from)
-        } else {
-            (config.from, config.from)
-        };
+        let cursor = config.from.max(config.fresh_from);
         Core {
             policy: FlushPolicy::new(
                 config.max_delay,
@@ -394,11 +343,7 @@ impl Core {
             deadletters_since: None,
             refusals: Vec::new(),
             cursor,
-            back_from,
-            back_to: cursor,
-            unread: config.replay_records,
-            refused: Default::default(),
-            reread: Vec::new(),
+            range: Backlog::new(config.from, cursor, config.replay_records),
             durable: cursor,
             checkpoint_sent: config.from,
             checkpoint_due: None,
@@ -410,12 +355,8 @@ impl Core {
             seal_next: None,
             stopping: false,
             blocked: false,
-            share: Share {
-                live: 0.0,
-                backlog: 0.0,
-                at: now,
-            },
-            backlog_batch: BACKLOG_FLUSH_MIN,
+            share: Share::new(now),
+            backlog_batch: policy::BACKLOG_FLUSH_MIN,
             outage: false,
             caught_up_ms: 0,
             samples_per_record: 0.5,
@@ -458,14 +399,14 @@ impl Core {
 
     /// Records on disk that memory does not hold yet.
     pub fn backlog(&self) -> u64 {
-        self.unread + self.durable.saturating_sub(self.cursor)
+        self.range.unread() + self.durable.saturating_sub(self.cursor)
     }
 
     /// What the backlog lane holds and has yet to read (a scan of memory:
     /// call it about once a second).
-    pub fn backlog_status(&self) -> Backlog {
-        let unread = self.unread as f64;
-        Backlog {
+    pub fn backlog_status(&self) -> BacklogStatus {
+        let unread = self.range.unread() as f64;
+        BacklogStatus {
             readings: self.backlog.count() as u64 + (unread * self.samples_per_record) as u64,
             oldest_ts_ms: self.backlog.min_ts(),
         }
@@ -642,27 +583,13 @@ impl Core {
             return Vec::new();
         };
         let lost: Vec<u64> = (missing.iter().copied())
-            .filter(|lsn| lane == Lane::Live || !self.not_needed_again(*lsn))
+            .filter(|lsn| lane == Lane::Live || !self.range.skips(*lsn))
             .collect();
         let last = self.hold_records(lane, bytes, now, now_ms);
-        let position = match lane {
-            Lane::Live => &mut self.cursor,
-            Lane::Backlog => &mut self.back_from,
-        };
-        if let Some(last) = last {
-            *position = (*position).max(last + 1);
-        }
-        *position = (*position).max(complete_to);
-        if lane == Lane::Backlog {
-            self.unread = match self.back_from >= self.back_to {
-                true => 0,
-                false => self.unread.saturating_sub(n as u64),
-            };
-            if self.back_from >= self.back_to {
-                self.refused = Default::default();
-            }
-            let read_to = self.back_from;
-            self.reread.retain(|r| r.1 > read_to);
+        let at = last.map_or(complete_to, |l| (l + 1).max(complete_to));
+        match lane {
+            Lane::Live => self.cursor = self.cursor.max(at),
+            Lane::Backlog => self.range.read(at, n),
         }
         self.update_checkpoint();
         lost
@@ -771,80 +698,56 @@ impl Core {
             self.hold_made_deadletter(sample.lsn, &doc, now);
             return;
         }
-        if lane == Lane::Backlog && self.not_needed_again(sample.lsn) {
+        if lane == Lane::Backlog && self.range.skips(sample.lsn) {
             return;
         }
         let mono = self.mono(now);
         self.lane(lane).push(sensor, sample, mono);
     }
 
-    /// Whether the backlog, reading a sample again, skips it: it was
-    /// refused and waits as a dead letter, or the live lane had read it and
-    /// no longer held it (it is in MongoDB).
-    fn not_needed_again(&self, lsn: u64) -> bool {
-        self.refused.contains(&lsn)
-            || self
-                .reread
-                .iter()
-                .any(|(from, to, pending)| (*from..*to).contains(&lsn) && !pending.contains(&lsn))
-    }
-
-    /// Whether the live lane fell behind: its oldest sample waited
-    /// `behind` across an outage (the last write had to retry), or more
-    /// records wait on disk than half of memory holds. (A database that is
-    /// merely slow makes sensors wait longer and statements larger; that
-    /// pacing is not falling behind.)
+    /// Whether the live lane fell behind ([`backlog::falls_behind`]).
     fn live_behind(&self, mono: i64) -> bool {
-        let behind = self.behind_ms();
         // The oldest waiting sample: in memory, or on disk unread since the
         // live lane last caught up (across an outage nothing is read).
         let unread_since = (self.cursor < self.durable).then_some(self.caught_up_ms);
-        let old = self.outage
-            && self
-                .live
-                .oldest_since_ms()
-                .into_iter()
-                .chain(unread_since)
-                .any(|t| mono - t >= behind);
-        let far = self.durable.saturating_sub(self.cursor) > (self.config.max_pending / 2) as u64;
-        old || far
+        let oldest_since = self
+            .live
+            .oldest_since_ms()
+            .into_iter()
+            .chain(unread_since)
+            .min();
+        let lag = backlog::Lag {
+            outage: self.outage,
+            oldest_since,
+            on_disk: self.durable.saturating_sub(self.cursor),
+        };
+        backlog::falls_behind(
+            lag,
+            mono,
+            self.behind_ms(),
+            (self.config.max_pending / 2) as u64,
+        )
     }
 
     /// The live lane's samples and everything on disk up to the durable
     /// end become backlog; the live lane starts again at the durable end.
     /// Nothing may be in flight, and the live lane must be durable.
     fn fall_back(&mut self) {
+        // What the live lane read of the range and no longer holds is in
+        // MongoDB (or a dead letter): only its pending samples are read
+        // again, and only those it did not know the fate of are uncertain.
         let live_low = self.live.min_lsn().unwrap_or(self.cursor);
-        // The backlog range stays one range: it continues where the unread
-        // one is, or starts at the live lane's oldest sample.
-        let from = if self.back_from >= self.back_to {
-            self.back_from = live_low;
-            self.unread = 0;
-            live_low
-        } else {
-            self.back_to
-        };
-        // What the live lane read of it and no longer holds is in MongoDB
-        // (or a dead letter): only its pending samples are read again, and
-        // only those it did not know the fate of are uncertain. What it had
-        // not read yet is certainly not in MongoDB. (This run's LSNs are
-        // consecutive: a difference counts records.)
         let (pending, uncertain) = self.live.held_lsns();
-        self.unread += pending.len() as u64 + self.durable.saturating_sub(self.cursor);
-        if from < self.cursor {
-            self.reread.push((from, self.cursor, pending));
-        }
+        let deadletters = self.deadletters.iter().map(|d| d.0);
+        self.range
+            .take_in(live_low, self.cursor, self.durable, pending, deadletters);
         self.backlog.mark_uncertain(uncertain);
         let dropped = self.live.evict();
         self.outage = false;
-        let from = self.back_from;
-        self.refused
-            .extend(self.deadletters.iter().map(|d| d.0).filter(|l| *l >= from));
-        self.back_to = self.durable;
         self.cursor = self.durable;
         tracing::info!(
             samples = dropped,
-            records = self.back_to.saturating_sub(self.back_from),
+            records = self.range.to().saturating_sub(self.range.from()),
             "Live readings fell behind; the backlog drains in the background while live readings go first."
         );
         self.update_checkpoint();
@@ -920,7 +823,7 @@ impl Core {
                 .deadletters_since
                 .is_some_and(|t| mono - t >= self.config.max_delay.as_millis() as i64);
         let backlog_ready = self.backlog.count() >= self.backlog_batch
-            || (self.backlog.count() > 0 && self.back_from >= self.back_to);
+            || (self.backlog.count() > 0 && !self.range.on_disk());
         let backlog_turn = backlog_ready && self.share.backlog_owed(self.config.backfill_share);
         if backlog_turn {
             return Some(self.flush_backlog(now));
@@ -944,16 +847,16 @@ impl Core {
                 limit: self.durable,
             });
         }
-        if self.back_from < self.back_to
+        if self.range.on_disk()
             && self.backlog.count() < self.backlog_batch
             && self.backlog_room() > 0
         {
             self.busy = Some(Busy::Read(Lane::Backlog));
             return Some(Action::Read {
                 lane: Lane::Backlog,
-                from: self.back_from,
+                from: self.range.from(),
                 max: self.backlog_room().min(CATCH_UP_BATCH),
-                limit: self.back_to,
+                limit: self.range.to(),
             });
         }
         if self.backlog.count() > 0 {
@@ -983,7 +886,7 @@ impl Core {
         // Windows the backlog holds readings of stay open (a seal at `at`
         // closes windows ending by `at - grace`); while some of it is still
         // on disk, of unknown age, nothing is sealed.
-        if self.back_from < self.back_to {
+        if self.range.on_disk() {
             self.seal_at = None;
             self.seal_next = None;
             return None;
@@ -1131,7 +1034,7 @@ impl Core {
         }
         if !written.met_errors {
             // (Time spent waiting out an outage says nothing of the share.)
-            self.share.add(lane, took, now);
+            self.share.add(lane == Lane::Backlog, took, now);
             if lane == Lane::Live && written.statements > 0 {
                 self.policy.flush_took(took);
                 self.live
@@ -1199,9 +1102,7 @@ impl Core {
         if lane == Lane::Backlog {
             report.backlog_stored = report.samples_stored;
             if report.samples_stored > 0 && !written.met_errors {
-                let per_sec = report.samples_stored as f64 / took.as_secs_f64().max(1e-3);
-                self.backlog_batch = ((per_sec * BACKLOG_FLUSH_TARGET.as_secs_f64()) as usize)
-                    .clamp(BACKLOG_FLUSH_MIN, BACKLOG_FLUSH_MAX);
+                self.backlog_batch = policy::backlog_batch(report.samples_stored, took);
             }
         }
         self.update_checkpoint();
@@ -1245,7 +1146,7 @@ impl Core {
             Some(Busy::Write { low, .. }) => low,
             _ => None,
         };
-        let unread = (self.back_from < self.back_to).then_some(self.back_from);
+        let unread = self.range.on_disk().then_some(self.range.from());
         let low = [
             Some(self.cursor),
             unread,

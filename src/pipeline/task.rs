@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
-use super::core::{Action, Core, Flushed, Lane, Leftover};
+use super::state::{Action, Core, Flushed, Lane, Leftover};
 use crate::clock::now_ms;
 use crate::flush::Feed;
 use crate::spool::{self, Reader, Spool};

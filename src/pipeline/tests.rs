@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-use super::core::{Action, Config, Core};
+use super::state::{Action, Config, Core};
 use crate::bucket::{self, Sample, SampleRef, Shape};
 use crate::decode::{FieldValue, Reading};
 use crate::flush::Feed;
