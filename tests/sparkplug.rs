@@ -165,7 +165,7 @@ async fn values_are_stored_by_name_across_a_restart_between_birth_and_data() {
     let all = samples(&stack).await;
     let birth = with_field(&all, "G1:edge-1", "_state")[0];
     assert_eq!(birth.get_str("_state").unwrap(), "online");
-    assert_eq!(stored_f64(birth, "_bdSeq"), 4.0);
+    assert_eq!(birth.get_i64("_bdSeq"), Ok(4), "an integer, not a double");
     assert_eq!(stored_f64(birth, "Temp%2EC"), 20.5);
     assert_eq!(stored_f64(birth, "Motor/Speed"), -7.0);
     assert!(birth.get_bool("Running").unwrap());
@@ -412,8 +412,11 @@ fn simulate(stack: &Stack, prefix: &str, duration: &str) -> std::process::Child 
         .expect("palletd simulate")
 }
 
-fn state_of(s: &Document) -> Option<(&str, f64)> {
-    Some((s.get_str("_state").ok()?, stored_f64(s, "_bdSeq")))
+fn state_of(s: &Document) -> Option<(&str, i64)> {
+    let bd_seq = s
+        .get_i64("_bdSeq")
+        .unwrap_or_else(|_| panic!("_bdSeq: an integer in {s:?}"));
+    Some((s.get_str("_state").ok()?, bd_seq))
 }
 
 #[tokio::test]
@@ -462,7 +465,8 @@ async fn simulated_nodes_are_stored_reborn_after_a_reconnect_and_their_deaths_re
             .metrics
             .iter()
             .map(|m| match m.value {
-                Some(Value::FloatValue(x)) => f64::from(x),
+                // A Float is stored as the decimal it was written as.
+                Some(Value::FloatValue(x)) => x.to_string().parse().unwrap(),
                 Some(Value::DoubleValue(x)) => x,
                 ref other => panic!("{other:?}"),
             })
@@ -499,7 +503,7 @@ async fn simulated_nodes_are_stored_reborn_after_a_reconnect_and_their_deaths_re
             with_field(all, s, "_state")
                 .last()
                 .and_then(|x| state_of(x))
-                == Some(("offline", 0.0))
+                == Some(("offline", 0))
         })
     })
     .await;
@@ -519,7 +523,7 @@ async fn simulated_nodes_are_stored_reborn_after_a_reconnect_and_their_deaths_re
             ["plant:b-n0000", "plant:b-n0001"].iter().all(|n| {
                 with_field(all, n, "_state")
                     .iter()
-                    .any(|s| state_of(s) == Some(("online", 1.0)))
+                    .any(|s| state_of(s) == Some(("online", 1)))
             })
         },
     )
@@ -543,7 +547,7 @@ async fn simulated_nodes_are_stored_reborn_after_a_reconnect_and_their_deaths_re
                 with_field(all, s, "_state")
                     .last()
                     .and_then(|x| state_of(x))
-                    == Some(("offline", 1.0))
+                    == Some(("offline", 1))
             })
     })
     .await;
@@ -564,7 +568,7 @@ async fn simulated_nodes_are_stored_reborn_after_a_reconnect_and_their_deaths_re
         with_field(&all, "plant:b-n0000", "_state")
             .last()
             .and_then(|x| state_of(x)),
-        Some(("offline", 1.0))
+        Some(("offline", 1))
     );
     assert!(stack.docs("readings_deadletter").await.is_empty());
     stack.stop();
