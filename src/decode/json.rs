@@ -6,17 +6,15 @@ use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::{check_sensor, truncate, DecodeError, FieldValue, Limits, Reading};
-use super::{Subscription, TopicMatch};
+use super::Subscription;
+use super::{check_sensor, truncate, DecodeError, Decoded, FieldValue, Limits, Message, Reading};
 
-pub(super) fn decode(
-    sub: &Subscription,
-    m: TopicMatch<'_>,
-    payload: &[u8],
-    now_ms: i64,
-    limits: &Limits,
-    errors: &mut Vec<DecodeError>,
-) -> Result<Vec<Reading>, DecodeError> {
+/// The samples of one JSON message; a sample refused alone goes to
+/// `out.errors`.
+pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading>, DecodeError> {
+    let (sub, m, payload, now_ms, limits) =
+        (msg.sub, msg.matched, msg.payload, msg.now_ms, msg.limits);
+    let errors = &mut out.errors;
     let seed = TopSeed {
         fields: limits.max_fields_per_sample + 2,
         samples: limits.max_samples_per_message,
@@ -560,21 +558,38 @@ mod tests {
         }
     }
 
+    fn message<'a>(
+        sub: &'a Subscription,
+        matched: crate::decode::TopicMatch<'a>,
+        payload: &'a [u8],
+        limits: &'a Limits,
+    ) -> Message<'a> {
+        Message {
+            sub,
+            topic: "sensors/s1/telemetry",
+            matched,
+            payload,
+            now_ms: NOW,
+            limits,
+        }
+    }
+
     /// Decodes `payload` on `sensors/s1/telemetry`: (readings, errors,
     /// keys compared).
     fn decode_counting(payload: &[u8], max_fields: usize) -> (usize, Vec<DecodeError>, u64) {
         let sub = telemetry();
         let m = sub.pattern.matches("sensors/s1/telemetry").unwrap();
         COMPARED.with(|c| c.set(0));
-        let mut errors = Vec::new();
-        let readings = match decode(&sub, m, payload, NOW, &limits(max_fields), &mut errors) {
+        let mut out = Decoded::default();
+        let limits = limits(max_fields);
+        let readings = match decode(&message(&sub, m, payload, &limits), &mut out) {
             Ok(r) => r.len(),
             Err(e) => {
-                errors.push(e);
+                out.errors.push(e);
                 0
             }
         };
-        (readings, errors, COMPARED.with(|c| c.get()))
+        (readings, out.errors, COMPARED.with(|c| c.get()))
     }
 
     /// A number is stored as exactly the double its text names (correctly
@@ -598,13 +613,10 @@ mod tests {
         ];
         for text in texts {
             let payload = format!("{{\"v\": {text}}}");
+            let limits = limits(64);
             let r = decode(
-                &sub,
-                m,
-                payload.as_bytes(),
-                NOW,
-                &limits(64),
-                &mut Vec::new(),
+                &message(&sub, m, payload.as_bytes(), &limits),
+                &mut Decoded::default(),
             )
             .unwrap();
             let want: f64 = text.parse().unwrap();
@@ -638,11 +650,11 @@ mod tests {
         keys.push("\"k3\": 7".into());
         keys.push("\"k30\": 8".into());
         let payload = format!("{{{}}}", keys.join(","));
-        let mut errors = Vec::new();
         let sub_limits = limits(64);
         let sub = telemetry();
         let m = sub.pattern.matches("sensors/s1/telemetry").unwrap();
-        let r = decode(&sub, m, payload.as_bytes(), NOW, &sub_limits, &mut errors).unwrap();
+        let msg = message(&sub, m, payload.as_bytes(), &sub_limits);
+        let r = decode(&msg, &mut Decoded::default()).unwrap();
         assert_eq!(r[0].fields.len(), 40);
         assert_eq!(r[0].fields[3], ("k3".into(), FieldValue::Num(7.0)));
         assert_eq!(r[0].fields[30], ("k30".into(), FieldValue::Num(8.0)));

@@ -246,6 +246,20 @@ pub fn original_name(field: &str) -> Option<String> {
 /// Longest sensor id accepted.
 pub const MAX_SENSOR_ID_LEN: usize = 128;
 
+/// One message as every payload format takes it: the subscription it
+/// matched and what the topic filled in, when it arrived, and the limits.
+/// Each format's `decode(&Message, &mut Decoded)` returns the readings, or
+/// an error refusing the whole message; refusals of some of its samples go
+/// to [`Decoded::errors`] (vector's `Deserializer::parse` has this shape).
+pub struct Message<'a> {
+    pub sub: &'a Subscription,
+    pub topic: &'a str,
+    pub matched: TopicMatch<'a>,
+    pub payload: &'a [u8],
+    pub now_ms: i64,
+    pub limits: &'a Limits,
+}
+
 /// What one MQTT message decoded to.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Decoded {
@@ -319,7 +333,7 @@ impl Decoder {
             });
             return out;
         }
-        let Some((sub, m)) = self
+        let Some((sub, matched)) = self
             .subscriptions
             .iter()
             .find_map(|s| s.pattern.matches(topic).map(|m| (s, m)))
@@ -328,21 +342,18 @@ impl Decoder {
                 .push(DecodeError::UnknownTopic(topic.to_string()));
             return out;
         };
+        let message = Message {
+            sub,
+            topic,
+            matched,
+            payload,
+            now_ms,
+            limits: &self.limits,
+        };
         let result = match sub.format {
-            PayloadFormat::Number => number::decode(sub, m, payload, now_ms, &self.limits),
-            PayloadFormat::Json => {
-                json::decode(sub, m, payload, now_ms, &self.limits, &mut out.errors)
-            }
-            PayloadFormat::SparkplugB => sparkplug::decode(
-                sub,
-                topic,
-                payload,
-                now_ms,
-                &self.limits,
-                &mut self.sparkplug,
-                &mut out.errors,
-                &mut out.sparkplug,
-            ),
+            PayloadFormat::Number => number::decode(&message, &mut out),
+            PayloadFormat::Json => json::decode(&message, &mut out),
+            PayloadFormat::SparkplugB => self.sparkplug.decode(&message, &mut out),
         };
         match result {
             Ok(readings) => {

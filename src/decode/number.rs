@@ -2,16 +2,12 @@
 //! name comes from the topic's `{field}` or the subscription's `field`, the
 //! time is the arrival time.
 
-use super::{check_sensor, truncate, DecodeError, FieldValue, Limits, Reading};
-use super::{Subscription, TopicMatch};
+use super::{check_sensor, truncate, DecodeError, Decoded, FieldValue, Message, Reading};
 
-pub(super) fn decode(
-    sub: &Subscription,
-    m: TopicMatch<'_>,
-    payload: &[u8],
-    now_ms: i64,
-    limits: &Limits,
-) -> Result<Vec<Reading>, DecodeError> {
+/// The one sample of a bare number (nothing is refused alone).
+pub(super) fn decode(msg: &Message<'_>, _out: &mut Decoded) -> Result<Vec<Reading>, DecodeError> {
+    let (sub, m, payload, now_ms, limits) =
+        (msg.sub, msg.matched, msg.payload, msg.now_ms, msg.limits);
     let sensor = m.sensor.unwrap_or_default();
     check_sensor(sensor, limits)?;
     let field = m.field.or(sub.field.as_deref()).unwrap_or_default();

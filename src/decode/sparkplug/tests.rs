@@ -1,0 +1,532 @@
+//! The Sparkplug B decoder against hand-made payloads: births, deaths,
+//! data by alias, limits, sequence numbers, rebirth requests.
+
+use super::metric::float_as_written;
+use super::*;
+use crate::decode::{
+    Decoder, Limits, PayloadFormat, Subscription, TopicPattern, DEFAULT_SENSOR_ID_PATTERN,
+};
+use proptest::prelude::*;
+
+const NOW: i64 = 1_787_234_400_000;
+
+fn decoder(rebirth: bool) -> Decoder {
+    let limits = Limits {
+        max_payload_size: 1 << 20,
+        max_lateness_ms: 7 * 86_400_000,
+        max_future_ms: 300_000,
+        max_samples_per_message: 100,
+        max_fields_per_sample: 4,
+        max_field_name_length: 64,
+        max_string_length: 32,
+        sensor_id_pattern: regex::Regex::new(&format!("^(?:{DEFAULT_SENSOR_ID_PATTERN})$"))
+            .unwrap(),
+        max_sparkplug_nodes: 100,
+        max_sparkplug_devices_per_node: 100,
+        max_sparkplug_aliases: 10_000,
+    };
+    Decoder::new(
+        vec![Subscription {
+            pattern: TopicPattern::parse("spBv1.0/#").unwrap(),
+            format: PayloadFormat::SparkplugB,
+            timestamp_field: "ts".into(),
+            sensor_field: None,
+            field: None,
+            qos: 1,
+            rebirth_min_interval: rebirth.then(|| std::time::Duration::from_secs(60)),
+        }],
+        limits,
+    )
+}
+
+fn metric(name: Option<&str>, alias: u64, datatype: DataType, value: Value) -> proto::Metric {
+    proto::Metric {
+        name: name.map(Into::into),
+        alias: Some(alias),
+        datatype: Some(datatype as u32),
+        value: Some(value),
+        ..Default::default()
+    }
+}
+
+fn payload(seq: u64, metrics: Vec<proto::Metric>) -> Vec<u8> {
+    proto::Payload {
+        timestamp: Some(NOW as u64),
+        seq: Some(seq),
+        metrics,
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+fn nbirth(bd_seq: u64) -> Vec<u8> {
+    payload(
+        0,
+        vec![
+            metric(Some("bdSeq"), 0, DataType::Int64, Value::LongValue(bd_seq)),
+            metric(Some("Temp.C"), 1, DataType::Float, Value::FloatValue(20.5)),
+            metric(Some("Count"), 2, DataType::Int16, Value::IntValue(0xFFFF)),
+        ],
+    )
+}
+
+/// The fields of samples at one time as one reading.
+fn merged(readings: &[Reading]) -> Reading {
+    let mut r = readings[0].clone();
+    for other in &readings[1..] {
+        assert_eq!((&other.sensor, other.ts_ms), (&r.sensor, r.ts_ms));
+        r.fields.extend(other.fields.iter().cloned());
+    }
+    r
+}
+
+fn field<'a>(r: &'a Reading, name: &str) -> Option<&'a FieldValue> {
+    r.fields.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+}
+
+/// A Float is stored as the decimal the device meant (the shortest one
+/// that reads back as the same f32), not as its exact value widened.
+#[test]
+fn a_float_is_stored_as_the_shortest_decimal_of_its_f32() {
+    assert_eq!(f64::from(18.85f32), 18.850000381469727);
+    assert_eq!(float_as_written(18.85), 18.85);
+    assert_eq!(float_as_written(0.1), 0.1);
+    assert_eq!(float_as_written(-3.4e38), -3.4e38);
+    assert_eq!(float_as_written(f32::MIN_POSITIVE), 1.1754944e-38);
+    for x in [18.85f32, 0.1, 1.0 / 3.0, 16_777_217.0, f32::MAX, -0.0] {
+        assert_eq!(float_as_written(x) as f32, x, "reads back as the same f32");
+    }
+    let mut d = decoder(false);
+    d.decode("spBv1.0/G/NBIRTH/N", &nbirth(3), NOW);
+    let data = payload(
+        1,
+        vec![proto::Metric {
+            alias: Some(1),
+            value: Some(Value::FloatValue(18.85)),
+            ..Default::default()
+        }],
+    );
+    let out = d.decode("spBv1.0/G/NDATA/N", &data, NOW);
+    assert_eq!(
+        field(&out.readings[0], "Temp%2EC"),
+        Some(&FieldValue::Num(18.85))
+    );
+}
+
+/// BIRTHs teach at most the nodes, devices per node and aliases in all
+/// the limits allow, and no metric name longer than a field name may
+/// be; beyond, a BIRTH is refused (the state unchanged) with a cause
+/// of its own. Before, BIRTHs under ever new ids grew the state (kept
+/// in memory, rewritten whole to sparkplug.json) without bound.
+#[test]
+fn births_teach_no_more_than_the_limits() {
+    let mut d = decoder(false);
+    d.limits.max_sparkplug_nodes = 2;
+    d.limits.max_sparkplug_devices_per_node = 1;
+    let cause = |out: &crate::decode::Decoded| out.errors.first().map(|e| e.cause());
+    assert_eq!(
+        cause(&d.decode("spBv1.0/G/NBIRTH/N1", &nbirth(0), NOW)),
+        None
+    );
+    assert_eq!(
+        cause(&d.decode("spBv1.0/G/NBIRTH/N2", &nbirth(0), NOW)),
+        None
+    );
+    assert_eq!(
+        cause(&d.decode("spBv1.0/G/NBIRTH/N3", &nbirth(0), NOW)),
+        Some("too_many_sparkplug_nodes")
+    );
+    // Born again, a known node is no new one.
+    assert_eq!(
+        cause(&d.decode("spBv1.0/G/NBIRTH/N2", &nbirth(1), NOW)),
+        None
+    );
+    assert_eq!(
+        cause(&d.decode("spBv1.0/G/DBIRTH/N1/D1", &nbirth(0), NOW)),
+        None
+    );
+    assert_eq!(
+        cause(&d.decode("spBv1.0/G/DBIRTH/N1/D2", &nbirth(0), NOW)),
+        Some("too_many_sparkplug_devices")
+    );
+    // Three aliases per BIRTH: a third BIRTH would pass 7 in all.
+    let mut d = decoder(false);
+    d.limits.max_sparkplug_aliases = 7;
+    assert_eq!(
+        cause(&d.decode("spBv1.0/G/NBIRTH/N1", &nbirth(0), NOW)),
+        None
+    );
+    assert_eq!(
+        cause(&d.decode("spBv1.0/G/NBIRTH/N2", &nbirth(0), NOW)),
+        None
+    );
+    assert_eq!(
+        cause(&d.decode("spBv1.0/G/DBIRTH/N1/D1", &nbirth(0), NOW)),
+        Some("too_many_sparkplug_aliases")
+    );
+    // Replacing a node's own aliases is no growth.
+    assert_eq!(
+        cause(&d.decode("spBv1.0/G/NBIRTH/N1", &nbirth(2), NOW)),
+        None
+    );
+    assert_eq!(d.sparkplug_state().size(), (2, 0, 6));
+    // A name too long for a field is not learnt.
+    let mut d = decoder(false);
+    d.limits.max_field_name_length = 5;
+    let out = d.decode("spBv1.0/G/NBIRTH/N1", &nbirth(0), NOW);
+    assert!(
+        out.errors
+            .iter()
+            .any(|e| e.cause() == "field_name_too_long"),
+        "{:?}",
+        out.errors
+    );
+    assert_eq!(
+        d.sparkplug_state().size().2,
+        2,
+        "bdSeq and Count, not Temp%2EC"
+    );
+    let saved = load(&save(d.sparkplug_state())).unwrap();
+    assert_eq!(
+        saved.aliases,
+        d.sparkplug_state().aliases,
+        "recounted at load"
+    );
+}
+
+/// A payload's metrics are counted before any is decoded.
+#[test]
+fn too_many_metrics_are_refused_before_they_are_decoded() {
+    let mut d = decoder(false);
+    let many: Vec<proto::Metric> = (0..401)
+        .map(|i| metric(Some("m"), i, DataType::Double, Value::DoubleValue(1.0)))
+        .collect();
+    let out = d.decode("spBv1.0/G/NBIRTH/N1", &payload(0, many), NOW);
+    assert_eq!(
+        out.errors[0].cause(),
+        "too_many_samples",
+        "{:?}",
+        out.errors
+    );
+    assert_eq!(count_metrics(&nbirth(0), 10), Ok(3));
+    assert!(count_metrics(&[0x12, 0xff], 10).is_err(), "cut short");
+}
+
+#[test]
+fn birth_then_data_by_alias() {
+    let mut d = decoder(false);
+    let out = d.decode("spBv1.0/G/NBIRTH/N", &nbirth(3), NOW);
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert!(out.sparkplug.state_changed);
+    // Five fields over samples of at most four.
+    assert_eq!(out.readings.len(), 2);
+    let r = &merged(&out.readings);
+    assert_eq!(r.sensor, "G:N");
+    assert_eq!(field(r, "Temp%2EC"), Some(&FieldValue::Num(20.5)));
+    assert_eq!(field(r, "Count"), Some(&FieldValue::Num(-1.0)));
+    assert_eq!(field(r, STATE), Some(&FieldValue::Str("online".into())));
+    assert_eq!(field(r, BD_SEQ), Some(&FieldValue::Int(3)));
+    let data = payload(
+        1,
+        vec![proto::Metric {
+            alias: Some(1),
+            timestamp: Some(NOW as u64 + 5),
+            value: Some(Value::FloatValue(21.0)),
+            ..Default::default()
+        }],
+    );
+    let out = d.decode("spBv1.0/G/NDATA/N", &data, NOW);
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert!(!out.sparkplug.state_changed);
+    assert_eq!(
+        out.readings,
+        vec![Reading {
+            sensor: "G:N".into(),
+            ts_ms: NOW + 5,
+            fields: vec![("Temp%2EC".into(), FieldValue::Num(21.0))],
+            index: 0,
+        }]
+    );
+}
+
+#[test]
+fn the_state_survives_serialization() {
+    let mut d = decoder(false);
+    d.decode("spBv1.0/G/NBIRTH/N", &nbirth(1), NOW);
+    let saved = save(d.sparkplug_state());
+    let mut fresh = decoder(false);
+    fresh.set_sparkplug_state(load(&saved).unwrap());
+    let data = payload(
+        1,
+        vec![proto::Metric {
+            alias: Some(2),
+            value: Some(Value::IntValue(7)),
+            ..Default::default()
+        }],
+    );
+    let out = fresh.decode("spBv1.0/G/NDATA/N", &data, NOW);
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(
+        field(&out.readings[0], "Count"),
+        Some(&FieldValue::Num(7.0))
+    );
+}
+
+#[test]
+fn unknown_alias_is_its_own_rejection_and_asks_for_a_rebirth_once() {
+    let mut d = decoder(true);
+    let data = payload(
+        5,
+        vec![proto::Metric {
+            alias: Some(9),
+            value: Some(Value::IntValue(7)),
+            ..Default::default()
+        }],
+    );
+    let out = d.decode("spBv1.0/G/NDATA/N", &data, NOW);
+    assert_eq!(out.errors[0].cause(), "unknown_alias");
+    assert_eq!(out.sparkplug.rebirth.as_deref(), Some("spBv1.0/G/NCMD/N"));
+    // Only a BIRTH adds a node to what is saved (fuzz regression).
+    assert_eq!(d.sparkplug_state().size(), (0, 0, 0));
+    assert!(!out.sparkplug.state_changed);
+    let out = d.decode("spBv1.0/G/NDATA/N", &data, NOW + 1000);
+    assert_eq!(out.errors[0].cause(), "unknown_alias");
+    assert_eq!(out.sparkplug.rebirth, None, "rate-limited");
+    d.decode("spBv1.0/G/NBIRTH/N", &nbirth(1), NOW);
+    // A known alias and an unknown one: the known is stored.
+    let mixed = payload(
+        1,
+        vec![
+            proto::Metric {
+                alias: Some(1),
+                value: Some(Value::FloatValue(1.0)),
+                ..Default::default()
+            },
+            proto::Metric {
+                alias: Some(42),
+                value: Some(Value::FloatValue(1.0)),
+                ..Default::default()
+            },
+        ],
+    );
+    let out = d.decode("spBv1.0/G/NDATA/N", &mixed, NOW + 61_000);
+    assert_eq!(out.readings.len(), 1);
+    assert_eq!(out.errors.len(), 1);
+    assert_eq!(out.errors[0].cause(), "unknown_alias");
+    assert!(out.sparkplug.rebirth.is_some());
+}
+
+#[test]
+fn nodes_never_born_do_not_grow_memory_without_bound() {
+    let mut d = decoder(true);
+    let data = payload(1, vec![]);
+    for i in 0..MAX_UNBORN + 50 {
+        let out = d.decode(&format!("spBv1.0/G/NDATA/n{i}"), &data, NOW);
+        assert!(out.sparkplug.rebirth.is_some());
+    }
+    assert_eq!(d.sparkplug.unborn_asked.len(), MAX_UNBORN);
+    let death = d.decode("spBv1.0/G/NDEATH/never", &payload(0, vec![]), NOW);
+    assert_eq!(death.readings[0].sensor, "G:never");
+    assert_eq!(d.sparkplug_state().size(), (0, 0, 0));
+}
+
+#[test]
+fn sequence_gaps_and_late_messages_are_counted_and_stored() {
+    let mut d = decoder(false);
+    d.decode("spBv1.0/G/NBIRTH/N", &nbirth(1), NOW);
+    let data = |seq| {
+        payload(
+            seq,
+            vec![proto::Metric {
+                alias: Some(1),
+                value: Some(Value::FloatValue(seq as f32)),
+                ..Default::default()
+            }],
+        )
+    };
+    let gaps = |d: &mut Decoder, seq| {
+        let out = d.decode("spBv1.0/G/NDATA/N", &data(seq), NOW);
+        assert_eq!(out.readings.len(), 1);
+        (out.sparkplug.seq_gaps, out.sparkplug.out_of_order)
+    };
+    assert_eq!(gaps(&mut d, 1), (0, 0));
+    assert_eq!(gaps(&mut d, 4), (1, 0));
+    assert_eq!(gaps(&mut d, 3), (0, 1));
+    assert_eq!(gaps(&mut d, 5), (0, 0));
+    for s in 6..=255 {
+        assert_eq!(gaps(&mut d, s), (0, 0));
+    }
+    assert_eq!(gaps(&mut d, 0), (0, 0), "255 wraps to 0");
+}
+
+#[test]
+fn deaths_mark_node_and_devices_offline_by_bd_seq() {
+    let mut d = decoder(false);
+    d.decode("spBv1.0/G/NBIRTH/N", &nbirth(7), NOW);
+    let dbirth = payload(
+        1,
+        vec![metric(
+            Some("on"),
+            1,
+            DataType::Boolean,
+            Value::BooleanValue(true),
+        )],
+    );
+    let out = d.decode("spBv1.0/G/DBIRTH/N/D1", &dbirth, NOW);
+    assert_eq!(out.readings[0].sensor, "G:N:D1");
+    let death = |bd| {
+        payload(
+            0,
+            vec![metric(
+                Some("bdSeq"),
+                0,
+                DataType::Int64,
+                Value::LongValue(bd),
+            )],
+        )
+    };
+    let stale = d.decode("spBv1.0/G/NDEATH/N", &death(6), NOW + 10);
+    assert!(stale.readings.is_empty());
+    assert!(stale.sparkplug.stale_death);
+    let out = d.decode("spBv1.0/G/NDEATH/N", &death(7), NOW + 10);
+    let sensors: Vec<&str> = out.readings.iter().map(|r| r.sensor.as_str()).collect();
+    assert_eq!(sensors, vec!["G:N", "G:N:D1"]);
+    for r in &out.readings {
+        assert_eq!(r.ts_ms, NOW + 10);
+        assert_eq!(field(r, STATE), Some(&FieldValue::Str("offline".into())));
+        assert_eq!(field(r, BD_SEQ), Some(&FieldValue::Int(7)));
+    }
+    let ddeath = d.decode("spBv1.0/G/DDEATH/N/D1", &payload(2, vec![]), NOW);
+    assert_eq!(
+        field(&ddeath.readings[0], STATE),
+        Some(&FieldValue::Str("offline".into()))
+    );
+}
+
+#[test]
+fn types_historical_skipped_and_split() {
+    let mut d = decoder(false);
+    let mut hist = metric(Some("old"), 5, DataType::Double, Value::DoubleValue(1.5));
+    hist.is_historical = Some(true);
+    hist.timestamp = Some(NOW as u64 - 60_000);
+    let metrics = vec![
+        metric(Some("a"), 1, DataType::Int8, Value::IntValue(0xFF)),
+        metric(Some("b"), 2, DataType::UInt64, Value::LongValue(1 << 40)),
+        metric(
+            Some("c"),
+            3,
+            DataType::String,
+            Value::StringValue("x".into()),
+        ),
+        metric(
+            Some("d"),
+            4,
+            DataType::DateTime,
+            Value::LongValue(NOW as u64),
+        ),
+        metric(
+            Some("set"),
+            6,
+            DataType::Boolean,
+            Value::BooleanValue(false),
+        ),
+        metric(
+            Some("table"),
+            7,
+            DataType::Int8,
+            Value::DatasetValue(proto::Opaque {}),
+        ),
+        proto::Metric {
+            name: Some("blob".into()),
+            datatype: Some(17),
+            value: Some(Value::BytesValue(vec![1, 2])),
+            ..Default::default()
+        },
+        proto::Metric {
+            name: Some("gone".into()),
+            datatype: Some(10),
+            is_null: Some(true),
+            ..Default::default()
+        },
+        hist,
+    ];
+    let out = d.decode("spBv1.0/G/NBIRTH/N", &payload(0, metrics), NOW);
+    assert_eq!(out.sparkplug.skipped, vec!["Bytes"]);
+    // "table" says Int8 but carries a dataset: a bad field, not stored.
+    assert_eq!(out.errors.len(), 1, "{:?}", out.errors);
+    assert_eq!(out.errors[0].cause(), "bad_field");
+    let old = &out.readings[0];
+    assert_eq!(old.ts_ms, NOW - 60_000);
+    assert_eq!(field(old, "old"), Some(&FieldValue::Num(1.5)));
+    assert_eq!(field(old, HISTORICAL), Some(&FieldValue::Bool(true)));
+    // 5 metrics and the state flags at NOW: split into samples of 4.
+    let now: Vec<&Reading> = out.readings.iter().filter(|r| r.ts_ms == NOW).collect();
+    assert_eq!(now.len(), 2);
+    assert!(now.iter().all(|r| r.fields.len() <= 4));
+    let all: Vec<&(String, FieldValue)> = now.iter().flat_map(|r| &r.fields).collect();
+    assert!(all.contains(&&("a".into(), FieldValue::Num(-1.0))));
+    assert!(all.contains(&&("b".into(), FieldValue::Num((1u64 << 40) as f64))));
+    assert!(all.contains(&&("c".into(), FieldValue::Str("x".into()))));
+    assert!(all.contains(&&("d".into(), FieldValue::Date(NOW))));
+    assert!(all.contains(&&("set".into(), FieldValue::Bool(false))));
+}
+
+#[test]
+fn commands_and_host_state_are_left_alone_and_bad_topics_rejected() {
+    let mut d = decoder(false);
+    for topic in [
+        "spBv1.0/G/NCMD/N",
+        "spBv1.0/G/DCMD/N/D",
+        "spBv1.0/STATE/host",
+    ] {
+        let out = d.decode(topic, b"\x01\x02garbage", NOW);
+        assert!(out.readings.is_empty() && out.errors.is_empty(), "{topic}");
+    }
+    for topic in [
+        "spBv1.0/G/XDATA/N",
+        "spBv1.0/G/NDATA",
+        "spBv1.0/G/DDATA/N",
+        "spBv1.0/G/NDATA/N/D",
+    ] {
+        let out = d.decode(topic, &nbirth(1), NOW);
+        assert_eq!(out.errors[0].cause(), "bad_payload", "{topic}");
+    }
+    let out = d.decode("spBv1.0/G/NBIRTH/N", b"\xff\xff\xff", NOW);
+    assert_eq!(out.errors[0].cause(), "bad_payload");
+}
+
+#[test]
+fn field_names_of_awkward_metrics() {
+    for (metric, field) in [
+        ("Inputs/Temp", "Inputs/Temp"),
+        ("a.b", "a%2Eb"),
+        ("$set", "%24set"),
+        ("_x", "%5Fx"),
+        ("ts", "%74s"),
+        ("lsn", "%6Csn"),
+        ("100%", "100%25"),
+        ("a$b_c", "a$b_c"),
+    ] {
+        assert_eq!(field_name(metric), field);
+        assert_eq!(metric_name(field).as_deref(), Some(metric));
+    }
+    assert_eq!(metric_name(STATE), None);
+}
+
+proptest! {
+    #[test]
+    fn field_names_are_valid_distinct_and_reversible(name in "\\PC{1,12}|[._$%tsln]{1,6}") {
+        let f = field_name(&name);
+        prop_assert!(crate::decode::check_field_name(&f).is_ok(), "{f:?}");
+        prop_assert!(!f.starts_with('_'));
+        prop_assert!(!RESERVED.contains(&f.as_ref()));
+        prop_assert_eq!(metric_name(&f), Some(name));
+    }
+
+    #[test]
+    fn decode_never_panics(kind in "(N|D)(BIRTH|DATA|DEATH)", bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let mut d = decoder(true);
+        let topic = if kind.starts_with('D') { format!("spBv1.0/G/{kind}/N/D") } else { format!("spBv1.0/G/{kind}/N") };
+        let _ = d.decode(&topic, &bytes, NOW);
+    }
+}
