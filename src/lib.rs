@@ -99,7 +99,6 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info};
 
 use crate::config::Settings;
-use crate::decode::Decoder;
 use crate::pipeline::Leftover;
 
 /// Why `run` ended badly.
@@ -192,28 +191,45 @@ fn redact(text: &str, settings: &Settings) -> String {
     text.replace(settings.mongodb.uri.expose(), "***")
 }
 
-/// Runs the gateway until `stop` is cancelled, then shuts down in order
-/// within `shutdown_timeout`.
+/// Runs palletd until `stop`, then shuts it down within `shutdown_timeout`
+/// ([`Running::shutdown`]).
 pub async fn run(
     settings: Settings,
     stop: CancellationToken,
     shutdown_timeout: Duration,
 ) -> Result<(), RunError> {
-    let shape = settings.shape();
+    let running = start(&settings, stop.clone()).await?;
+    stop.cancelled().await;
+    running.shutdown(shutdown_timeout).await
+}
+
+/// palletd started: its tasks, and what shutting them down needs.
+pub struct Running {
+    tracker: TaskTracker,
+    /// Cut a shutdown short (its deadline passed).
+    abort: CancellationToken,
+    appender: spool::AppenderThread,
+    pipeline: tokio::task::JoinHandle<Result<(), Leftover>>,
+    spooler: tokio::task::JoinHandle<Result<(), usize>>,
+    client: mongodb::Client,
+}
+
+/// Opens the spool and the database, and starts every part: the endpoints
+/// and watchers, ingest, the spooler and the pipeline. They run until
+/// `stop`.
+pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Running, RunError> {
     for w in &settings.warnings {
         tracing::warn!("{w}");
     }
     let metrics = telemetry::install();
     let health = Arc::new(telemetry::Health::default());
-    let client = mongo_client(&settings).await?;
+    let client = mongo_client(settings).await?;
     let db = client.database(&settings.mongodb.database);
-    let mut store = store::Store::new(&settings, db.clone());
+    let mut store = store::Store::new(settings, db.clone());
     store.observe(health.clone());
-    let mut decoder = Decoder::new(settings.subscriptions.clone(), settings.decode_limits());
-    let spool_error = |e: std::io::Error| {
+    let (spool, recovered, appender) = spool::open(&settings.spool).map_err(|e| {
         RunError::Spool(format!("{} (spool.dir): {e}", settings.spool.dir.display()))
-    };
-    let (spool, recovered, appender) = spool::open(&settings.spool).map_err(spool_error)?;
+    })?;
     metrics::gauge!(telemetry::SPOOL_MAX_BYTES).set(settings.spool.max_size as f64);
     store.set_spool(recovered.tags.clone());
     store.start_rollups();
@@ -225,11 +241,6 @@ pub async fn run(
         damaged_records = recovered.damaged,
         "Spool opened."
     );
-    let sparkplug = decoder.has_sparkplug().then(|| {
-        let file = spooler::sparkplug::StateFile::new(&settings.spool.dir);
-        decoder.set_sparkplug_state(file.load());
-        file
-    });
     let mut connection = ingest::Connection::new(&settings.mqtt, &settings.subscriptions)
         .map_err(|e| RunError::Config(e.to_string()))?;
     // limits.max_memory, in byte budgets: the messages on their way to the
@@ -241,50 +252,27 @@ pub async fn run(
     let feed_budget = Arc::new(budget::Budget::new(memory.feed));
     connection.limit_queue(queue.clone());
     let (feed_tx, feed_rx) = mpsc::channel(16_384);
-    let spooler = spooler::Spooler {
-        decoder,
-        acker: connection.acker(),
-        spool: spool.clone(),
-        next_lsn: recovered.next_lsn,
-        tag: recovered.tags.current(),
-        shape,
-        feed: feed_tx,
-        sensors: spooler::SensorLimit::new(
-            settings.limits.max_sensors,
-            (settings.bucket.window + settings.closer.grace).as_millis() as i64,
-        ),
-        health: health.clone(),
-        tell_quiet: !settings.latest.enabled,
-        sparkplug,
-        queue: queue.clone(),
-        feed_budget: feed_budget.clone(),
-        deadletter_room: spooler::DeadLetterRoom::new(
-            settings.spool.max_size,
-            settings.limits.max_deadletter_rate,
-        ),
-    };
-    let core = pipeline::Core::new(
-        pipeline::Config {
-            shape,
-            tags: recovered.tags.clone(),
-            max_pending: settings.flush.max_pending_samples,
-            max_pending_bytes: memory.pending,
-            max_lateness_ms: settings.bucket.max_lateness.as_millis() as i64,
-            max_delay: settings.flush.max_delay,
-            max_delay_limit: settings.flush.max_delay_limit,
-            behind: pipeline::Config::behind_for(settings.flush.max_delay),
-            backfill_share: settings.flush.backfill_share,
-            seal_every: settings.closer.interval,
-            seal_grace_ms: store.seal_grace().map(|g| g.as_millis() as i64),
-            // Nothing to replay: no backlog to read.
-            from: match recovered.records {
-                0 => recovered.next_lsn,
-                _ => recovered.checkpoint,
-            },
-            fresh_from: recovered.next_lsn,
-            replay_records: recovered.records,
-            max_statements: pipeline::MAX_STATEMENTS_PER_FLUSH,
+    let spooler = spooler::Spooler::new(
+        settings,
+        connection.acker(),
+        spool.clone(),
+        &recovered,
+        feed_tx,
+        health.clone(),
+        spooler::Budgets {
+            queue: queue.clone(),
+            feed: feed_budget.clone(),
         },
+    );
+    let core = pipeline::Core::new(
+        pipeline::Config::from_settings(
+            settings,
+            recovered.tags.clone(),
+            recovered.checkpoint,
+            recovered.next_lsn,
+            recovered.records,
+            store.seal_grace().map(|g| g.as_millis() as i64),
+        ),
         Instant::now(),
     );
     // Room for the broker's whole in-flight window, so ingest never waits.
@@ -347,7 +335,7 @@ pub async fn run(
         health.clone(),
         ingest::Redeliveries::new(recovered.message_ids),
     ));
-    let spooler_task = {
+    let spooler = {
         let (stop, acked, abort) = (stop.clone(), acked.clone(), abort.clone());
         tracker.spawn(async move {
             let result = spooler.run(rx, stop, abort).await;
@@ -355,9 +343,8 @@ pub async fn run(
             result
         })
     };
-    let pipeline_task = {
+    let pipeline = {
         let (stop, done, abort) = (stop.clone(), done.clone(), abort.clone());
-        let health = health.clone();
         tracker.spawn(async move {
             let result =
                 pipeline::task::run(core, store, spool, feed_rx, health, stop, abort).await;
@@ -373,41 +360,57 @@ pub async fn run(
         collection = %settings.mongodb.collection,
         "palletd started."
     );
+    Ok(Running {
+        tracker,
+        abort,
+        appender,
+        pipeline,
+        spooler,
+        client,
+    })
+}
 
-    stop.cancelled().await;
-    let finished = tokio::time::timeout(shutdown_timeout, tracker.wait()).await;
-    if finished.is_err() {
-        abort.cancel();
-        // Every task returns promptly once aborted.
-        let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
+impl Running {
+    /// Once `stop` was cancelled: waits for every task to finish what it
+    /// holds (spool and acknowledge what arrived, write memory), within
+    /// `timeout`; then aborts them, lets the spool sync, and says what was
+    /// left (it stays in the spool; the broker redelivers the rest).
+    pub async fn shutdown(self, timeout: Duration) -> Result<(), RunError> {
+        let finished = tokio::time::timeout(timeout, self.tracker.wait()).await;
+        if finished.is_err() {
+            self.abort.cancel();
+            // Every task returns promptly once aborted.
+            let _ = tokio::time::timeout(Duration::from_secs(5), self.tracker.wait()).await;
+        }
+        // The appender syncs what was appended and exits.
+        let appender = self.appender;
+        tokio::task::spawn_blocking(move || appender.finish())
+            .await
+            .ok();
+        let mut left = Leftover::default();
+        match self.pipeline.await {
+            Ok(Ok(())) => {}
+            Ok(Err(l)) => left = l,
+            Err(e) => error!(error = %e, "Pipeline task failed."),
+        }
+        match self.spooler.await {
+            Ok(Ok(())) => {}
+            Ok(Err(n)) => left.unacknowledged = n,
+            Err(e) => error!(error = %e, "Spooler task failed."),
+        }
+        // Shut the driver down here: a client dropped while the runtime
+        // stops spawns a task that ends its sessions, and that task can
+        // panic inside the driver (mongodb 3.9's connection requester)
+        // after the last log line, on stderr.
+        self.client.shutdown().immediate(true).await;
+        let result = if finished.is_ok() && left == Leftover::default() {
+            Ok(())
+        } else {
+            Err(RunError::ShutdownTimeout(left))
+        };
+        if result.is_ok() {
+            info!("Stopped cleanly.");
+        }
+        result
     }
-    // The appender syncs what was appended and exits.
-    tokio::task::spawn_blocking(move || appender.finish())
-        .await
-        .ok();
-    let mut left = Leftover::default();
-    match pipeline_task.await {
-        Ok(Ok(())) => {}
-        Ok(Err(l)) => left = l,
-        Err(e) => error!(error = %e, "Pipeline task failed."),
-    }
-    match spooler_task.await {
-        Ok(Ok(())) => {}
-        Ok(Err(n)) => left.unacknowledged = n,
-        Err(e) => error!(error = %e, "Spooler task failed."),
-    }
-    // Shut the driver down here: a client dropped while the runtime stops
-    // spawns a task that ends its sessions, and that task can panic inside
-    // the driver (mongodb 3.9's connection requester) after the last log
-    // line, on stderr.
-    client.shutdown().immediate(true).await;
-    let result = if finished.is_ok() && left == Leftover::default() {
-        Ok(())
-    } else {
-        Err(RunError::ShutdownTimeout(left))
-    };
-    if result.is_ok() {
-        info!("Stopped cleanly.");
-    }
-    result
 }

@@ -145,6 +145,42 @@ pub struct Config {
 }
 
 impl Config {
+    /// The core's configuration from the settings, for a spool whose
+    /// records are written under `tags` and that starts with
+    /// `replay_records` records to replay from `checkpoint` on and appends
+    /// from `next_lsn`; `seal_grace_ms` as the storage mode seals (`None`:
+    /// it has no seal).
+    pub fn from_settings(
+        s: &crate::config::Settings,
+        tags: Tags,
+        checkpoint: u64,
+        next_lsn: u64,
+        replay_records: u64,
+        seal_grace_ms: Option<i64>,
+    ) -> Config {
+        Config {
+            shape: s.shape(),
+            tags,
+            max_pending: s.flush.max_pending_samples,
+            max_pending_bytes: s.limits.split().pending,
+            max_lateness_ms: s.bucket.max_lateness.as_millis() as i64,
+            max_delay: s.flush.max_delay,
+            max_delay_limit: s.flush.max_delay_limit,
+            behind: Config::behind_for(s.flush.max_delay),
+            backfill_share: s.flush.backfill_share,
+            seal_every: s.closer.interval,
+            seal_grace_ms,
+            // Nothing to replay: no backlog to read.
+            from: match replay_records {
+                0 => next_lsn,
+                _ => checkpoint,
+            },
+            fresh_from: next_lsn,
+            replay_records,
+            max_statements: MAX_STATEMENTS_PER_FLUSH,
+        }
+    }
+
     /// `behind` for a `max_delay`: three delays (at least 1 s), so a
     /// reading that waited its delay and a slow flush or two is not behind.
     pub fn behind_for(max_delay: Duration) -> Duration {

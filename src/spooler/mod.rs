@@ -79,33 +79,33 @@ struct Unacked {
 }
 
 pub struct Spooler {
-    pub decoder: Decoder,
-    pub acker: Acker,
-    pub spool: Spool,
+    decoder: Decoder,
+    acker: Acker,
+    spool: Spool,
     /// The LSN of the next record.
-    pub next_lsn: u64,
+    next_lsn: u64,
     /// The spool's tag, for dead-letter ids.
-    pub tag: u32,
+    tag: u32,
     /// A sample must fit in an empty bucket of this shape.
-    pub shape: Shape,
-    pub feed: mpsc::Sender<Feed>,
-    pub sensors: SensorLimit,
+    shape: Shape,
+    feed: mpsc::Sender<Feed>,
+    sensors: SensorLimit,
     /// Where the quietest sensors are told (the status page).
-    pub health: std::sync::Arc<crate::telemetry::Health>,
+    health: std::sync::Arc<crate::telemetry::Health>,
     /// Whether the status page's quietest sensors come from here (when
     /// `[latest]` is off; else they are read from `<collection>_latest`,
     /// which knows the sensors silent since before this start too).
-    pub tell_quiet: bool,
+    tell_quiet: bool,
     /// Where the Sparkplug B state is saved (with a `sparkplug_b`
     /// subscription).
-    pub sparkplug: Option<sparkplug::StateFile>,
+    sparkplug: Option<sparkplug::StateFile>,
     /// Bytes of messages ingest handed on and not yet taken here.
-    pub queue: std::sync::Arc<crate::budget::Budget>,
+    queue: std::sync::Arc<crate::budget::Budget>,
     /// Bytes of batches offered to the pipeline and not yet taken in: a
     /// batch that does not fit stays on disk only (it is read back).
-    pub feed_budget: std::sync::Arc<crate::budget::Budget>,
+    feed_budget: std::sync::Arc<crate::budget::Budget>,
     /// Dead letters in the spool not yet in MongoDB, within their share.
-    pub deadletter_room: DeadLetterRoom,
+    deadletter_room: DeadLetterRoom,
 }
 
 /// Dead letters may take at most this share of `spool.max_size`: bad
@@ -201,7 +201,60 @@ impl DeadLetterRoom {
     }
 }
 
+/// The byte budgets of `limits.max_memory` the spooler takes from and
+/// gives to.
+pub struct Budgets {
+    /// Messages ingest handed on and not yet taken here.
+    pub queue: std::sync::Arc<crate::budget::Budget>,
+    /// Batches offered to the pipeline and not yet taken in.
+    pub feed: std::sync::Arc<crate::budget::Budget>,
+}
+
 impl Spooler {
+    /// The spooler of `spool` (opened: `recovered` says where it goes on),
+    /// decoding by the settings' subscriptions, acknowledging through
+    /// `acker`, offering what it spools on `feed`. With a `sparkplug_b`
+    /// subscription, the decoder starts from the Sparkplug B state saved in
+    /// the spool's directory.
+    pub fn new(
+        settings: &crate::config::Settings,
+        acker: Acker,
+        spool: Spool,
+        recovered: &crate::spool::Recovery,
+        feed: mpsc::Sender<Feed>,
+        health: std::sync::Arc<crate::telemetry::Health>,
+        budgets: Budgets,
+    ) -> Spooler {
+        let mut decoder = Decoder::new(settings.subscriptions.clone(), settings.decode_limits());
+        let sparkplug = decoder.has_sparkplug().then(|| {
+            let file = sparkplug::StateFile::new(&settings.spool.dir);
+            decoder.set_sparkplug_state(file.load());
+            file
+        });
+        Spooler {
+            decoder,
+            acker,
+            spool,
+            next_lsn: recovered.next_lsn,
+            tag: recovered.tags.current(),
+            shape: settings.shape(),
+            feed,
+            sensors: SensorLimit::new(
+                settings.limits.max_sensors,
+                (settings.bucket.window + settings.closer.grace).as_millis() as i64,
+            ),
+            health,
+            tell_quiet: !settings.latest.enabled,
+            sparkplug,
+            queue: budgets.queue,
+            feed_budget: budgets.feed,
+            deadletter_room: DeadLetterRoom::new(
+                settings.spool.max_size,
+                settings.limits.max_deadletter_rate,
+            ),
+        }
+    }
+
     /// Runs until `stop`; then spools what is already received, waits until
     /// it is durable and releases the acknowledgements. Returns the number of
     /// messages left unacknowledged if `abort` cut that short.
