@@ -69,41 +69,16 @@ impl BacklogMeter {
 /// Runs until `stop`, then writes what memory holds. Returns what was left
 /// when `abort` cut that short.
 pub async fn run(
-    mut core: Core,
-    mut store: Store,
-    mut spool: Spool,
-    mut feed: mpsc::Receiver<Feed>,
+    core: Core,
+    store: Store,
+    spool: Spool,
+    feed: mpsc::Receiver<Feed>,
     health: Arc<Health>,
     stop: CancellationToken,
     abort: CancellationToken,
 ) -> Result<(), Leftover> {
-    // One reader per lane, kept between reads of the same range.
-    let mut readers: [Option<Reader>; 2] = [None, None];
-    let lane_index = |lane: Lane| lane as usize;
-    let mut meter = BacklogMeter {
-        drained: 0,
-        // Published at once (the gauges are there from the start).
-        at: Instant::now()
-            .checked_sub(Duration::from_secs(1))
-            .unwrap_or_else(Instant::now),
-        rate: 0.0,
-        published: 0,
-    };
-    let pending = metrics::gauge!(telemetry::PENDING_SAMPLES);
-    let pending_bytes = metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "pending");
-    let delay = metrics::gauge!(telemetry::FLUSH_DELAY_SECONDS);
-    let mut reporter = telemetry::Reporter::default();
-    let mut closer_failing = false;
-    // The time the seal's chunks took so far in this closer run.
-    let mut sealing = Duration::ZERO;
-    // The last checkpoint the core gave: every record below it is in
-    // MongoDB (stored by the spool or not yet), which is what the closer
-    // publishes.
-    let mut confirmed = spool.checkpointed();
-    // The last write's reply was lost: the next resolve says what it did.
-    let mut interrupted = false;
     let replay_records = core.backlog();
-    let mut replay = (replay_records > 0).then(|| {
+    let replay = (replay_records > 0).then(|| {
         info!(
             records = replay_records,
             "Replaying the spool into MongoDB."
@@ -114,226 +89,376 @@ pub async fn run(
             logged: Instant::now(),
         }
     });
-    // The feed is taken in at most every FEED_EVERY (one wake-up for many
-    // of the spooler's batches; memory holds readings for much longer).
-    let mut feed_at = Instant::now();
-    loop {
-        // What the spooler offered meanwhile comes first.
-        if feed_at <= Instant::now() {
-            let mut took = false;
-            while let Ok(f) = feed.try_recv() {
-                readers[lane_index(Lane::Live)] = None;
-                core.feed(f, Instant::now(), now_ms());
-                took = true;
-            }
-            if took {
-                feed_at = Instant::now() + FEED_EVERY;
+    let task = Task {
+        confirmed: spool.checkpointed(),
+        core,
+        store,
+        spool,
+        feed,
+        health,
+        readers: [None, None],
+        meter: BacklogMeter {
+            drained: 0,
+            // Published at once (the gauges are there from the start).
+            at: Instant::now()
+                .checked_sub(Duration::from_secs(1))
+                .unwrap_or_else(Instant::now),
+            rate: 0.0,
+            published: 0,
+        },
+        gauges: Gauges {
+            pending: metrics::gauge!(telemetry::PENDING_SAMPLES),
+            pending_bytes: metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "pending"),
+            delay: metrics::gauge!(telemetry::FLUSH_DELAY_SECONDS),
+        },
+        reporter: telemetry::Reporter::default(),
+        closer_failing: false,
+        sealing: Duration::ZERO,
+        interrupted: false,
+        replay,
+        feed_at: Instant::now(),
+    };
+    task.run(stop, abort).await
+}
+
+/// The gauges the task keeps up to date each turn.
+struct Gauges {
+    pending: metrics::Gauge,
+    pending_bytes: metrics::Gauge,
+    delay: metrics::Gauge,
+}
+
+/// The task's state: the core, what it carries out actions with, and what
+/// it records.
+struct Task {
+    core: Core,
+    store: Store,
+    spool: Spool,
+    feed: mpsc::Receiver<Feed>,
+    health: Arc<Health>,
+    /// One reader per lane, kept between reads of the same range.
+    readers: [Option<Reader>; 2],
+    meter: BacklogMeter,
+    gauges: Gauges,
+    reporter: telemetry::Reporter,
+    closer_failing: bool,
+    /// The time the seal's chunks took so far in this closer run.
+    sealing: Duration,
+    /// The last checkpoint the core gave: every record below it is in
+    /// MongoDB (stored by the spool or not yet), which is what the closer
+    /// publishes.
+    confirmed: u64,
+    /// The last write's reply was lost: the next resolve says what it did.
+    interrupted: bool,
+    replay: Option<Replay>,
+    /// The feed is taken in at most every [`FEED_EVERY`] (one wake-up for
+    /// many of the spooler's batches; memory holds readings for much
+    /// longer).
+    feed_at: Instant,
+}
+
+impl Task {
+    async fn run(
+        mut self,
+        stop: CancellationToken,
+        abort: CancellationToken,
+    ) -> Result<(), Leftover> {
+        loop {
+            self.take_feed();
+            self.publish();
+            let now = Instant::now();
+            match self.core.poll(now, now_ms()) {
+                None => self.wait(&stop, &abort).await?,
+                Some(Action::Done) => return Ok(()),
+                Some(action) => self.carry_out(action, &abort).await?,
             }
         }
-        core.set_durable(spool.durable());
-        pending.set(core.unwritten() as f64);
-        pending_bytes.set(core.held_bytes() as f64);
-        delay.set(core.delay().as_secs_f64());
+    }
+
+    /// What the spooler offered meanwhile, into memory.
+    fn take_feed(&mut self) {
+        if self.feed_at > Instant::now() {
+            return;
+        }
+        let mut took = false;
+        while let Ok(f) = self.feed.try_recv() {
+            self.fed(f);
+            took = true;
+        }
+        if took {
+            self.feed_at = Instant::now() + FEED_EVERY;
+        }
+    }
+
+    fn fed(&mut self, f: Feed) {
+        self.readers[Lane::Live as usize] = None;
+        self.core.feed(f, Instant::now(), now_ms());
+    }
+
+    /// The durable end to the core; gauges, refusals and the backlog out.
+    fn publish(&mut self) {
+        let core = &mut self.core;
+        core.set_durable(self.spool.durable());
+        self.gauges.pending.set(core.unwritten() as f64);
+        self.gauges.pending_bytes.set(core.held_bytes() as f64);
+        self.gauges.delay.set(core.delay().as_secs_f64());
         for r in core.take_refusals() {
-            reporter.report(r.cause, &r.sensor, &r.error, 1);
+            self.reporter.report(r.cause, &r.sensor, &r.error, 1);
         }
-        meter.update(&core, &health);
-        health.set_stretched_delay(core.stretched_delay());
-        let now = Instant::now();
-        let Some(action) = core.poll(now, now_ms()) else {
-            let durable = core.needs_durable();
-            tokio::select! {
-                biased;
-                _ = stop.cancelled(), if !core.stopping() => {
-                    // Take what the spooler already offered; records on disk
-                    // only stay there for the next start.
-                    feed.close();
-                    while let Some(f) = feed.recv().await {
-                        core.feed(f, Instant::now(), now_ms());
-                    }
-                    let pending = core.pending();
-                    if pending > 0 {
-                        info!(samples = pending, "Flushing buffered samples before exit.");
-                    }
-                    core.stop();
+        self.meter.update(core, &self.health);
+        self.health.set_stretched_delay(core.stretched_delay());
+    }
+
+    /// Nothing to do now: waits for the first of stop, the feed, the
+    /// spool's durable end, the core's deadline or the meter's.
+    async fn wait(
+        &mut self,
+        stop: &CancellationToken,
+        abort: &CancellationToken,
+    ) -> Result<(), Leftover> {
+        let durable = self.core.needs_durable();
+        let deadline = self.core.deadline();
+        let meter = self.meter.due();
+        let feed_open = !stop.is_cancelled() && self.feed_at <= Instant::now();
+        tokio::select! {
+            biased;
+            _ = stop.cancelled(), if !self.core.stopping() => self.stopping().await,
+            f = self.feed.recv(), if feed_open => match f {
+                Some(f) => {
+                    self.fed(f);
+                    self.feed_at = Instant::now() + FEED_EVERY;
                 }
-                f = feed.recv(), if !stop.is_cancelled() && feed_at <= Instant::now() => match f {
-                    Some(f) => {
-                        readers[lane_index(Lane::Live)] = None;
-                        core.feed(f, Instant::now(), now_ms());
-                        feed_at = Instant::now() + FEED_EVERY;
-                    }
-                    None => core.stop(),
-                },
-                _ = tokio::time::sleep_until(feed_at.into()), if feed_at > Instant::now() => {}
-                changed = spool.wait_durable(durable.unwrap_or(0)), if durable.is_some() => {
-                    if changed.is_err() {
-                        error!("The spool's appender stopped; nothing more can be written.");
-                        return Err(core.leftover());
-                    }
+                None => self.core.stop(),
+            },
+            _ = tokio::time::sleep_until(self.feed_at.into()), if self.feed_at > Instant::now() => {}
+            changed = self.spool.wait_durable(durable.unwrap_or(0)), if durable.is_some() => {
+                if changed.is_err() {
+                    error!("The spool's appender stopped; nothing more can be written.");
+                    return Err(self.core.leftover());
                 }
-                _ = tokio::time::sleep_until(core.deadline().into()) => {}
-                _ = tokio::time::sleep_until(meter.due().unwrap_or_else(Instant::now).into()), if meter.due().is_some() => {}
-                _ = abort.cancelled() => return Err(core.leftover()),
             }
-            continue;
-        };
+            _ = tokio::time::sleep_until(deadline.into()) => {}
+            _ = tokio::time::sleep_until(meter.unwrap_or_else(Instant::now).into()), if meter.is_some() => {}
+            _ = abort.cancelled() => return Err(self.core.leftover()),
+        }
+        Ok(())
+    }
+
+    /// Stop: takes what the spooler already offered (records on disk only
+    /// stay there for the next start) and has the core write what memory
+    /// holds.
+    async fn stopping(&mut self) {
+        self.feed.close();
+        while let Some(f) = self.feed.recv().await {
+            self.core.feed(f, Instant::now(), now_ms());
+        }
+        let pending = self.core.pending();
+        if pending > 0 {
+            info!(samples = pending, "Flushing buffered samples before exit.");
+        }
+        self.core.stop();
+    }
+
+    async fn carry_out(
+        &mut self,
+        action: Action,
+        abort: &CancellationToken,
+    ) -> Result<(), Leftover> {
         match action {
-            Action::Checkpoint(lsn) => {
-                spool.checkpoint(lsn);
-                confirmed = confirmed.max(lsn);
-                metrics::gauge!(telemetry::SPOOL_UNCONFIRMED)
-                    .set(spool.durable().saturating_sub(lsn) as f64);
-            }
+            Action::Checkpoint(lsn) => self.checkpoint(lsn),
             Action::Read {
                 lane,
                 from,
                 max,
                 limit,
-            } => {
-                let reader = &mut readers[lane_index(lane)];
-                let r = match reader.take() {
-                    Some(r) if r.next() == from => r,
-                    _ => spool.reader(from),
-                };
-                match spool::read(r, max, limit).await {
-                    Ok((mut r, read)) => {
-                        metrics::counter!(telemetry::SPOOL_REPLAYED).increment(read.records as u64);
-                        let missing = r.take_missing();
-                        let lost = core.records(
-                            &read.bytes,
-                            read.records,
-                            read.complete_to,
-                            &missing,
-                            Instant::now(),
-                            now_ms(),
-                        );
-                        if let (Some(first), Some(last)) = (lost.first(), lost.last()) {
-                            metrics::counter!(telemetry::SPOOL_DROPPED)
-                                .increment(lost.len() as u64);
-                            error!(
-                                readings = lost.len(),
-                                first_lsn = first,
-                                last_lsn = last,
-                                "Readings deleted from the full spool (spool.when_full = \"drop_oldest\") before they reached MongoDB are lost."
-                            );
-                            if let Err(e) = spool.forget_lost(&lost) {
-                                error!(error = %e, "Cannot update the spool's record of deleted readings; they may be counted again after a restart.");
-                            }
-                        }
-                        *reader = Some(r);
-                    }
-                    Err(e) => {
-                        error!(error = %e, "Cannot read the spool; retrying.");
-                        core.read_failed();
-                        tokio::select! {
-                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                            _ = abort.cancelled() => return Err(core.leftover()),
-                        }
-                    }
-                }
-                if let Some(r) = &mut replay {
-                    if core.backlog() == 0 {
-                        let secs = r.since.elapsed().as_secs_f64();
-                        info!(
-                            records = r.records,
-                            seconds = format!("{secs:.1}"),
-                            per_second = (r.records as f64 / secs.max(1e-3)) as u64,
-                            "Spool replay done."
-                        );
-                        replay = None;
-                    } else if r.logged.elapsed() >= Duration::from_secs(5) {
-                        info!(
-                            remaining = core.backlog(),
-                            "Replaying the spool (LSNs left to read)."
-                        );
-                        r.logged = Instant::now();
-                    }
-                }
-            }
-            Action::Resolve(req) => {
-                let Ok(resolution) = store.resolve(&req, &abort).await else {
-                    return Err(core.leftover());
-                };
-                let dropped = core.resolved(resolution);
-                if dropped > 0 && std::mem::take(&mut interrupted) {
-                    info!(samples = dropped, "{}", store.interrupted_and_applied());
-                } else if dropped > 0 {
-                    info!(
-                        samples = dropped,
-                        "Skipped replayed samples that MongoDB already has."
-                    );
-                }
-            }
-            Action::Write(mut batch) => {
-                let started = Instant::now();
-                health.flush_started();
-                let Ok(written) = store.write(&mut batch, &abort).await else {
-                    return Err(core.leftover());
-                };
-                let report = core.written(batch, written, Instant::now(), now_ms());
-                health.set_deadletter_bytes_written(core.deadletter_bytes_written());
-                meter.drained += report.backlog_stored;
-                record(&report, started.elapsed());
-                health.flush_finished(report.samples_stored);
-                if report.unknown > 0 {
-                    interrupted = true;
-                    info!(
-                        samples = report.unknown,
-                        "A write was interrupted; learning what MongoDB has before sending those samples again."
-                    );
-                }
-                debug!(
-                    statements = report.statements,
-                    samples = report.samples_stored,
-                    elapsed_ms = started.elapsed().as_millis() as u64,
-                    "Flushed."
-                );
-            }
+            } => self.read(lane, from, max, limit, abort).await?,
+            Action::Resolve(req) => self.resolve(req, abort).await?,
+            Action::Write(batch) => self.write(batch, abort).await?,
             Action::Seal {
                 now_ms,
                 late,
                 first,
-            } => {
-                if late {
+            } => self.seal(now_ms, late, first).await,
+            Action::Done => {}
+        }
+        Ok(())
+    }
+
+    fn checkpoint(&mut self, lsn: u64) {
+        self.spool.checkpoint(lsn);
+        self.confirmed = self.confirmed.max(lsn);
+        metrics::gauge!(telemetry::SPOOL_UNCONFIRMED)
+            .set(self.spool.durable().saturating_sub(lsn) as f64);
+    }
+
+    /// Reads records back from the spool into a lane; readings a full
+    /// spool deleted before they were written are counted and logged.
+    async fn read(
+        &mut self,
+        lane: Lane,
+        from: u64,
+        max: usize,
+        limit: u64,
+        abort: &CancellationToken,
+    ) -> Result<(), Leftover> {
+        let r = match self.readers[lane as usize].take() {
+            Some(r) if r.next() == from => r,
+            _ => self.spool.reader(from),
+        };
+        match spool::read(r, max, limit).await {
+            Ok((mut r, read)) => {
+                metrics::counter!(telemetry::SPOOL_REPLAYED).increment(read.records as u64);
+                let missing = r.take_missing();
+                let lost = self.core.records(
+                    &read.bytes,
+                    read.records,
+                    read.complete_to,
+                    &missing,
+                    Instant::now(),
+                    now_ms(),
+                );
+                if let (Some(first), Some(last)) = (lost.first(), lost.last()) {
+                    metrics::counter!(telemetry::SPOOL_DROPPED).increment(lost.len() as u64);
+                    error!(
+                        readings = lost.len(),
+                        first_lsn = first,
+                        last_lsn = last,
+                        "Readings deleted from the full spool (spool.when_full = \"drop_oldest\") before they reached MongoDB are lost."
+                    );
+                    if let Err(e) = self.spool.forget_lost(&lost) {
+                        error!(error = %e, "Cannot update the spool's record of deleted readings; they may be counted again after a restart.");
+                    }
+                }
+                self.readers[lane as usize] = Some(r);
+            }
+            Err(e) => {
+                error!(error = %e, "Cannot read the spool; retrying.");
+                self.core.read_failed();
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = abort.cancelled() => return Err(self.core.leftover()),
+                }
+            }
+        }
+        self.log_replay();
+        Ok(())
+    }
+
+    /// The start-up replay's progress, every 5 s, and its end.
+    fn log_replay(&mut self) {
+        let Some(r) = &mut self.replay else { return };
+        if self.core.backlog() == 0 {
+            let secs = r.since.elapsed().as_secs_f64();
+            info!(
+                records = r.records,
+                seconds = format!("{secs:.1}"),
+                per_second = (r.records as f64 / secs.max(1e-3)) as u64,
+                "Spool replay done."
+            );
+            self.replay = None;
+        } else if r.logged.elapsed() >= Duration::from_secs(5) {
+            info!(
+                remaining = self.core.backlog(),
+                "Replaying the spool (LSNs left to read)."
+            );
+            r.logged = Instant::now();
+        }
+    }
+
+    async fn resolve(
+        &mut self,
+        req: Vec<crate::flush::Resolve>,
+        abort: &CancellationToken,
+    ) -> Result<(), Leftover> {
+        let Ok(resolution) = self.store.resolve(&req, abort).await else {
+            return Err(self.core.leftover());
+        };
+        let dropped = self.core.resolved(resolution);
+        if dropped > 0 && std::mem::take(&mut self.interrupted) {
+            info!(
+                samples = dropped,
+                "{}",
+                self.store.interrupted_and_applied()
+            );
+        } else if dropped > 0 {
+            info!(
+                samples = dropped,
+                "Skipped replayed samples that MongoDB already has."
+            );
+        }
+        Ok(())
+    }
+
+    async fn write(
+        &mut self,
+        mut batch: crate::flush::Batch,
+        abort: &CancellationToken,
+    ) -> Result<(), Leftover> {
+        let started = Instant::now();
+        self.health.flush_started();
+        let Ok(written) = self.store.write(&mut batch, abort).await else {
+            return Err(self.core.leftover());
+        };
+        let report = self.core.written(batch, written, Instant::now(), now_ms());
+        self.health
+            .set_deadletter_bytes_written(self.core.deadletter_bytes_written());
+        self.meter.drained += report.backlog_stored;
+        record(&report, started.elapsed());
+        self.health.flush_finished(report.samples_stored);
+        if report.unknown > 0 {
+            self.interrupted = true;
+            info!(
+                samples = report.unknown,
+                "A write was interrupted; learning what MongoDB has before sending those samples again."
+            );
+        }
+        debug!(
+            statements = report.statements,
+            samples = report.samples_stored,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "Flushed."
+        );
+        Ok(())
+    }
+
+    /// One chunk of a closer run ([`Action::Seal`]).
+    async fn seal(&mut self, now_ms: i64, late: bool, first: bool) {
+        if late {
+            debug!(
+                "Sealing while late readings of the closing windows are still in memory; they go into new buckets."
+            );
+        }
+        let started = Instant::now();
+        let sealed = self.store.seal(now_ms, self.confirmed, first).await;
+        self.sealing += started.elapsed();
+        let (cutoff, more) = match sealed {
+            Ok(sealed) => {
+                if sealed.buckets > 0 {
+                    metrics::counter!(telemetry::BUCKETS_SEALED).increment(sealed.buckets);
                     debug!(
-                        "Sealing while late readings of the closing windows are still in memory; they go into new buckets."
+                        sealed = sealed.buckets,
+                        more = sealed.more,
+                        "Sealed buckets."
                     );
                 }
-                let started = Instant::now();
-                let sealed = store.seal(now_ms, confirmed, first).await;
-                sealing += started.elapsed();
-                let (cutoff, more) = match sealed {
-                    Ok(sealed) => {
-                        if sealed.buckets > 0 {
-                            metrics::counter!(telemetry::BUCKETS_SEALED).increment(sealed.buckets);
-                            debug!(
-                                sealed = sealed.buckets,
-                                more = sealed.more,
-                                "Sealed buckets."
-                            );
-                        }
-                        if std::mem::take(&mut closer_failing) {
-                            info!("The closer works again.");
-                        }
-                        (store.seal_cutoff(now_ms), sealed.more)
-                    }
-                    Err(e) => {
-                        if !std::mem::replace(&mut closer_failing, true) {
-                            tracing::warn!(error = %e, "The closer could not seal buckets; retrying at its next interval.");
-                        }
-                        (None, false)
-                    }
-                };
-                if !more {
-                    // The closer run's time: its chunks together.
-                    metrics::histogram!(telemetry::CLOSER_SECONDS)
-                        .record(std::mem::take(&mut sealing).as_secs_f64());
+                if std::mem::take(&mut self.closer_failing) {
+                    info!("The closer works again.");
                 }
-                core.sealed(Instant::now(), now_ms, cutoff, more);
+                (self.store.seal_cutoff(now_ms), sealed.more)
             }
-            Action::Done => return Ok(()),
+            Err(e) => {
+                if !std::mem::replace(&mut self.closer_failing, true) {
+                    tracing::warn!(error = %e, "The closer could not seal buckets; retrying at its next interval.");
+                }
+                (None, false)
+            }
+        };
+        if !more {
+            // The closer run's time: its chunks together.
+            metrics::histogram!(telemetry::CLOSER_SECONDS)
+                .record(std::mem::take(&mut self.sealing).as_secs_f64());
         }
+        self.core.sealed(Instant::now(), now_ms, cutoff, more);
     }
 }
 
