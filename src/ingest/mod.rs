@@ -267,44 +267,39 @@ impl Connection {
         done: CancellationToken,
         abort: CancellationToken,
         health: Arc<Health>,
-        mut redeliveries: Redeliveries,
+        redeliveries: Redeliveries,
     ) {
-        let mut backoff = Backoff::default();
+        let mut session = Session {
+            health,
+            redeliveries,
+            backoff: Backoff::default(),
+            down_since: None,
+            disconnecting: false,
+            subscribed: false,
+            overflow: Default::default(),
+        };
         // Shows the loop is alive while the broker is quiet (it polls
         // only on traffic and keep-alive pings).
         let mut beat = tokio::time::interval(Duration::from_secs(1));
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut down_since: Option<std::time::Instant> = None;
-        let mut disconnecting = false;
-        // The broker acknowledged every subscription (a SUBACK) since this
-        // process started.
-        let mut subscribed = false;
-        let mut overflow: std::collections::VecDeque<Message> = Default::default();
         loop {
             // While messages wait in `overflow` the loop keeps polling (pings,
             // PUBACKs) and hands them on as the channel makes room.
             let event = tokio::select! {
                 _ = abort.cancelled() => return,
-                permit = tx.reserve(), if !overflow.is_empty() => {
-                    match (permit, overflow.pop_front()) {
-                        (Ok(permit), Some(m)) => permit.send(m),
-                        _ => {
-                            for m in overflow.drain(..) {
-                                self.queue.sub(m.cost());
-                            }
-                        }
-                    }
+                permit = tx.reserve(), if !session.overflow.is_empty() => {
+                    session.hand_on_waiting(permit, &self.queue);
                     continue;
                 }
-                _ = done.cancelled(), if !disconnecting => {
-                    disconnecting = true;
+                _ = done.cancelled(), if !session.disconnecting => {
+                    session.disconnecting = true;
                     if self.client.try_disconnect().is_err() {
                         return;
                     }
                     continue;
                 }
                 _ = beat.tick() => {
-                    health.ingest_beat();
+                    session.health.ingest_beat();
                     continue;
                 }
                 // Over its byte budget, the queue to the spooler takes no
@@ -313,129 +308,195 @@ impl Connection {
                 _ = self.queue.room(), if self.queue.over() => continue,
                 ev = self.eventloop.poll(), if !self.queue.over() => ev,
             };
-            health.ingest_beat();
+            session.health.ingest_beat();
             match event {
                 Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                    backoff = Backoff::default();
-                    health.set_broker_connected(true);
-                    redeliveries.connected(ack.session_present);
-                    match down_since.take() {
-                        Some(t) => {
-                            metrics::counter!(telemetry::BROKER_RECONNECTS).increment(1);
-                            info!(
-                            session_present = ack.session_present,
-                            after = ?Duration::from_secs(t.elapsed().as_secs()),
-                            "Reconnected to the MQTT broker."
-                            )
-                        }
-                        None => info!(
-                            session_present = ack.session_present,
-                            "Connected to the MQTT broker."
-                        ),
-                    }
-                    // Subscribe until the broker acknowledged it on this
-                    // process (the config may have changed since the
-                    // session was made; a link that dropped before the
-                    // SUBACK may have lost the SUBSCRIBE), and whenever the
-                    // broker kept no session. Not on every reconnect: each
-                    // subscribe re-sends retained messages.
-                    if !ack.session_present || !subscribed {
-                        health.set_subscribed(false);
-                        let subs = self
-                            .filters
-                            .iter()
-                            .map(|(f, q)| rumqttc::SubscribeFilter::new(f.clone(), *q));
-                        if let Err(e) = self.client.try_subscribe_many(subs) {
-                            error!(error = %e, "Could not queue the subscriptions.");
-                        }
-                    } else {
-                        // The broker kept the session and its subscriptions.
-                        health.set_subscribed(true);
-                    }
+                    session.on_connack(&ack, &self.client, &self.filters)
                 }
-                Ok(Event::Incoming(Packet::SubAck(ack))) => {
-                    let mut all = true;
-                    for (code, (filter, _)) in ack.return_codes.iter().zip(&self.filters) {
-                        match code {
-                            rumqttc::SubscribeReasonCode::Success(q) => {
-                                info!(%filter, qos = ?q, "Subscribed.")
-                            }
-                            rumqttc::SubscribeReasonCode::Failure => {
-                                all = false;
-                                error!(%filter, "The broker refused the subscription; check its ACLs.")
-                            }
-                        }
-                    }
-                    health.set_subscribed(all);
-                    subscribed = all;
-                }
+                Ok(Event::Incoming(Packet::SubAck(ack))) => session.on_suback(&ack, &self.filters),
                 Ok(Event::Incoming(Packet::Publish(p))) => {
-                    if stop.is_cancelled() {
-                        continue;
-                    }
-                    tracing::trace!(topic = %p.topic, pkid = p.pkid, "Message received.");
-                    metrics::counter!(telemetry::MESSAGES_RECEIVED).increment(1);
-                    let ack = (p.qos != QoS::AtMostOnce).then_some(AckToken {
-                        qos: p.qos,
-                        pkid: p.pkid,
-                    });
-                    let (id, duplicate) = match ack {
-                        Some(_) => {
-                            let d = digest(&p.topic, &p.payload);
-                            (
-                                Some((p.pkid, d)),
-                                redeliveries.is_redelivery(p.pkid, p.dup, d),
-                            )
-                        }
-                        None => (None, false),
-                    };
-                    let msg = Message {
-                        topic: p.topic,
-                        payload: p.payload,
-                        ack,
-                        received_ms: now_ms(),
-                        id,
-                        duplicate,
-                    };
-                    self.queue.add(msg.cost());
-                    if overflow.is_empty() {
-                        match tx.try_send(msg) {
-                            Ok(()) => {}
-                            Err(mpsc::error::TrySendError::Full(m)) => overflow.push_back(m),
-                            Err(mpsc::error::TrySendError::Closed(m)) => {
-                                self.queue.sub(m.cost());
-                                debug!("Spooler closed; message left to the broker.")
-                            }
-                        }
-                    } else {
-                        overflow.push_back(msg);
+                    if !stop.is_cancelled() {
+                        session.on_publish(p, &self.queue, &tx);
                     }
                 }
                 Ok(Event::Outgoing(Outgoing::Disconnect)) => {
-                    health.set_broker_connected(false);
+                    session.health.set_broker_connected(false);
                     info!("Disconnected from the MQTT broker.");
                     return;
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    health.set_broker_connected(false);
-                    if disconnecting {
+                    if !session.on_error(&e, &abort, &done).await {
                         return;
-                    }
-                    if down_since.is_none() {
-                        down_since = Some(std::time::Instant::now());
-                        warn!(error = %describe(&e), "MQTT connection lost or refused; reconnecting with backoff.");
-                    } else {
-                        debug!(error = %describe(&e), "MQTT reconnect failed.");
-                    }
-                    let delay = backoff.next_delay();
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = abort.cancelled() => return,
-                        _ = done.cancelled() => return,
                     }
                 }
             }
+        }
+    }
+}
+
+/// What the event loop keeps of its MQTT session: the broker's state as
+/// seen here, the reconnect backoff, the messages waiting for room.
+struct Session {
+    health: Arc<Health>,
+    redeliveries: Redeliveries,
+    backoff: Backoff,
+    down_since: Option<std::time::Instant>,
+    disconnecting: bool,
+    /// The broker acknowledged every subscription (a SUBACK) since this
+    /// process started.
+    subscribed: bool,
+    /// Messages the channel to the spooler had no room for yet.
+    overflow: std::collections::VecDeque<Message>,
+}
+
+impl Session {
+    /// Connected: subscribes until the broker acknowledged it on this
+    /// process (the config may have changed since the session was made; a
+    /// link that dropped before the SUBACK may have lost the SUBSCRIBE),
+    /// and whenever the broker kept no session. Not on every reconnect:
+    /// each subscribe re-sends retained messages.
+    fn on_connack(
+        &mut self,
+        ack: &rumqttc::ConnAck,
+        client: &AsyncClient,
+        filters: &[(String, QoS)],
+    ) {
+        self.backoff = Backoff::default();
+        self.health.set_broker_connected(true);
+        self.redeliveries.connected(ack.session_present);
+        match self.down_since.take() {
+            Some(t) => {
+                metrics::counter!(telemetry::BROKER_RECONNECTS).increment(1);
+                info!(
+                    session_present = ack.session_present,
+                    after = ?Duration::from_secs(t.elapsed().as_secs()),
+                    "Reconnected to the MQTT broker."
+                )
+            }
+            None => info!(
+                session_present = ack.session_present,
+                "Connected to the MQTT broker."
+            ),
+        }
+        if !ack.session_present || !self.subscribed {
+            self.health.set_subscribed(false);
+            let subs = filters
+                .iter()
+                .map(|(f, q)| rumqttc::SubscribeFilter::new(f.clone(), *q));
+            if let Err(e) = client.try_subscribe_many(subs) {
+                error!(error = %e, "Could not queue the subscriptions.");
+            }
+        } else {
+            // The broker kept the session and its subscriptions.
+            self.health.set_subscribed(true);
+        }
+    }
+
+    fn on_suback(&mut self, ack: &rumqttc::SubAck, filters: &[(String, QoS)]) {
+        let mut all = true;
+        for (code, (filter, _)) in ack.return_codes.iter().zip(filters) {
+            match code {
+                rumqttc::SubscribeReasonCode::Success(q) => {
+                    info!(%filter, qos = ?q, "Subscribed.")
+                }
+                rumqttc::SubscribeReasonCode::Failure => {
+                    all = false;
+                    error!(%filter, "The broker refused the subscription; check its ACLs.")
+                }
+            }
+        }
+        self.health.set_subscribed(all);
+        self.subscribed = all;
+    }
+
+    /// A message for the spooler, with its acknowledgement token and
+    /// whether it is a redelivery of one already spooled.
+    fn on_publish(
+        &mut self,
+        p: rumqttc::Publish,
+        queue: &crate::budget::Budget,
+        tx: &mpsc::Sender<Message>,
+    ) {
+        tracing::trace!(topic = %p.topic, pkid = p.pkid, "Message received.");
+        metrics::counter!(telemetry::MESSAGES_RECEIVED).increment(1);
+        let ack = (p.qos != QoS::AtMostOnce).then_some(AckToken {
+            qos: p.qos,
+            pkid: p.pkid,
+        });
+        let (id, duplicate) = match ack {
+            Some(_) => {
+                let d = digest(&p.topic, &p.payload);
+                (
+                    Some((p.pkid, d)),
+                    self.redeliveries.is_redelivery(p.pkid, p.dup, d),
+                )
+            }
+            None => (None, false),
+        };
+        let msg = Message {
+            topic: p.topic,
+            payload: p.payload,
+            ack,
+            received_ms: now_ms(),
+            id,
+            duplicate,
+        };
+        queue.add(msg.cost());
+        if !self.overflow.is_empty() {
+            self.overflow.push_back(msg);
+            return;
+        }
+        match tx.try_send(msg) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(m)) => self.overflow.push_back(m),
+            Err(mpsc::error::TrySendError::Closed(m)) => {
+                queue.sub(m.cost());
+                debug!("Spooler closed; message left to the broker.")
+            }
+        }
+    }
+
+    /// The channel made room: the oldest waiting message goes on (all are
+    /// given up if the spooler is gone).
+    fn hand_on_waiting(
+        &mut self,
+        permit: Result<mpsc::Permit<'_, Message>, mpsc::error::SendError<()>>,
+        queue: &crate::budget::Budget,
+    ) {
+        match (permit, self.overflow.pop_front()) {
+            (Ok(permit), Some(m)) => permit.send(m),
+            _ => {
+                for m in self.overflow.drain(..) {
+                    queue.sub(m.cost());
+                }
+            }
+        }
+    }
+
+    /// The connection failed: logged once per outage, then a backoff.
+    /// `false`: stop (disconnecting, done or aborted).
+    async fn on_error(
+        &mut self,
+        e: &ConnectionError,
+        abort: &CancellationToken,
+        done: &CancellationToken,
+    ) -> bool {
+        self.health.set_broker_connected(false);
+        if self.disconnecting {
+            return false;
+        }
+        if self.down_since.is_none() {
+            self.down_since = Some(std::time::Instant::now());
+            warn!(error = %describe(e), "MQTT connection lost or refused; reconnecting with backoff.");
+        } else {
+            debug!(error = %describe(e), "MQTT reconnect failed.");
+        }
+        let delay = self.backoff.next_delay();
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => true,
+            _ = abort.cancelled() => false,
+            _ = done.cancelled() => false,
         }
     }
 }
