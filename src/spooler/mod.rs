@@ -329,6 +329,9 @@ impl Spooler {
                 },
                 // Tell the quietest sensors once more after the last message.
                 _ = tokio::time::sleep(QUIET_EVERY.saturating_sub(quiet_at.elapsed())), if self.tell_quiet && quiet_dirty => {}
+                // While messages wait for their acknowledgement, the gauges
+                // (the oldest unacknowledged one's age) stay current.
+                _ = tokio::time::sleep(GAUGE_EVERY.saturating_sub(gauges_at.elapsed())), if !acks.is_empty() => {}
                 // While full, look again shortly: checkpoints free segments.
                 _ = tokio::time::sleep(Duration::from_millis(200)), if full => {}
                 // PUBACKs that did not fit into the client's queue.
