@@ -5,7 +5,7 @@
 //! The producer adds what it hands on and the consumer takes it off; the
 //! producer either waits while the budget is spent ([`Budget::over`],
 //! [`Budget::room`]: ingest stops reading from the broker) or leaves the
-//! item where it is ([`Budget::try_add`]: the spooler's feed, whose items
+//! item where it is ([`Budget::try_add`]: the admission's feed, whose items
 //! are on disk anyway).
 
 use std::sync::atomic::{AtomicUsize, Ordering};

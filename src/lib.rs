@@ -4,21 +4,21 @@
 //! Data flows one way, each part a task that owns its state:
 //!
 //! ```text
-//!  broker ──> ingest ──> spooler ──> spool (local log, fsync)
-//!               ^          │ decode          │ durable LSN
-//!               └─ PUBACK ─┘ <───────────────┘
-//!                          │ feed (live)     │ read back (backlog)
-//!                          v                 v
-//!                 pipeline: core (sans-IO) + task ──> store ──> MongoDB
-//!                          └──── checkpoint ───> spool
+//!  broker ──> ingest ──> admission ──> spool (local log, fsync)
+//!               ^            │ decode          │ durable LSN
+//!               └── PUBACK ──┘ <───────────────┘
+//!                            │ feed (live)     │ read back (backlog)
+//!                            v                 v
+//!              pipeline: state (sans-IO) + task ──> store ──> MongoDB
+//!                            └──── checkpoint ───> spool
 //! ```
 //!
 //! The edges (tasks, I/O):
 //! - [`ingest`]: owns the rumqttc event loop; subscribe, reconnect,
-//!   recognise redeliveries, hand messages to the spooler.
-//! - [`spooler`]: decodes each message, appends it to the [`spool`],
-//!   releases PUBACKs in arrival order once durable ([`spooler::acks`]);
-//!   saves the Sparkplug B alias maps first ([`spooler::sparkplug`]).
+//!   recognise redeliveries, hand messages on to admission.
+//! - [`admission`]: decodes each message, appends it to the [`spool`],
+//!   releases PUBACKs in arrival order once durable ([`admission::acks`]);
+//!   saves the Sparkplug B alias maps first ([`admission::sparkplug`]).
 //! - [`spool`]: the crash-safe local log behind one [`spool::Spool`] handle
 //!   (its appender thread, segments, checkpoint, reading back, tombstones
 //!   of segments a full spool deleted); every file operation goes through
@@ -68,6 +68,7 @@ pub const VERSION: &str = concat!(
     ")"
 );
 
+pub mod admission;
 pub mod bucket;
 pub mod budget;
 pub mod clock;
@@ -85,7 +86,6 @@ pub mod retry;
 pub mod shutdown;
 pub mod simulate;
 pub mod spool;
-pub mod spooler;
 pub mod store;
 pub mod tags;
 pub mod telemetry;
@@ -150,7 +150,7 @@ pub async fn mongo_client(settings: &Settings) -> Result<mongodb::Client, RunErr
 }
 
 /// Every second, whether the spool's disk takes writes and how much room it
-/// has, for readiness and the gauges (apart from the spooler, which waits
+/// has, for readiness and the gauges (apart from the admission, which waits
 /// while the disk fails).
 async fn watch_spool(spool: spool::Spool, health: Arc<telemetry::Health>, done: CancellationToken) {
     loop {
@@ -210,12 +210,12 @@ pub struct Running {
     abort: CancellationToken,
     appender: spool::AppenderThread,
     pipeline: tokio::task::JoinHandle<Result<(), Leftover>>,
-    spooler: tokio::task::JoinHandle<Result<(), usize>>,
+    admission: tokio::task::JoinHandle<Result<(), usize>>,
     client: mongodb::Client,
 }
 
 /// Opens the spool and the database, and starts every part: the endpoints
-/// and watchers, ingest, the spooler and the pipeline. They run until
+/// and watchers, ingest, the admission and the pipeline. They run until
 /// `stop`.
 pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Running, RunError> {
     for w in &settings.warnings {
@@ -252,14 +252,14 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
     let feed_budget = Arc::new(budget::Budget::new(memory.feed));
     connection.limit_queue(queue.clone());
     let (feed_tx, feed_rx) = mpsc::channel(16_384);
-    let spooler = spooler::Spooler::new(
+    let admission = admission::Admission::new(
         settings,
         connection.acker(),
         spool.clone(),
         &recovered,
         feed_tx,
         health.clone(),
-        spooler::Budgets {
+        admission::Budgets {
             queue: queue.clone(),
             feed: feed_budget.clone(),
         },
@@ -278,7 +278,7 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
     // Room for the broker's whole in-flight window, so ingest never waits.
     let (tx, rx) = mpsc::channel(settings.mqtt.max_inflight.max(1024));
 
-    // `acked`: the spooler released every due acknowledgement (ingest may
+    // `acked`: the admission released every due acknowledgement (ingest may
     // disconnect); `done`: the pipeline finished (the endpoints stop).
     let acked = CancellationToken::new();
     let done = CancellationToken::new();
@@ -335,10 +335,10 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
         health.clone(),
         ingest::Redeliveries::new(recovered.message_ids),
     ));
-    let spooler = {
+    let admission = {
         let (stop, acked, abort) = (stop.clone(), acked.clone(), abort.clone());
         tracker.spawn(async move {
-            let result = spooler.run(rx, stop, abort).await;
+            let result = admission.run(rx, stop, abort).await;
             acked.cancel();
             result
         })
@@ -365,7 +365,7 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
         abort,
         appender,
         pipeline,
-        spooler,
+        admission,
         client,
     })
 }
@@ -393,10 +393,10 @@ impl Running {
             Ok(Err(l)) => left = l,
             Err(e) => error!(error = %e, "Pipeline task failed."),
         }
-        match self.spooler.await {
+        match self.admission.await {
             Ok(Ok(())) => {}
             Ok(Err(n)) => left.unacknowledged = n,
-            Err(e) => error!(error = %e, "Spooler task failed."),
+            Err(e) => error!(error = %e, "Admission task failed."),
         }
         // Shut the driver down here: a client dropped while the runtime
         // stops spawns a task that ends its sessions, and that task can

@@ -11,7 +11,7 @@
 //! All integers are little-endian whatever the machine, so a spool moves
 //! between an x86 and an ARM box unchanged. Every record has a log sequence
 //! number (LSN), strictly increasing; within one segment (one run of the
-//! spooler) they are consecutive, so a gap between two intact records says
+//! admission) they are consecutive, so a gap between two intact records says
 //! how many records damage cost.
 
 pub(crate) const HEADER: usize = 8;

@@ -1,10 +1,10 @@
 //! Signals and the shutdown sequence's tokens.
 //!
 //! Order on SIGTERM/SIGINT: `stop` is cancelled, so ingest stops handing on
-//! messages (the broker keeps them); the spooler spools what it already
+//! messages (the broker keeps them); the admission spools what it already
 //! received, waits until it is durable and releases the acknowledgements
 //! (`acked`), after which ingest sends them and disconnects; the pipeline
-//! takes what the spooler offered and writes what memory holds (what is only
+//! takes what the admission offered and writes what memory holds (what is only
 //! on disk stays in the spool for the next start), then the endpoints stop
 //! (`done`). If that takes longer than `--shutdown-timeout`, `abort` is
 //! cancelled: every task returns at once and the process exits non-zero

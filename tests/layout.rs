@@ -26,7 +26,7 @@ const CORE: &[&str] = &[
 /// The edges: what the core must not name.
 const EDGES: &[&str] = &[
     "ingest",
-    "spooler",
+    "admission",
     "spool",
     "store",
     "telemetry",

@@ -188,7 +188,7 @@ pub struct MemorySplit {
     /// reading from the broker).
     pub ingest: usize,
     /// Encoded batches on their way into the spool's files (beyond: the
-    /// spooler waits for the disk, and ingest behind it).
+    /// admission waits for the disk, and ingest behind it).
     pub spool: usize,
     /// Spooled batches on their way to the pipeline's memory (beyond: read
     /// back from the spool).

@@ -266,7 +266,7 @@ pub struct Decoded {
     pub readings: Vec<Reading>,
     pub errors: Vec<DecodeError>,
     /// What a Sparkplug B message did besides (empty for other formats).
-    pub sparkplug: sparkplug::Outcome,
+    pub sparkplug: sparkplug::Effects,
 }
 
 /// Time bounds and size limits the decoder applies.

@@ -1,5 +1,5 @@
 //! Owns the rumqttc event loop: connect, subscribe, reconnect, and hand each
-//! PUBLISH to the spooler. Acknowledgements are sent by the spooler through
+//! PUBLISH to the admission. Acknowledgements are sent by the admission through
 //! [`Acker`] (a non-blocking `try_ack` into rumqttc's request channel) once
 //! a message is durable in the spool; this task never awaits an ack or a
 //! subscribe, so it always keeps polling, and the keep-alive and the PUBACKs
@@ -37,7 +37,7 @@ use crate::decode::Subscription;
 use crate::retry::Backoff;
 use crate::telemetry::{self, Health};
 
-/// One received PUBLISH, as the spooler sees it.
+/// One received PUBLISH, as the admission sees it.
 #[derive(Debug)]
 pub struct Message {
     pub topic: String,
@@ -53,7 +53,7 @@ pub struct Message {
 }
 
 impl Message {
-    /// Bytes it holds while it waits for the spooler (payload, topic, and
+    /// Bytes it holds while it waits for the admission (payload, topic, and
     /// the message itself).
     pub fn cost(&self) -> usize {
         self.payload.len() + self.topic.len() + std::mem::size_of::<Message>()
@@ -212,7 +212,7 @@ pub struct Connection {
     client: AsyncClient,
     eventloop: EventLoop,
     filters: Vec<(String, QoS)>,
-    /// Bytes of messages on their way to the spooler.
+    /// Bytes of messages on their way to the admission.
     queue: Arc<crate::budget::Budget>,
 }
 
@@ -243,9 +243,9 @@ impl Connection {
         })
     }
 
-    /// Messages received and not yet taken by the spooler may hold this
+    /// Messages received and not yet taken by the admission may hold this
     /// budget's bytes; beyond, the loop stops reading from the broker (the
-    /// spooler takes them off the budget as it takes them).
+    /// admission takes them off the budget as it takes them).
     pub fn limit_queue(&mut self, budget: Arc<crate::budget::Budget>) {
         self.queue = budget;
     }
@@ -302,7 +302,7 @@ impl Connection {
                     session.health.ingest_beat();
                     continue;
                 }
-                // Over its byte budget, the queue to the spooler takes no
+                // Over its byte budget, the queue to the admission takes no
                 // more: reading from the broker waits (the broker keeps
                 // what it has not sent; QoS 1 waits in its window).
                 _ = self.queue.room(), if self.queue.over() => continue,
@@ -346,7 +346,7 @@ struct Session {
     /// The broker acknowledged every subscription (a SUBACK) since this
     /// process started.
     subscribed: bool,
-    /// Messages the channel to the spooler had no room for yet.
+    /// Messages the channel to the admission had no room for yet.
     overflow: std::collections::VecDeque<Message>,
 }
 
@@ -410,7 +410,7 @@ impl Session {
         self.subscribed = all;
     }
 
-    /// A message for the spooler, with its acknowledgement token and
+    /// A message for the admission, with its acknowledgement token and
     /// whether it is a redelivery of one already spooled.
     fn on_publish(
         &mut self,
@@ -452,13 +452,13 @@ impl Session {
             Err(mpsc::error::TrySendError::Full(m)) => self.overflow.push_back(m),
             Err(mpsc::error::TrySendError::Closed(m)) => {
                 queue.sub(m.cost());
-                debug!("Spooler closed; message left to the broker.")
+                debug!("Admission closed; message left to the broker.")
             }
         }
     }
 
     /// The channel made room: the oldest waiting message goes on (all are
-    /// given up if the spooler is gone).
+    /// given up if the admission is gone).
     fn hand_on_waiting(
         &mut self,
         permit: Result<mpsc::Permit<'_, Message>, mpsc::error::SendError<()>>,

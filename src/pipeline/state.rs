@@ -1,12 +1,12 @@
 //! The pipeline's state and decisions, sans-IO: it takes events (records
-//! from the spooler or read back from the spool, the durable LSN, what the
+//! from the admission or read back from the spool, the durable LSN, what the
 //! store reports, the time) and returns what to do next as an [`Action`]
 //! (read records back, resolve uncertain samples, write a flush, store a
 //! checkpoint, seal), the way rumqttc's `MqttState` returns packets and
 //! never touches a socket.
 //!
 //! # Two lanes: live readings first
-//! Memory holds two [`Pending`]s. The *live* lane takes the spooler's feed
+//! Memory holds two [`Pending`]s. The *live* lane takes the admission's feed
 //! (and, after a short gap, reads the log from its cursor on); its sensors
 //! fall due by age and fill. The *backlog* lane holds what palletd fell
 //! behind on: it reads an LSN range of the log ([`super::backlog`]), in
@@ -347,7 +347,7 @@ pub struct Core {
     deadletter_bytes: usize,
     spooled_deadletter_bytes: u64,
     /// Bytes of spooled dead letters written to MongoDB so far (the
-    /// spooler's dead-letter share frees by them).
+    /// admission's dead-letter share frees by them).
     deadletter_bytes_written: u64,
     /// The core's monotonic clock starts here (deadlines never follow a
     /// step of the wall clock).
@@ -585,7 +585,7 @@ impl Core {
         self.stopping = true;
     }
 
-    /// Records the spooler appended: taken into the live lane if they
+    /// Records the admission appended: taken into the live lane if they
     /// continue it and fit; else they stay on disk.
     pub fn feed(&mut self, f: Feed, now: Instant, now_ms: i64) {
         if f.first != self.cursor

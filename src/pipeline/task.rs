@@ -1,5 +1,5 @@
 //! The pipeline task: a thin shell around the [`Core`]. It feeds the core
-//! what arrives (records from the spooler, the durable LSN, the time) and
+//! what arrives (records from the admission, the durable LSN, the time) and
 //! carries out what it asks (read the spool, resolve, write, checkpoint,
 //! seal), one action at a time. It decides nothing itself.
 
@@ -17,7 +17,7 @@ use crate::spool::{self, Reader, Spool};
 use crate::store::Store;
 use crate::telemetry::{self, Health};
 
-/// How often the spooler's feed is taken in at most.
+/// How often the admission's feed is taken in at most.
 const FEED_EVERY: Duration = Duration::from_millis(5);
 
 /// Progress of the start-up replay, logged every 5 s.
@@ -152,7 +152,7 @@ struct Task {
     interrupted: bool,
     replay: Option<Replay>,
     /// The feed is taken in at most every [`FEED_EVERY`] (one wake-up for
-    /// many of the spooler's batches; memory holds readings for much
+    /// many of the admission's batches; memory holds readings for much
     /// longer).
     feed_at: Instant,
 }
@@ -175,7 +175,7 @@ impl Task {
         }
     }
 
-    /// What the spooler offered meanwhile, into memory.
+    /// What the admission offered meanwhile, into memory.
     fn take_feed(&mut self) {
         if self.feed_at > Instant::now() {
             return;
@@ -244,7 +244,7 @@ impl Task {
         Ok(())
     }
 
-    /// Stop: takes what the spooler already offered (records on disk only
+    /// Stop: takes what the admission already offered (records on disk only
     /// stay there for the next start) and has the core write what memory
     /// holds.
     async fn stopping(&mut self) {

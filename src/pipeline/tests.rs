@@ -318,7 +318,7 @@ impl World {
         self.unsynced.push((self.log.len() - 1, offered));
     }
 
-    /// The spooler offers what it appended once it is appended (before it
+    /// The admission offers what it appended once it is appended (before it
     /// is durable), one record per feed here.
     fn sync(&mut self) {
         for (i, offered) in std::mem::take(&mut self.unsynced) {
@@ -358,7 +358,7 @@ impl World {
                 );
             }
             // Its `_id` names the spool id it was spooled under, as the
-            // spooler makes it.
+            // admission makes it.
             Step::DeadLetter { offered } => {
                 let id = crate::deadletter::id(self.tags.current(), self.next_lsn);
                 self.append(
@@ -547,7 +547,7 @@ impl World {
                 if let Fate::Outage { secs } = fate {
                     took += Duration::from_secs(secs as u64);
                     // Readings keep arriving while the write waits: the
-                    // spooler appends them, the pipeline reads none.
+                    // admission appends them, the pipeline reads none.
                     for i in 0..secs {
                         let ts = self.now_ms + i as i64 * 1000;
                         let doc = sample(0, ts, 1).doc.into_bytes();

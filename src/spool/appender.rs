@@ -1,5 +1,5 @@
 //! The appender: the one thread that owns the open segment. It writes what
-//! the spooler appends, group-commits (one fsync for everything appended
+//! the admission appends, group-commits (one fsync for everything appended
 //! during the previous one), publishes the durable LSN, stores checkpoints
 //! and deletes the segments they confirm. It is the only one to rename or
 //! delete segment files: the compressor thread ([`compressor`]) writes a
@@ -15,7 +15,7 @@
 //! last successful sync are kept in memory. Any failed write or sync (EIO,
 //! ENOSPC, a short write, a failed fsync) puts the file back to its last
 //! synced length and writes those bytes again on the next attempt, in
-//! order, after a backoff; appends wait behind them (the spooler stops
+//! order, after a backoff; appends wait behind them (the admission stops
 //! taking messages, the broker keeps them). A failed fsync is never
 //! followed by trusting a later one: on Linux a failed writeback may drop
 //! the dirty pages and mark them clean, so the next fsync "succeeds"

@@ -33,7 +33,7 @@
 //!
 //! # When full
 //! `spool.when_full = "stop"` (the default): at `spool.max_size` the
-//! spooler stops taking messages, so the broker keeps them (up to its own
+//! admission stops taking messages, so the broker keeps them (up to its own
 //! limit per client). `"drop_oldest"`: the appender deletes the oldest
 //! segment instead (the newest readings are kept) and leaves a tombstone
 //! of it ([`tombstone`]), so the pipeline counts and logs exactly the

@@ -511,7 +511,7 @@ impl Rig {
     }
 
     /// Appends a message of `k` samples of `pad` bytes each and its
-    /// identity (last, as the spooler writes it), as one spooler batch.
+    /// identity (last, as the admission writes it), as one admission batch.
     fn append(&mut self, k: usize, pad: usize) {
         let mut bytes = Vec::new();
         for i in 0..=k {
@@ -1038,7 +1038,7 @@ fn an_unreadable_spool_id_is_restored_from_its_copy_and_never_becomes_zero() {
 }
 
 /// A read up to a durable LSN beyond the last record (LSNs that hold no
-/// record: the spooler's `end` may run ahead of its records) reaches the
+/// record: the admission's `end` may run ahead of its records) reaches the
 /// end of the segment being written, where a write that failed half way
 /// left half a record. That half is left alone and read whole later.
 /// Mutant this kills: a reader that consumes it, loses its place and
@@ -1103,7 +1103,7 @@ fn a_half_written_record_at_the_end_of_the_newest_segment_is_left_for_the_next_r
     assert_eq!(rest.complete_to, rig.acked);
 }
 
-/// A message's records: its samples, then its identity (the spooler
+/// A message's records: its samples, then its identity (the admission
 /// writes them so). A write torn inside a message that was never
 /// acknowledged takes the whole message with it: recovered, its samples
 /// would be stored and its redelivery too (its identity gone with the
@@ -1154,7 +1154,7 @@ fn a_torn_write_takes_the_whole_message_it_tore_with_it() {
 /// Appends the appender has not written yet count against
 /// `spool.max_size`, and its queue is bounded in bytes: a disk that stalls
 /// (here every write fails) can carry neither the spool past its size nor
-/// palletd's memory past `max_queued`. Mutant this kills: the spooler saw
+/// palletd's memory past `max_queued`. Mutant this kills: the admission saw
 /// only the bytes in the files, and the appender's queue took 1,024
 /// batches of any size (in CI a slow disk let 2,000 messages through a
 /// full 64 KiB spool, all acknowledged).

@@ -1,7 +1,7 @@
 //! Counting and logging what went to the dead letter: a counter by cause,
 //! and each cause logged at most once a minute with how many were
 //! suppressed since (nothing per message above DEBUG otherwise). The parts
-//! that refuse readings (the spooler, the pipeline through its task) report
+//! that refuse readings (the admission, the pipeline through its task) report
 //! here; the causes are [`crate::deadletter::CAUSES`].
 
 use std::collections::HashMap;

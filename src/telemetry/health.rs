@@ -33,12 +33,12 @@ pub struct Health {
     /// Spool writes or syncs are failing (nothing new is acknowledged).
     spool_failing: AtomicBool,
     /// Bytes of spooled dead letters written to MongoDB so far (by the
-    /// pipeline; the spooler's dead-letter share frees by them).
+    /// pipeline; the admission's dead-letter share frees by them).
     deadletter_bytes_written: AtomicU64,
     /// Woken when the database answers again after it did not.
     database_back: tokio::sync::Notify,
     /// The sensors quiet the longest: (sensor, last reading ms), for the
-    /// status page (kept by the spooler every few seconds).
+    /// status page (kept by the admission every few seconds).
     quiet: std::sync::Mutex<Vec<(String, i64)>>,
 }
 

@@ -5,7 +5,7 @@
 //! rendered), or a difference of two such values in time ([`History`]:
 //! readings stored per second, dead letters in the last hour), plus
 //! readiness and the sensors quiet the longest (from
-//! `<collection>_latest`, or the spooler's bookkeeping when that is off).
+//! `<collection>_latest`, or the admission's bookkeeping when that is off).
 //!
 //! Charts of the last hour, drawn here as inline SVG from the snapshots
 //! [`History`] keeps every [`SNAPSHOT_EVERY`] (a point per snapshot):

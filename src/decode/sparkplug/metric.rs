@@ -1,6 +1,6 @@
 //! What a Sparkplug B message's metrics become: each metric's value as a
 //! field ([`value`], by the specification's datatypes), the samples they
-//! form by time ([`Samples`]), the alias map a BIRTH teaches ([`learn`]),
+//! form by time ([`ByTime`]), the alias map a BIRTH teaches ([`learn`]),
 //! and the bounded look at a payload before it is decoded
 //! ([`count_metrics`]). Sans-IO, no state.
 
@@ -45,13 +45,13 @@ fn unsupported_name(datatype: u32) -> &'static str {
     }
 }
 
-/// Samples of one message being built: fields by (time, historical).
+/// The samples of one message being built: fields by (time, historical).
 #[derive(Default)]
-pub(super) struct Samples {
+pub(super) struct ByTime {
     by_time: BTreeMap<(i64, bool), Vec<(String, FieldValue)>>,
 }
 
-impl Samples {
+impl ByTime {
     pub(super) fn push(&mut self, ts_ms: i64, historical: bool, name: String, value: FieldValue) {
         self.by_time
             .entry((ts_ms, historical))
@@ -83,7 +83,7 @@ impl Samples {
     }
 }
 
-/// A message's metrics as fields of [`Samples`]: a metric without a name
+/// A message's metrics as fields of [`ByTime`]: a metric without a name
 /// takes it from `aliases` (the BIRTH's map); its time is its own, else
 /// `payload_ts`. Returns the aliases no BIRTH named and the first metric
 /// refused (the rest are stored); datatypes palletd does not store go to
@@ -93,7 +93,7 @@ pub(super) fn convert(
     aliases: Option<&Aliases>,
     payload_ts: i64,
     limits: &Limits,
-    samples: &mut Samples,
+    samples: &mut ByTime,
     skipped: &mut Vec<&'static str>,
 ) -> (Vec<u64>, Option<DecodeError>) {
     let mut unknown: Vec<u64> = Vec::new();

@@ -2,7 +2,7 @@
 //! holds the alias maps, `bdSeq`s and online flags of every edge node and
 //! device palletd has heard a BIRTH from ([`crate::decode::sparkplug::State`]).
 //!
-//! The spooler saves it (a new file, fsync, rename, fsync of the directory)
+//! The admission saves it (a new file, fsync, rename, fsync of the directory)
 //! at most every [`SAVE_EVERY`], and holds the acknowledgements of the
 //! messages from the first batch that changed it since the last save until
 //! a save covers them ([`StateFile::gate`]): a BIRTH is never acknowledged

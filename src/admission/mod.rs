@@ -1,4 +1,4 @@
-//! The spooler task: decodes each message, appends what it carried (samples,
+//! The admission task: decodes each message, appends what it carried (samples,
 //! dead letters, the message's identity) to the spool with fresh LSNs, and
 //! acknowledges the message as soon as the spool is durable up to its last
 //! record. It never waits for the database.
@@ -9,7 +9,7 @@
 //!
 //! When the spool is full ([`crate::spool::Spool::is_full`]: at
 //! `spool.max_size` with `when_full = "stop"`, or when `"drop_oldest"` has
-//! nothing left to drop), the spooler stops taking messages: they stay
+//! nothing left to drop), the admission stops taking messages: they stay
 //! unacknowledged at the broker until the checkpoint frees segments. It
 //! says so at ERROR, with the numbers.
 //!
@@ -40,7 +40,7 @@ pub use sensors::SensorLimit;
 use crate::flush::Feed;
 
 /// Messages handled together: one spool append and one feed for all.
-struct Batch {
+struct Arrivals {
     first: u64,
     bytes: Vec<u8>,
     samples: usize,
@@ -50,9 +50,9 @@ struct Batch {
     sparkplug: Vec<(&'static str, u64)>,
 }
 
-impl Batch {
-    fn new(first: u64) -> Batch {
-        Batch {
+impl Arrivals {
+    fn new(first: u64) -> Arrivals {
+        Arrivals {
             first,
             bytes: Vec::new(),
             samples: 0,
@@ -78,7 +78,7 @@ struct Unacked {
     received_ms: i64,
 }
 
-pub struct Spooler {
+pub struct Admission {
     decoder: Decoder,
     acker: Acker,
     spool: Spool,
@@ -201,7 +201,7 @@ impl DeadLetterRoom {
     }
 }
 
-/// The byte budgets of `limits.max_memory` the spooler takes from and
+/// The byte budgets of `limits.max_memory` the admission takes from and
 /// gives to.
 pub struct Budgets {
     /// Messages ingest handed on and not yet taken here.
@@ -210,8 +210,8 @@ pub struct Budgets {
     pub feed: std::sync::Arc<crate::budget::Budget>,
 }
 
-impl Spooler {
-    /// The spooler of `spool` (opened: `recovered` says where it goes on),
+impl Admission {
+    /// The admission of `spool` (opened: `recovered` says where it goes on),
     /// decoding by the settings' subscriptions, acknowledging through
     /// `acker`, offering what it spools on `feed`. With a `sparkplug_b`
     /// subscription, the decoder starts from the Sparkplug B state saved in
@@ -224,14 +224,14 @@ impl Spooler {
         feed: mpsc::Sender<Feed>,
         health: std::sync::Arc<crate::telemetry::Health>,
         budgets: Budgets,
-    ) -> Spooler {
+    ) -> Admission {
         let mut decoder = Decoder::new(settings.subscriptions.clone(), settings.decode_limits());
         let sparkplug = decoder.has_sparkplug().then(|| {
             let file = sparkplug::StateFile::new(&settings.spool.dir);
             decoder.set_sparkplug_state(file.load());
             file
         });
-        Spooler {
+        Admission {
             decoder,
             acker,
             spool,
@@ -315,7 +315,7 @@ impl Spooler {
                     Some(m) => {
                         quiet_dirty = true;
                         // Take what else is waiting: one append, one feed.
-                        let mut batch = Batch::new(self.next_lsn);
+                        let mut batch = Arrivals::new(self.next_lsn);
                         self.receive(m, &mut acks, &mut reporter, &mut batch);
                         while batch.messages < MAX_BATCH_MESSAGES {
                             match rx.try_recv() {
@@ -347,7 +347,7 @@ impl Spooler {
         }
         rx.close();
         while let Some(m) = rx.recv().await {
-            let mut batch = Batch::new(self.next_lsn);
+            let mut batch = Arrivals::new(self.next_lsn);
             self.receive(m, &mut acks, &mut reporter, &mut batch);
             self.send(batch).await;
         }
@@ -429,7 +429,7 @@ impl Spooler {
     }
 
     /// Appends a batch to the spool, then offers it to the pipeline.
-    async fn send(&mut self, batch: Batch) {
+    async fn send(&mut self, batch: Arrivals) {
         // What a BIRTH taught is on disk before its acknowledgement can go:
         // the batch's messages wait for the next save if it changed.
         if let Some(file) = &mut self.sparkplug {
@@ -475,9 +475,9 @@ impl Spooler {
     /// sends a rebirth request.
     fn sparkplug_outcome(
         &mut self,
-        o: &crate::decode::sparkplug::Outcome,
+        o: &crate::decode::sparkplug::Effects,
         now_ms: i64,
-        batch: &mut Batch,
+        batch: &mut Arrivals,
     ) {
         let Some(kind) = o.kind else { return };
         match batch.sparkplug.iter_mut().find(|(k, _)| *k == kind) {
@@ -518,7 +518,7 @@ impl Spooler {
         m: Message,
         acks: &mut AckQueue<Unacked>,
         reporter: &mut Reporter,
-        batch: &mut Batch,
+        batch: &mut Arrivals,
     ) {
         self.queue.sub(m.cost());
         let unacked = Unacked {
