@@ -1,0 +1,153 @@
+//! `[mongodb]`: the database, its collections, write concern and
+//! compression.
+
+use super::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteConcern {
+    Majority,
+    Nodes(u32),
+}
+
+#[derive(Debug, Clone)]
+pub struct MongoSettings {
+    pub uri: Secret,
+    pub database: String,
+    pub collection: String,
+    pub write_concern: WriteConcern,
+    pub journal: bool,
+    /// Wire compression palletd offers the server, in order of preference
+    /// (`compressors=` in the URI takes precedence).
+    pub compressors: Vec<String>,
+    /// Every write command's `maxTimeMS`: how long a write palletd lost
+    /// sight of can still be running on the server ([`crate::store`]).
+    pub write_time_limit: std::time::Duration,
+}
+
+/// The wire compressors palletd is built with.
+pub const COMPRESSORS: &[&str] = &["zstd", "zlib", "snappy"];
+
+impl MongoSettings {
+    /// The dead-letter collection, `<collection>_deadletter`.
+    pub fn deadletter_collection(&self) -> String {
+        format!("{}_deadletter", self.collection)
+    }
+
+    /// `<collection>_latest`: each sensor's newest sample (`[latest]`).
+    pub fn latest_collection(&self) -> String {
+        format!("{}_latest", self.collection)
+    }
+
+    /// `<collection>_flat`: a view of one document per reading (bucket mode).
+    pub fn flat_view(&self) -> String {
+        format!("{}_flat", self.collection)
+    }
+}
+
+impl Validator {
+    pub(super) fn mongo(&mut self, m: RawMongo, base: Option<&Path>) -> MongoSettings {
+        let uri = match (m.uri, m.uri_file) {
+            (Some(_), Some(_)) => {
+                self.err("mongodb.uri_file", "set either uri or uri_file, not both");
+                String::new()
+            }
+            (Some(u), None) => u,
+            (None, Some(f)) => {
+                let p = resolve(base, &f);
+                self.warn_if_readable_by_others("mongodb.uri_file", &p);
+                match std::fs::read_to_string(&p) {
+                    Ok(u) => u.trim().to_string(),
+                    Err(e) => {
+                        self.err(
+                            "mongodb.uri_file",
+                            format!("cannot read {}: {e}", p.display()),
+                        );
+                        String::new()
+                    }
+                }
+            }
+            (None, None) => {
+                self.err("mongodb.uri", "required: set uri or uri_file");
+                String::new()
+            }
+        };
+        if !(uri.is_empty() || uri.starts_with("mongodb://") || uri.starts_with("mongodb+srv://")) {
+            self.err(
+                "mongodb.uri",
+                "must start with mongodb:// or mongodb+srv://",
+            );
+        }
+        check_name(
+            self,
+            "mongodb.database",
+            &m.database,
+            &['/', '\\', '.', ' ', '"', '$'],
+        );
+        let collection = m.collection.unwrap_or_else(|| "readings".into());
+        check_name(self, "mongodb.collection", &collection, &['$']);
+        if collection.starts_with("system.") {
+            self.err("mongodb.collection", "must not start with \"system.\"");
+        }
+        let write_concern = match m.write_concern {
+            None => WriteConcern::Majority,
+            Some(RawWriteConcern::Tag(t)) if t == "majority" => WriteConcern::Majority,
+            Some(RawWriteConcern::Tag(t)) => {
+                self.err(
+                    "mongodb.write_concern",
+                    format!("must be \"majority\" or a number of nodes, got {t:?}"),
+                );
+                WriteConcern::Majority
+            }
+            Some(RawWriteConcern::Nodes(n)) if (1..=50).contains(&n) => {
+                WriteConcern::Nodes(n as u32)
+            }
+            Some(RawWriteConcern::Nodes(n)) => {
+                self.err(
+                    "mongodb.write_concern",
+                    format!("a number of nodes must be between 1 and 50, got {n} (0 would not wait for the write)"),
+                );
+                WriteConcern::Majority
+            }
+        };
+        let journal = m.journal.unwrap_or(true);
+        if let WriteConcern::Nodes(n) = write_concern {
+            self.warnings.push(format!(
+                "mongodb.write_concern = {n}: a write is acknowledged once {n} node(s) have it; if that is not a majority of the replica set's voting members, an election can roll it back after palletd counted it as stored, and the reading is lost. \"majority\" (the default) gives the exactly-once the README describes"
+            ));
+        }
+        if !journal {
+            self.warnings.push(
+                "mongodb.journal = false: a write is acknowledged before it is in the server's journal; a server crash can lose it after palletd counted it as stored. journal = true (the default) gives the exactly-once the README describes".into(),
+            );
+        }
+        let compressors = m.compressors.unwrap_or_else(|| vec!["zstd".into()]);
+        for c in &compressors {
+            if !COMPRESSORS.contains(&c.as_str()) {
+                self.err(
+                    "mongodb.compressors",
+                    format!(
+                        "unknown compressor {c:?} (one of {})",
+                        COMPRESSORS.join(", ")
+                    ),
+                );
+            }
+        }
+        let write_time_limit = self.positive_duration(
+            "mongodb.write_time_limit",
+            m.write_time_limit.as_deref(),
+            "10s",
+        );
+        if write_time_limit < std::time::Duration::from_millis(100) {
+            self.err("mongodb.write_time_limit", "must be at least 100ms");
+        }
+        MongoSettings {
+            uri: Secret::new(uri),
+            database: m.database,
+            collection,
+            write_concern,
+            journal,
+            compressors,
+            write_time_limit,
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! `[mqtt]` and `[mqtt.tls]`: the broker, the session, credentials and TLS.
+
+use super::*;
+
+#[derive(Debug, Clone)]
+pub struct MqttSettings {
+    pub host: String,
+    pub port: u16,
+    /// Stable id: the broker keeps the persistent session (and the messages
+    /// palletd has not acknowledged yet) under it.
+    pub client_id: String,
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    pub keep_alive: Duration,
+    /// How many unacknowledged QoS 1/2 messages the broker sends before it
+    /// waits (Mosquitto: `max_inflight_messages`, default 20); sizes the
+    /// hand-off channel inside palletd.
+    pub max_inflight: usize,
+    /// Largest MQTT packet the client accepts; a bigger one breaks the
+    /// connection, so the broker's own limit should be at most this.
+    pub max_packet_size: usize,
+    /// Payloads larger than this go to the dead letter.
+    pub max_payload_size: usize,
+    /// Subscribe as `$share/<group>/<filter>`: the broker spreads messages
+    /// over every client of the group (several palletd instances).
+    pub share_group: Option<String>,
+    /// TLS for `mqtts://` URLs.
+    pub tls: Option<MqttTls>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct MqttTls {
+    /// CA certificates (PEM) that sign the broker's certificate; without it
+    /// the Mozilla roots bundled with palletd are used.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate and key (PEM) for mutual TLS.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// The name the broker's certificate must carry, when it differs from
+    /// the URL's host (e.g. connecting by IP address).
+    pub server_name: Option<String>,
+    /// Accept any certificate. Labs only; logged loudly.
+    pub insecure_skip_verify: bool,
+}
+
+impl Validator {
+    pub(super) fn mqtt(&mut self, m: RawMqtt, base: Option<&Path>) -> Option<MqttSettings> {
+        let (host, port, tls_url) = match parse_mqtt_url(&m.url) {
+            Ok(hp) => hp,
+            Err(e) => {
+                self.err("mqtt.url", e);
+                (String::new(), 0, false)
+            }
+        };
+        if m.client_id.trim().is_empty() {
+            self.err(
+                "mqtt.client_id",
+                "must not be empty: the persistent session is kept under it",
+            );
+        } else if m.client_id.len() > 65535 {
+            self.err("mqtt.client_id", "is too long");
+        }
+        if let Some(g) = &m.share_group {
+            if g.is_empty() || g.contains(['/', '+', '#']) {
+                self.err(
+                    "mqtt.share_group",
+                    "must be a non-empty name without '/', '+' or '#'",
+                );
+            }
+        }
+        let tls = match (tls_url, m.tls) {
+            (true, raw) => Some(self.mqtt_tls(raw.unwrap_or_default(), base)),
+            (false, Some(_)) => {
+                self.err("mqtt.tls", "TLS settings need an mqtts:// URL");
+                None
+            }
+            (false, None) => None,
+        };
+        let sources = [
+            m.password.is_some(),
+            m.password_file.is_some(),
+            m.password_env.is_some(),
+        ];
+        if sources.iter().filter(|s| **s).count() > 1 {
+            self.err(
+                "mqtt.password",
+                "set only one of password, password_file and password_env",
+            );
+        }
+        let password = if let Some(p) = m.password {
+            Some(Secret::new(p))
+        } else if let Some(f) = m.password_file {
+            let p = resolve(base, &f);
+            self.warn_if_readable_by_others("mqtt.password_file", &p);
+            match std::fs::read_to_string(&p) {
+                Ok(s) => Some(Secret::new(s.trim_end_matches(['\r', '\n']))),
+                Err(e) => {
+                    self.err(
+                        "mqtt.password_file",
+                        format!("cannot read {}: {e}", p.display()),
+                    );
+                    None
+                }
+            }
+        } else if let Some(var) = m.password_env {
+            match std::env::var(&var) {
+                Ok(v) => Some(Secret::new(v)),
+                Err(_) => {
+                    self.err(
+                        "mqtt.password_env",
+                        format!("environment variable {var:?} is not set"),
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        if password.is_some() && m.username.is_none() {
+            self.err("mqtt.username", "a password needs a username");
+        }
+        let keep_alive = self.duration("mqtt.keep_alive", m.keep_alive.as_deref(), "30s");
+        if keep_alive < Duration::from_secs(5) || keep_alive > Duration::from_secs(65535) {
+            self.err("mqtt.keep_alive", "must be between 5s and 18h12m15s");
+        }
+        let max_inflight = self.int_in("mqtt.max_inflight", m.max_inflight, 20, 1, 65535) as usize;
+        let max_packet_size = self.size("mqtt.max_packet_size", m.max_packet_size, 4 << 20);
+        let max_payload_size = self.size("mqtt.max_payload_size", m.max_payload_size, 256 << 10);
+        if max_packet_size > 256 << 20 {
+            self.err(
+                "mqtt.max_packet_size",
+                "must be at most 256MiB (the MQTT limit)",
+            );
+        }
+        if max_payload_size == 0 || max_payload_size > max_packet_size {
+            self.err(
+                "mqtt.max_payload_size",
+                "must be between 1 byte and mqtt.max_packet_size",
+            );
+        }
+        Some(MqttSettings {
+            host,
+            port,
+            client_id: m.client_id,
+            username: m.username,
+            password,
+            keep_alive,
+            max_inflight,
+            max_packet_size: max_packet_size as usize,
+            max_payload_size: max_payload_size as usize,
+            share_group: m.share_group,
+            tls,
+        })
+    }
+
+    pub(super) fn mqtt_tls(&mut self, t: RawMqttTls, base: Option<&Path>) -> MqttTls {
+        let file = |v: &mut Validator, key: &str, f: Option<String>| -> Option<PathBuf> {
+            let p = resolve(base, &f?);
+            if let Err(e) = std::fs::metadata(&p) {
+                v.err(
+                    format!("mqtt.tls.{key}"),
+                    format!("cannot read {}: {e}", p.display()),
+                );
+            }
+            Some(p)
+        };
+        let ca_file = file(self, "ca_file", t.ca_file);
+        let cert_file = file(self, "cert_file", t.cert_file);
+        let key_file = file(self, "key_file", t.key_file);
+        if let Some(k) = &key_file {
+            self.warn_if_readable_by_others("mqtt.tls.key_file", k);
+        }
+        if cert_file.is_some() != key_file.is_some() {
+            self.err(
+                "mqtt.tls.key_file",
+                "a client certificate needs both cert_file and key_file",
+            );
+        }
+        if let Some(name) = &t.server_name {
+            if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
+                self.err(
+                    "mqtt.tls.server_name",
+                    format!("{name:?} is not a DNS name or IP address"),
+                );
+            }
+        }
+        let insecure_skip_verify = t.insecure_skip_verify.unwrap_or(false);
+        if insecure_skip_verify {
+            self.warnings.push(
+                "mqtt.tls.insecure_skip_verify = true: the broker's certificate is NOT checked; anyone on the path can read and change the traffic. For labs only.".into(),
+            );
+        }
+        MqttTls {
+            ca_file,
+            cert_file,
+            key_file,
+            server_name: t.server_name,
+            insecure_skip_verify,
+        }
+    }
+}
+
+/// `mqtt://host:port` (port 1883 by default) or `mqtts://host:port` (TLS,
+/// port 8883 by default): (host, port, tls). Errors never repeat the URL,
+/// which might carry a password.
+pub fn parse_mqtt_url(text: &str) -> Result<(String, u16, bool), String> {
+    let url = url::Url::parse(text).map_err(|e| format!("invalid URL: {e}"))?;
+    let (tls, default_port) = match url.scheme() {
+        "mqtt" | "tcp" => (false, 1883),
+        "mqtts" | "ssl" => (true, 8883),
+        other => {
+            return Err(format!(
+                "unsupported scheme {other:?}: use mqtt://host:port or mqtts://host:port"
+            ))
+        }
+    };
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(
+            "put credentials in mqtt.username and mqtt.password_file, not in the URL".into(),
+        );
+    }
+    let host = url
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or("no host in the URL")?;
+    if url.path() != "" && url.path() != "/" {
+        return Err(format!("unexpected path {:?} in the URL", url.path()));
+    }
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    Ok((host, url.port().unwrap_or(default_port), tls))
+}

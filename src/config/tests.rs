@@ -1,0 +1,299 @@
+//! The configuration's validation: defaults, every error with its path,
+//! warnings, secrets.
+
+use super::*;
+
+const MINIMAL: &str = r#"
+    [mqtt]
+    url = "mqtt://127.0.0.1:1883"
+    client_id = "palletd-test"
+    [mongodb]
+    uri = "mongodb://127.0.0.1:27017"
+    database = "palletd"
+    [[subscription]]
+    topic = "sensors/{sensor}/telemetry"
+"#;
+
+fn errors(text: &str) -> Vec<String> {
+    parse(text, None)
+        .err()
+        .unwrap_or_default()
+        .iter()
+        .map(|e| e.to_string())
+        .collect()
+}
+
+#[test]
+fn example_config_parses_and_validates() {
+    let s = parse(EXAMPLE, None).expect("the example config is valid");
+    assert_eq!(s.mongodb.collection, "readings");
+    assert_eq!(s.bucket.max_samples, 200);
+    assert_eq!(s.bucket.max_bytes, 256 * 1024);
+    assert_eq!(s.flush.max_delay, Duration::from_secs(10));
+}
+
+#[test]
+fn minimal_config_gets_defaults() {
+    let s = parse(MINIMAL, None).unwrap();
+    assert_eq!(s.mqtt.port, 1883);
+    assert_eq!(s.mqtt.keep_alive, Duration::from_secs(30));
+    assert_eq!(s.mongodb.write_concern, WriteConcern::Majority);
+    assert!(s.mongodb.journal);
+    assert_eq!(s.bucket.window, Duration::from_secs(3600));
+    assert_eq!(s.flush.max_pending_samples, 1_000_000);
+    assert_eq!(s.subscriptions[0].qos, 1);
+    assert_eq!(s.closer.interval, Duration::from_secs(60));
+    assert_eq!(s.closer.grace, Duration::from_secs(300));
+    assert_eq!(s.storage.mode, StorageMode::Buckets);
+    assert_eq!(s.retention.expire_after, None);
+    assert_eq!(
+        s.retention.deadletter_expire_after,
+        Some(Duration::from_secs(7 * 86400))
+    );
+    assert_eq!(s.subscriptions[0].timestamp_field, "ts");
+}
+
+#[test]
+fn every_error_is_reported_with_its_path() {
+    let text = MINIMAL
+        .replace(
+            "mqtt://127.0.0.1:1883\"",
+            "mqtt://127.0.0.1:1883\"\nkeep_alive = \"soon\"",
+        )
+        .replace(
+            "database = \"palletd\"",
+            "database = \"palletd\"\nwrite_concern = 0",
+        )
+        + "[bucket]\nmax_bytes = \"9MiB\"\nwindow = \"0s\"\n[flush]\nbogus = 1\n";
+    let errs = errors(&text);
+    let joined = errs.join("\n");
+    assert!(
+        joined.contains("mqtt.keep_alive: invalid duration"),
+        "{joined}"
+    );
+    assert!(joined.contains("mongodb.write_concern:"), "{joined}");
+    assert!(joined.contains("bucket.max_bytes:"), "{joined}");
+    assert!(
+        joined.contains("bucket.window: must be greater than zero"),
+        "{joined}"
+    );
+    assert!(joined.contains("flush.bogus: unknown field"), "{joined}");
+    assert_eq!(errs.len(), 5, "{joined}");
+}
+
+#[test]
+fn missing_and_unknown_keys_name_their_path() {
+    let text = MINIMAL.replace("client_id = \"palletd-test\"", "clientid = \"x\"");
+    let joined = errors(&text).join("\n");
+    assert!(joined.contains("mqtt.clientid: unknown field"), "{joined}");
+    let text = MINIMAL.replace("client_id = \"palletd-test\"", "");
+    let joined = errors(&text).join("\n");
+    assert!(
+        joined.contains("mqtt.client_id: required key is missing"),
+        "{joined}"
+    );
+    let joined = errors(&(MINIMAL.to_string() + "[extra]\n")).join("\n");
+    assert!(joined.contains("extra: unknown section"), "{joined}");
+}
+
+#[test]
+fn subscription_errors_carry_their_index() {
+    let text = MINIMAL.to_string()
+        + "[[subscription]]\ntopic = \"a/{sensor}/{sensor}\"\n[[subscription]]\ntopic = \"b/{sensor}\"\nformat = \"number\"\nqos = 3\n";
+    let joined = errors(&text).join("\n");
+    assert!(joined.contains("subscription[1].topic:"), "{joined}");
+    assert!(joined.contains("subscription[2].field:"), "{joined}");
+    assert!(joined.contains("subscription[2].qos:"), "{joined}");
+}
+
+#[test]
+fn storage_mode_is_checked() {
+    let s = parse(
+        &(MINIMAL.to_string() + "[storage]\nmode = \"timeseries\"\ngranularity = \"minutes\"\n"),
+        None,
+    )
+    .unwrap();
+    assert_eq!(s.storage.mode, StorageMode::Timeseries);
+    assert_eq!(s.storage.granularity, "minutes");
+    let joined =
+        errors(&(MINIMAL.to_string() + "[storage]\nmode = \"ts\"\ngranularity = \"days\"\n"))
+            .join("\n");
+    assert!(joined.contains("storage.mode: must be"), "{joined}");
+    assert!(joined.contains("storage.granularity: must be"), "{joined}");
+}
+
+#[test]
+fn a_write_concern_short_of_majority_and_journal_is_warned_about() {
+    let plain = parse(MINIMAL, None).unwrap();
+    assert!(plain.warnings.is_empty(), "{:?}", plain.warnings);
+    let text = MINIMAL.replace(
+        "database = \"palletd\"",
+        "database = \"palletd\"\nwrite_concern = 1\njournal = false",
+    );
+    let s = parse(&text, None).unwrap();
+    let joined = s.warnings.join("\n");
+    assert!(joined.contains("mongodb.write_concern = 1"), "{joined}");
+    assert!(joined.contains("an election can roll it back"), "{joined}");
+    assert!(joined.contains("mongodb.journal = false"), "{joined}");
+}
+
+#[test]
+fn flush_interval_is_read_as_max_delay_with_a_warning() {
+    let s = parse(
+        &(MINIMAL.to_string() + "[flush]\ninterval = \"3s\"\n"),
+        None,
+    )
+    .unwrap();
+    assert_eq!(s.flush.max_delay, Duration::from_secs(3));
+    assert!(
+        s.warnings.iter().any(|w| w.contains("flush.max_delay")),
+        "{:?}",
+        s.warnings
+    );
+    let joined =
+        errors(&(MINIMAL.to_string() + "[flush]\ninterval = \"3s\"\nmax_delay = \"2s\"\n"))
+            .join("\n");
+    assert!(joined.contains("flush.interval:"), "{joined}");
+}
+
+/// `flush.max_delay_limit`: 5 minutes unless set, never below
+/// max_delay (an error when set so; unset, it follows a longer one).
+#[test]
+fn the_delay_limit_is_five_minutes_and_never_below_max_delay() {
+    let s = parse(MINIMAL, None).unwrap();
+    assert_eq!(s.flush.max_delay_limit, Duration::from_secs(300));
+    let flush = |t: &str| MINIMAL.to_string() + "[flush]\n" + t;
+    let s = parse(&flush("max_delay = \"10m\"\n"), None).unwrap();
+    assert_eq!(s.flush.max_delay_limit, Duration::from_secs(600));
+    let s = parse(&flush("max_delay_limit = \"30s\"\n"), None).unwrap();
+    assert_eq!(s.flush.max_delay_limit, Duration::from_secs(30));
+    let joined = errors(&flush("max_delay = \"1m\"\nmax_delay_limit = \"30s\"\n")).join("\n");
+    assert!(
+        joined.contains("flush.max_delay_limit: must be at least flush.max_delay (1m)"),
+        "{joined}"
+    );
+}
+
+#[test]
+fn sparkplug_subscriptions_take_the_namespace_and_no_shared_group() {
+    let sub = "[[subscription]]\ntopic = \"spBv1.0/Plant1/#\"\nformat = \"sparkplug_b\"\n";
+    let s = parse(&(MINIMAL.to_string() + sub), None).unwrap();
+    assert_eq!(s.subscriptions[1].format, PayloadFormat::SparkplugB);
+    assert_eq!(
+        s.subscriptions[1].rebirth_min_interval, None,
+        "off by default"
+    );
+    let on = MINIMAL.to_string() + sub + "request_rebirth = true\nrebirth_min_interval = \"30s\"\n";
+    assert_eq!(
+        parse(&on, None).unwrap().subscriptions[1].rebirth_min_interval,
+        Some(Duration::from_secs(30))
+    );
+    let cases = [
+        (
+            MINIMAL.replace("client_id = \"palletd-test\"", "client_id = \"palletd-test\"\nshare_group = \"g\"") + sub,
+            "subscription[1].format: \"sparkplug_b\" cannot be used with mqtt.share_group",
+        ),
+        (
+            MINIMAL.to_string() + "[[subscription]]\ntopic = \"spBv1.0/{sensor}/#\"\nformat = \"sparkplug_b\"\n",
+            "subscription[1].topic: format = \"sparkplug_b\" needs an MQTT filter in the Sparkplug namespace",
+        ),
+        (
+            MINIMAL.to_string() + sub + "sensor_field = \"x\"\n",
+            "subscription[1].sensor_field: does not apply",
+        ),
+        (
+            MINIMAL.to_string() + "request_rebirth = true\n",
+            "subscription[0].request_rebirth: needs format = \"sparkplug_b\"",
+        ),
+    ];
+    for (text, want) in cases {
+        let joined = errors(&text).join("\n");
+        assert!(joined.contains(want), "{want}\n{joined}");
+    }
+}
+
+#[test]
+fn rollups_are_whole_numbers_of_windows_each_once() {
+    let text = MINIMAL.to_string()
+        + "[[rollup]]\ninterval = \"1h\"\nexpire_after = \"400d\"\n[[rollup]]\ninterval = \"1d\"\npartial = true\n";
+    let s = parse(&text, None).unwrap();
+    let names: Vec<&str> = s.rollups.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["1h", "1d"]);
+    assert_eq!(
+        s.rollups[0].expire_after,
+        Some(Duration::from_secs(400 * 86400))
+    );
+    assert!(s.rollups[1].partial && !s.rollups[0].partial);
+    assert_eq!(s.rollups[1].start_of(86_400_000 * 3 + 5), 86_400_000 * 3);
+    assert_eq!(
+        s.rollups[0].start_of(-1),
+        -3_600_000,
+        "aligned to the epoch"
+    );
+    let bad = MINIMAL.to_string()
+        + "[[rollup]]\ninterval = \"90m\"\n[[rollup]]\ninterval = \"60m\"\n[[rollup]]\ninterval = \"1h\"\n";
+    let joined = errors(&bad).join("\n");
+    assert!(
+        joined.contains("rollup[0].interval: 90m is not a whole number of bucket.window (1h)"),
+        "{joined}"
+    );
+    assert!(
+        joined.contains("rollup[2].interval: a rollup of 1h is configured twice"),
+        "{joined}"
+    );
+}
+
+#[test]
+fn retention_can_be_set_or_turned_off() {
+    let text = MINIMAL.to_string()
+        + "[retention]\nexpire_after = \"30d\"\ndeadletter_expire_after = \"off\"\n";
+    let s = parse(&text, None).unwrap();
+    assert_eq!(
+        s.retention.expire_after,
+        Some(Duration::from_secs(30 * 86400))
+    );
+    assert_eq!(s.retention.deadletter_expire_after, None);
+    let joined =
+        errors(&(MINIMAL.to_string() + "[retention]\nexpire_after = \"1500ms\"\n")).join("\n");
+    assert!(
+        joined.contains("retention.expire_after: must be a whole number of seconds"),
+        "{joined}"
+    );
+}
+
+#[test]
+fn bad_url_and_toml_syntax_are_errors() {
+    let joined = errors(&MINIMAL.replace("mqtt://127.0.0.1:1883", "http://x")).join("\n");
+    assert!(joined.contains("mqtt.url: unsupported scheme"), "{joined}");
+    let joined = errors("[mqtt\nurl=").join("\n");
+    assert!(joined.contains("invalid TOML"), "{joined}");
+}
+
+#[test]
+fn a_secret_of_the_wrong_type_is_not_echoed() {
+    let text = MINIMAL.replace(
+        "client_id = \"palletd-test\"",
+        "client_id = \"c\"\nusername = \"u\"\npassword = 987654321",
+    );
+    let joined = errors(&text).join("\n");
+    assert!(
+        joined.contains("mqtt.password: has the wrong type"),
+        "{joined}"
+    );
+    assert!(!joined.contains("987654321"), "{joined}");
+}
+
+#[test]
+fn secrets_do_not_print() {
+    let text = MINIMAL.replace(
+        "client_id = \"palletd-test\"",
+        "client_id = \"c\"\nusername = \"u\"\npassword = \"hunter2\"",
+    );
+    let s = parse(&text, None).unwrap();
+    let shown = format!("{s:?}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert_eq!(
+        s.mqtt.password.as_ref().map(Secret::expose),
+        Some("hunter2")
+    );
+}
