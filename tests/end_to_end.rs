@@ -134,8 +134,8 @@ async fn mixed_payloads_from_50_sensors_are_stored_exactly_once() {
         || async { stack.stored().await >= 10_000 },
     )
     .await;
-    // Give a duplicate the chance to show up before counting exactly.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Nothing left that could still show up twice before counting exactly.
+    stack.palletd.settled().await;
     let finished = now_ms();
 
     let buckets = stack.docs("readings").await;
@@ -288,7 +288,7 @@ async fn readings_are_acknowledged_once_spooled_and_stored_after_a_crash() {
     stack.db.start_again();
     let mut stack = Stack::on(stack.broker, stack.db, "ackafter", |c| c).await;
     stack.wait_stored(150).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    stack.palletd.settled().await;
     let stored = unwind(&stack.docs("readings").await);
     assert_eq!(stored.len(), 150);
     assert!(
@@ -368,7 +368,7 @@ async fn garbage_goes_to_the_dead_letter_and_good_readings_are_stored() {
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    stack.palletd.settled().await;
     let dead = stack.docs("readings_deadletter").await;
     assert_eq!(dead.len(), garbage.len(), "one dead letter per bad message");
     let mut causes: Vec<&str> = dead.iter().map(|d| d.get_str("cause").unwrap()).collect();

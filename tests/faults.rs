@@ -55,10 +55,13 @@ async fn a_write_applied_without_a_reply_is_not_applied_twice() {
     // The write was applied, its reply lost: palletd waits out the write
     // time limit, then finds it applied (the samples are stored before
     // that: only after it could they be written twice).
-    stack.palletd.wait_for_log(
-        "An interrupted write had been applied",
-        Duration::from_secs(60),
-    );
+    stack
+        .palletd
+        .wait_for_log(
+            "An interrupted write had been applied",
+            Duration::from_secs(60),
+        )
+        .await;
     assert_exactly_once(&stack.client, "ambiguous", &sent, Duration::from_secs(60)).await;
     assert_eq!(
         proxy.cuts.load(std::sync::atomic::Ordering::SeqCst),
@@ -236,6 +239,8 @@ async fn observer(
         .await
         .unwrap();
     let out = seen.clone();
+    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
+    let mut subscribed_tx = Some(subscribed_tx);
     tokio::spawn(async move {
         loop {
             match eventloop.poll().await {
@@ -243,6 +248,11 @@ async fn observer(
                     if !ack.session_present =>
                 {
                     let _ = client.try_subscribe("sensors/+/telemetry", rumqttc::QoS::AtLeastOnce);
+                }
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_))) => {
+                    if let Some(t) = subscribed_tx.take() {
+                        let _ = t.send(());
+                    }
                 }
                 Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
                     let sensor = p.topic.split('/').nth(1).unwrap_or_default().to_string();
@@ -258,7 +268,10 @@ async fn observer(
         }
     });
     // Subscribed before the stream starts.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::timeout(Duration::from_secs(30), subscribed)
+        .await
+        .expect("the observer subscribed")
+        .unwrap();
     seen
 }
 

@@ -145,7 +145,9 @@ async fn tls_and_password_store_readings_and_wrong_ca_or_password_keep_retrying(
     // The wrong CA: a clear TLS error, retried, no crash.
     let cfg = tls_config(&broker, &db, "tls", &pki.other_ca, &pw);
     let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("MQTT connection lost or refused", Duration::from_secs(30));
+    palletd
+        .wait_for_log("MQTT connection lost or refused", Duration::from_secs(30))
+        .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let log = palletd.log();
     assert!(log.contains("TLS") || log.contains("certificate"), "{log}");
@@ -157,7 +159,9 @@ async fn tls_and_password_store_readings_and_wrong_ca_or_password_keep_retrying(
     let wrong = write_file(dir.path(), "wrong-password", "not-it");
     let cfg = tls_config(&broker, &db, "tls", &pki.ca, &wrong);
     let mut palletd = Palletd::start(&cfg);
-    palletd.wait_for_log("broker refused the connection", Duration::from_secs(30));
+    palletd
+        .wait_for_log("broker refused the connection", Duration::from_secs(30))
+        .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(palletd.running(), "still running, retrying");
     assert_eq!(palletd.terminate(), Some(0));
@@ -231,7 +235,8 @@ async fn mongodb_credentials_from_uri_file_work_and_no_secret_is_ever_printed() 
         },
     );
     bad.wait_metric("palletd_database_errors_total", 1.0).await;
-    bad.wait_for_log("holding the data and retrying", Duration::from_secs(30));
+    bad.wait_for_log("holding the data and retrying", Duration::from_secs(30))
+        .await;
     assert!(bad.log().contains("uthentication"), "{}", bad.log());
     assert_eq!(bad.terminate(), Some(0));
 
@@ -332,7 +337,7 @@ async fn a_flood_of_sensor_ids_is_dead_lettered_beyond_the_limit() {
         )
         .await;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    palletd.settled().await;
     let stored = stored_samples(&client, "flood").await;
     let dead = client
         .database("flood")

@@ -175,7 +175,9 @@ async fn a_bucket_collection_is_not_written_as_time_series() {
         .publish("sensors/m1/telemetry", r#"{"v": 1}"#.to_string())
         .await;
     publisher.flush().await;
-    palletd.wait_for_log("is not a time series collection", Duration::from_secs(30));
+    palletd
+        .wait_for_log("is not a time series collection", Duration::from_secs(30))
+        .await;
     assert_eq!(
         all_docs(&client, "mixed", "readings").await.len(),
         1,

@@ -1,0 +1,285 @@
+//! The services every test runs against: a real Mosquitto and a real
+//! SecantusDB server, each on a free port with its own directory.
+
+use super::*;
+
+/// A Mosquitto broker on a free port.
+pub struct Broker {
+    pub port: u16,
+    /// Also holds the spools of the palletd runs of a test, so that they
+    /// survive a palletd restart within the test.
+    pub dir: tempfile::TempDir,
+    child: Option<Child>,
+    config: String,
+}
+
+impl Broker {
+    /// A broker with persistence, a 1 s $SYS interval and room for many
+    /// queued and in-flight messages per client.
+    pub fn start() -> Broker {
+        Self::start_with("max_inflight_messages 100\nmax_queued_messages 100000\n")
+    }
+
+    pub fn start_with(extra: &str) -> Broker {
+        let dir = tempfile::tempdir().unwrap();
+        // Started as root, Mosquitto drops to its own user: it must be able
+        // to write its persistence file here, or it forgets every session.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let port = free_port();
+        let config = format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nsys_interval 1\n{extra}",
+            dir.path().display()
+        );
+        let mut b = Broker {
+            port,
+            dir,
+            child: None,
+            config,
+        };
+        b.spawn();
+        b
+    }
+
+    fn spawn(&mut self) {
+        let bin = find_binary(
+            "PALLETD_MOSQUITTO",
+            &["mosquitto"],
+            &[PathBuf::from("/usr/sbin")],
+        );
+        let conf = self.dir.path().join("mosquitto.conf");
+        std::fs::write(&conf, &self.config).unwrap();
+        let child = Command::new(bin)
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start mosquitto: {e}; {INSTALL_HINT}"));
+        self.child = Some(child);
+        wait_for_port(self.port, "mosquitto");
+    }
+
+    /// Stops the broker (SIGTERM: it saves its persistent state).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill_and_wait(&mut c, "-TERM");
+        }
+    }
+
+    /// Starts it again on the same port with the same state.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    pub fn url(&self) -> String {
+        format!("mqtt://127.0.0.1:{}", self.port)
+    }
+
+    /// Messages Mosquitto holds beyond its retained ones (the $SYS topics
+    /// are retained), read from $SYS: in flight to or queued for a client.
+    pub async fn held_messages(&self) -> i64 {
+        let mut opts = MqttOptions::new("sys-reader", "127.0.0.1", self.port);
+        opts.set_keep_alive(Duration::from_secs(5));
+        let (client, mut eventloop) = AsyncClient::new(opts, 10);
+        for topic in [
+            "$SYS/broker/store/messages/count",
+            "$SYS/broker/retained messages/count",
+        ] {
+            client.subscribe(topic, QoS::AtMostOnce).await.unwrap();
+        }
+        let read = async {
+            let (mut stored, mut retained) = (None, None);
+            loop {
+                if let Ok(Event::Incoming(Packet::Publish(p))) = eventloop.poll().await {
+                    let n = String::from_utf8_lossy(&p.payload)
+                        .trim()
+                        .parse::<i64>()
+                        .unwrap();
+                    if p.topic.contains("store") {
+                        stored = Some(n);
+                    } else {
+                        retained = Some(n);
+                    }
+                    if let (Some(s), Some(r)) = (stored, retained) {
+                        return s - r;
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .expect("no $SYS store counts from the broker")
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill_and_wait(&mut c, "-KILL");
+        }
+    }
+}
+
+/// A SecantusDB server (MongoDB wire protocol) on a free port.
+pub struct Database {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    args: Vec<String>,
+}
+
+impl Database {
+    pub fn start() -> Database {
+        Self::start_with_args(&[])
+    }
+
+    /// A server with extra command-line flags (e.g. `--auth`).
+    pub fn start_with_args(args: &[&str]) -> Database {
+        let mut d = Database {
+            port: 0,
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+            args: args.iter().map(|a| a.to_string()).collect(),
+        };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&mut self) {
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_default();
+        let bin = find_binary(
+            "PALLETD_SECANTUSD",
+            &["secantusd-rs", "secantusd-py"],
+            &[home.join(".cache/palletd-test/secantus/bin")],
+        );
+        let mut child = Command::new(bin)
+            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
+            .arg("--storage-path")
+            .arg(self.dir.path().join("data"))
+            .args(["--cache-size", "256M", "--log-level", "WARNING"])
+            .args(&self.args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start secantusd-rs: {e}; {INSTALL_HINT}"));
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let port = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(addr) = line.split("listening on ").nth(1) {
+                        break addr
+                            .rsplit(':')
+                            .next()
+                            .unwrap()
+                            .trim()
+                            .parse::<u16>()
+                            .unwrap();
+                    }
+                }
+                _ => panic!("secantusd-rs exited before listening"),
+            }
+        };
+        // Keep draining its output so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        self.port = port;
+        self.child = Some(child);
+        wait_for_port(port, "secantusd-rs");
+    }
+
+    /// Stops the server (SIGTERM, waits for it to exit).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill_and_wait(&mut c, "-TERM");
+        }
+    }
+
+    /// Starts it again on the same port with the same data.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none());
+        self.spawn();
+    }
+
+    pub fn uri(&self) -> String {
+        format!("mongodb://127.0.0.1:{}/?directConnection=true", self.port)
+    }
+
+    pub async fn client(&self) -> mongodb::Client {
+        let mut opts = mongodb::options::ClientOptions::parse(self.uri())
+            .await
+            .unwrap();
+        opts.server_selection_timeout = Some(Duration::from_secs(5));
+        mongodb::Client::with_options(opts).unwrap()
+    }
+
+    /// Makes the TTL monitor run every second (MongoDB's
+    /// `ttlMonitorSleepSecs`; 60 by default) and returns how many passes
+    /// it has made so far.
+    pub async fn fast_ttl_monitor(&self) -> i64 {
+        let client = self.client().await;
+        let admin = client.database("admin");
+        admin
+            .run_command(doc! { "setParameter": 1, "ttlMonitorSleepSecs": 1 })
+            .await
+            .expect("setParameter ttlMonitorSleepSecs");
+        let passes = self.ttl_passes().await;
+        admin
+            .run_command(doc! { "setParameter": 1, "ttlMonitorEnabled": true })
+            .await
+            .expect("setParameter ttlMonitorEnabled");
+        passes
+    }
+
+    /// Stops the TTL monitor until [`Database::fast_ttl_monitor`].
+    pub async fn pause_ttl_monitor(&self) {
+        self.client()
+            .await
+            .database("admin")
+            .run_command(doc! { "setParameter": 1, "ttlMonitorEnabled": false })
+            .await
+            .expect("setParameter ttlMonitorEnabled");
+    }
+
+    /// A number of `serverStatus`, by its path (absent: `None`).
+    async fn server_status(&self, path: &[&str]) -> Option<i64> {
+        let status = self
+            .client()
+            .await
+            .database("admin")
+            .run_command(doc! { "serverStatus": 1 })
+            .await
+            .unwrap();
+        let (last, parents) = path.split_last()?;
+        let mut d = &status;
+        for p in parents {
+            d = d.get_document(p).ok()?;
+        }
+        let n = d.get(last)?;
+        n.as_i64().or(n.as_i32().map(i64::from))
+    }
+
+    /// Queries the server has answered so far
+    /// (`serverStatus.opcounters.query`: `find` commands, of every client).
+    pub async fn queries(&self) -> i64 {
+        self.server_status(&["opcounters", "query"])
+            .await
+            .expect("serverStatus.opcounters.query")
+    }
+
+    /// Passes of the TTL monitor so far (`serverStatus.metrics.ttl.passes`).
+    pub async fn ttl_passes(&self) -> i64 {
+        (self.server_status(&["metrics", "ttl", "passes"]).await).unwrap_or(0)
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill_and_wait(&mut c, "-KILL");
+        }
+    }
+}
