@@ -386,12 +386,7 @@ impl State {
         node.aliases = learnt;
         node.bd_seq = bd_seq_of(&m.p.metrics);
         let bd_seq = node.bd_seq;
-        out.sparkplug.state_changed = true;
-        let mut samples = ByTime::default();
-        for (name, value) in state_fields("online", bd_seq) {
-            samples.push(m.payload_ts, false, name, value);
-        }
-        self.readings(msg, &m, samples, out)
+        self.with_state("online", bd_seq, msg, &m, out)
     }
 
     /// A DBIRTH: the device online and its alias map learnt; a sample with
@@ -414,12 +409,7 @@ impl State {
         self.aliases = self.aliases - d.aliases.len() + learnt.len();
         d.aliases = learnt;
         let bd_seq = node.bd_seq;
-        out.sparkplug.state_changed = true;
-        let mut samples = ByTime::default();
-        for (name, value) in state_fields("online", bd_seq) {
-            samples.push(m.payload_ts, false, name, value);
-        }
-        self.readings(msg, &m, samples, out)
+        self.with_state("online", bd_seq, msg, &m, out)
     }
 
     /// An NDEATH: the node and every device of it that was online go
@@ -481,12 +471,7 @@ impl State {
         };
         d.online = false;
         let bd_seq = node.bd_seq;
-        out.sparkplug.state_changed = true;
-        let mut samples = ByTime::default();
-        for (name, value) in state_fields("offline", bd_seq) {
-            samples.push(m.payload_ts, false, name, value);
-        }
-        self.readings(msg, &m, samples, out)
+        self.with_state("offline", bd_seq, msg, &m, out)
     }
 
     /// An NDATA or DDATA: its metrics, named by the BIRTH's aliases.
@@ -500,6 +485,25 @@ impl State {
         let node = self.nodes.get_mut(&m.key).expect("born");
         track_seq(node, m.p.seq, &mut out.sparkplug);
         self.readings(msg, &m, ByTime::default(), out)
+    }
+
+    /// A BIRTH's or DEATH's readings: the state changed (saved before the
+    /// message is acknowledged), a sample with the `_state` flag (and
+    /// `_bdSeq`) at the payload's time, and its metrics.
+    fn with_state(
+        &mut self,
+        state: &str,
+        bd_seq: Option<u64>,
+        msg: &Message<'_>,
+        m: &Incoming<'_>,
+        out: &mut Decoded,
+    ) -> Result<Vec<Reading>, DecodeError> {
+        out.sparkplug.state_changed = true;
+        let mut samples = ByTime::default();
+        for (name, value) in state_fields(state, bd_seq) {
+            samples.push(m.payload_ts, false, name, value);
+        }
+        self.readings(msg, m, samples, out)
     }
 
     /// DATA (or a DDEATH) from a node never born: nothing can be named; a
