@@ -81,44 +81,57 @@ pub fn digest(topic: &str, payload: &[u8]) -> u64 {
 /// recovered from the spool at start; a DUP message matching one of them is
 /// a redelivery. Without a kept session the broker resends nothing, and the
 /// memory is cleared.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Redeliveries {
-    previous: HashMap<u16, u64>,
-    current: HashMap<u16, u64>,
+    /// A digest per packet id (`0`: none), of messages received before the
+    /// last (re)connect, and since: two fixed tables of 512 KiB, whatever
+    /// the traffic (packet ids cycle through all 65,535 values, so maps of
+    /// them grew to that size anyway, with their rehashing on top).
+    previous: Box<[u64]>,
+    current: Box<[u64]>,
+}
+
+/// The table's entry for a digest: never 0, which marks none.
+fn entry(digest: u64) -> u64 {
+    digest.max(1)
 }
 
 impl Redeliveries {
     pub fn new(recovered: HashMap<u16, u64>) -> Self {
+        let mut previous = vec![0u64; 1 << 16].into_boxed_slice();
+        for (pkid, digest) in recovered {
+            previous[pkid as usize] = entry(digest);
+        }
         Redeliveries {
-            previous: recovered,
-            current: HashMap::new(),
+            previous,
+            current: vec![0u64; 1 << 16].into_boxed_slice(),
         }
     }
 
     pub fn connected(&mut self, session_present: bool) {
-        if session_present {
-            let current = std::mem::take(&mut self.current);
-            self.previous.extend(current);
-        } else {
-            self.previous.clear();
-            self.current.clear();
+        for (p, c) in self.previous.iter_mut().zip(self.current.iter_mut()) {
+            if !session_present {
+                *p = 0;
+            } else if *c != 0 {
+                *p = *c;
+            }
+            *c = 0;
         }
     }
 
     /// Whether this message was spooled before; remembers it if not.
     pub fn is_redelivery(&mut self, pkid: u16, dup: bool, digest: u64) -> bool {
+        let (i, d) = (pkid as usize, entry(digest));
         // A resend arrives with DUP and the packet id it had: after a
         // reconnect (previous) or, from some brokers, within the connection
         // when the PUBACK is late (current).
-        let redelivery = dup
-            && (self.previous.get(&pkid) == Some(&digest)
-                || self.current.get(&pkid) == Some(&digest));
+        let redelivery = dup && (self.previous[i] == d || self.current[i] == d);
         if redelivery {
-            self.previous.remove(&pkid);
+            self.previous[i] = 0;
         }
         // Remembered either way: it may be resent once more after another
         // reconnect if this acknowledgement is lost too.
-        self.current.insert(pkid, digest);
+        self.current[i] = d;
         redelivery
     }
 }
