@@ -1193,7 +1193,7 @@ fn memory_held_stays_within_its_bytes_whatever_the_records_size() {
 
 /// A closer run's seal goes in chunks (the hour's seal of 10,000 sensors'
 /// buckets is tens of seconds of the server's time): a flush that falls
-/// due goes before the next chunk until the chunk waited three times what
+/// due goes before the next chunk until the chunk waited seven times what
 /// the last one took, and with nothing due the next chunk follows at
 /// once, at the run's time; the run is over when a chunk reports no more.
 #[test]
@@ -1238,7 +1238,7 @@ fn flushes_go_between_the_chunks_of_a_seal_and_it_keeps_a_share() {
     pass(&mut w, 1_000);
     w.core.sealed(w.now, at, Some(at - 5_000), true);
     // A sensor falls due 2 s later: its flush goes first (the chunk waits
-    // up to 3 s).
+    // up to 7 s).
     due_sensor(&mut w, 1);
     pass(&mut w, 2_000);
     let Some(Action::Write(batch)) = next(&mut w) else {
@@ -1257,9 +1257,9 @@ fn flushes_go_between_the_chunks_of_a_seal_and_it_keeps_a_share() {
     assert_eq!(now_ms, at);
     pass(&mut w, 1_000);
     w.core.sealed(w.now, at, Some(at - 5_000), true);
-    // Flushes keep falling due; once the chunk waited 3 s, it goes first.
+    // Flushes keep falling due; once the chunk waited 7 s, it goes first.
     due_sensor(&mut w, 2);
-    pass(&mut w, 3_000);
+    pass(&mut w, 7_000);
     let Some(Action::Seal {
         now_ms,
         first: false,
