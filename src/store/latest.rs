@@ -28,7 +28,7 @@
 //!   one small document per sensor, indexed on `ts` (the status page's
 //!   quietest sensors).
 
-use bson::{doc, Document, RawDocumentBuf};
+use bson::{doc, rawdoc, Document, RawBson, RawDocumentBuf};
 use mongodb::{Database, IndexModel};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -135,17 +135,17 @@ fn newest<'a>(samples: impl Iterator<Item = SampleRef<'a>>) -> Option<SampleRef<
 /// true: BSON orders dates after null).
 fn statement(sensor: &str, sample: SampleRef<'_>) -> RawDocumentBuf {
     let ts = bson::DateTime::from_millis(sample.ts_ms);
-    let newer = doc! { "$gt": [ts, { "$ifNull": ["$ts", null] }] };
-    let pick = |new: bson::Bson, old: &str| doc! { "$cond": [newer.clone(), new, old] };
-    let sample_doc = bson::Document::try_from(sample.doc).unwrap_or_default();
-    let u = doc! { "$set": {
+    // Built as raw BSON: no owned copy of the sample, no document tree.
+    let pick = |new: RawBson, old: &str| {
+        rawdoc! { "$cond": [{ "$gt": [ts, { "$ifNull": ["$ts", null] }] }, new, old] }
+    };
+    let u = rawdoc! { "$set": {
         "ts": pick(ts.into(), "$ts"),
         // $literal: a stored string that starts with '$' stays a string.
-        "sample": pick(doc! { "$literal": sample_doc }.into(), "$sample"),
-        "updatedAt": pick("$$NOW".into(), "$updatedAt"),
+        "sample": pick(rawdoc! { "$literal": sample.doc.to_raw_document_buf() }.into(), "$sample"),
+        "updatedAt": pick(RawBson::String("$$NOW".into()), "$updatedAt"),
     } };
-    let st = doc! { "q": { "_id": sensor }, "u": [u], "upsert": true };
-    RawDocumentBuf::from_document(&st).unwrap_or_default()
+    rawdoc! { "q": { "_id": sensor }, "u": [u], "upsert": true }
 }
 
 #[cfg(test)]
