@@ -668,3 +668,56 @@ async fn full_buckets_are_sealed_before_their_window_ends() {
     assert_eq!(stack.stored().await, 13);
     stack.stop();
 }
+
+/// A flush whose run overflows a bucket with a sixteenth of its room or
+/// less left goes whole to the next bucket (one statement, not two), and
+/// the bucket left is sealed early like a full one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_overflowing_a_nearly_full_bucket_starts_the_next_and_the_left_one_is_sealed() {
+    let mut stack = Stack::start("leave", |c| {
+        c.window("1h")
+            .max_samples(16)
+            .closer("1s", "5m")
+            .max_delay("2s")
+    })
+    .await;
+    let mut publisher = stack.publisher().await;
+    let t0 = now_ms();
+    let window = t0.div_euclid(3_600_000) * 3_600_000;
+    publish_seqs(&mut publisher, "lv1", t0, 0..15).await;
+    eventually(Duration::from_secs(20), "15 readings stored", || async {
+        stack.stored().await == 15
+    })
+    .await;
+    // One of 16 left; a run of 3 goes whole to the next bucket.
+    publish_seqs(&mut publisher, "lv1", t0, 15..18).await;
+    eventually(
+        Duration::from_secs(20),
+        "the second bucket started and the first sealed",
+        || async {
+            let b = stack.docs("readings").await;
+            b.len() == 2
+                && b.iter()
+                    .any(|d| d.get_bool("closed") == Ok(true) && d.get_i32("count") == Ok(15))
+        },
+    )
+    .await;
+    let b = stack.docs("readings").await;
+    let by_id = |seq: u32| {
+        b.iter()
+            .find(|d| d.get_str("_id") == Ok(format!("lv1|{window}|{seq}").as_str()))
+            .cloned()
+            .unwrap_or_else(|| panic!("bucket {seq} of {b:?}"))
+    };
+    let left = by_id(0);
+    check_sealed(&left);
+    assert_eq!(seqs(&left), (0..15).collect::<Vec<_>>());
+    let next = by_id(1);
+    assert_eq!(next.get_bool("closed"), Ok(false));
+    assert_eq!(seqs(&next), vec![15, 16, 17]);
+    for d in &b {
+        check_bucket(d, 3_600_000, 16, 262_144);
+    }
+    assert_eq!(stack.stored().await, 18);
+    stack.stop();
+}

@@ -316,7 +316,9 @@ impl Pending {
         }
     }
 
-    /// A sensor is ready once its samples can fill its open bucket.
+    /// A sensor is ready once its samples can fill its open bucket; when
+    /// that bucket has little room left ([`crate::bucket::Shape::little_room`]:
+    /// its run will go whole to the next), once they fill a new one.
     fn update_ready(&mut self, id: SensorId) {
         if !self.timed {
             return;
@@ -333,7 +335,11 @@ impl Pending {
         }
         let start = shape.window_start(last.ts_ms);
         let fill = s.fills.get(&start).copied().unwrap_or_default();
-        let full = fill.count as usize + s.samples.len() >= shape.max_samples as usize
+        let count = match shape.little_room(fill.count) {
+            true => 0,
+            false => fill.count,
+        };
+        let full = count as usize + s.samples.len() >= shape.max_samples as usize
             || fill.bytes as usize + s.samples.bytes() >= shape.max_bytes as usize;
         // Samples of three windows or more (history arriving, not a live
         // sensor crossing into the next window): the statements of the

@@ -345,6 +345,10 @@ impl Buckets {
                     let id = bucket::bucket_id(&run.sensor, st.start_ms, st.seq);
                     self.full.push(Bson::String(id));
                 }
+                if st.leaves && self.full.len() < FULL_HELD {
+                    let id = bucket::bucket_id(&run.sensor, st.start_ms, st.seq - 1);
+                    self.full.push(Bson::String(id));
+                }
                 settle(&mut run.fills, st, Some(inserted));
                 written.statements += 1;
                 written.buckets_created += inserted as u64;

@@ -89,11 +89,12 @@ pub fn check_bucket(b: &Document, window_ms: i64, max_samples: usize, max_bytes:
     );
     let start = b.get_datetime("startTs").unwrap().timestamp_millis();
     let end = b.get_datetime("endTs").unwrap().timestamp_millis();
-    // Open, unless full (the closer seals a bucket palletd filled without
-    // waiting for its window's end) or its window is over.
+    // Open, unless full (the closer seals a bucket palletd filled, or
+    // left with a sixteenth or less of room, without waiting for its
+    // window's end) or its window is over.
     if b.get_bool("closed").expect("closed") {
         assert!(
-            count == max_samples || end <= now_ms(),
+            count >= max_samples - max_samples / 16 || end <= now_ms(),
             "closed only when full or its window is over: {b}"
         );
         check_sealed(b);
