@@ -513,11 +513,14 @@ impl Buckets {
         } else if !self.full.is_empty() {
             let take = self.full.len().min(self.seal_chunk);
             let ids: Vec<Bson> = self.full.drain(..take).collect();
-            // (Full: no statement can add to them, whatever their window.)
+            // (Full, or left with little room: no statement of this run
+            // adds to them, whatever their window; a bucket that has more
+            // room than `Shape::little_room` is not sealed early.)
+            let left = self.shape.max_samples - self.shape.max_samples / 16;
             let q = doc! {
                 "_id": { "$in": &ids },
                 "closed": false,
-                "count": { "$gte": self.shape.max_samples as i64 },
+                "count": { "$gte": left as i64 },
             };
             (ids, q, !self.full.is_empty())
         } else {
