@@ -51,7 +51,12 @@ impl Shape {
     /// whole to the next bucket ([`plan`]) and filling it makes no sensor
     /// ready to flush early.
     pub fn little_room(&self, count: u32) -> bool {
-        self.max_samples.saturating_sub(count) <= self.max_samples / 16
+        count >= self.nearly_full()
+    }
+
+    /// The fewest samples of a bucket with little room left.
+    pub fn nearly_full(&self) -> u32 {
+        self.max_samples - self.max_samples / 16
     }
 }
 

@@ -335,9 +335,10 @@ impl Pending {
         }
         let start = shape.window_start(last.ts_ms);
         let fill = s.fills.get(&start).copied().unwrap_or_default();
-        let count = match shape.little_room(fill.count) {
-            true => 0,
-            false => fill.count,
+        let count = if shape.little_room(fill.count) {
+            0
+        } else {
+            fill.count
         };
         let full = count as usize + s.samples.len() >= shape.max_samples as usize
             || fill.bytes as usize + s.samples.bytes() >= shape.max_bytes as usize;

@@ -516,11 +516,10 @@ impl Buckets {
             // (Full, or left with little room: no statement of this run
             // adds to them, whatever their window; a bucket that has more
             // room than `Shape::little_room` is not sealed early.)
-            let left = self.shape.max_samples - self.shape.max_samples / 16;
             let q = doc! {
                 "_id": { "$in": &ids },
                 "closed": false,
-                "count": { "$gte": left as i64 },
+                "count": { "$gte": self.shape.nearly_full() as i64 },
             };
             (ids, q, !self.full.is_empty())
         } else {
