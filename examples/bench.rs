@@ -1195,12 +1195,16 @@ dir = "{spool}"
 listen = "127.0.0.1:{metrics_port}"
 [limits]
 max_sensors = 200000
+{limits_extra}
 [latest]
 enabled = {latest}
 {subscription}
 {tail}
 "#,
                     latest = !kind.ends_with("-nolatest"),
+                    // BENCH_PALLETD_LIMITS: more `[limits]` keys for
+                    // experiments (e.g. `max_memory = "256MiB"`).
+                    limits_extra = std::env::var("BENCH_PALLETD_LIMITS").unwrap_or_default(),
                     subscription = if kind == "sparkplug" {
                         "[[subscription]]\ntopic = \"spBv1.0/#\"\nformat = \"sparkplug_b\""
                     } else {
