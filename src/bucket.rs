@@ -822,7 +822,9 @@ fn window_run(
 ) -> (usize, u32) {
     let mut n = 0;
     let mut bytes = 0u32;
-    for s in samples.iter().skip(i) {
+    // By index from `i`: `iter().skip(i)` would read every sample before
+    // it, each time a statement starts (quadratic over a long backfill).
+    for s in (i..samples.len()).map(|j| samples.get(j)) {
         if n > shape.max_samples as usize
             || shape.window_start(s.ts_ms) != start
             || tags.of(s.lsn) != tag
