@@ -15,6 +15,10 @@
 //! - `buckets-nolatest` (not in the default list): `buckets` with
 //!   `[latest] enabled = false`, beside `buckets` to measure what the
 //!   latest-value statements cost.
+//! - `buckets-v5` (not in the default list): `buckets` over MQTT 5 with a
+//!   Receive Maximum of 1,000, beside `buckets` (3.1.1) at `--inflight 20`
+//!   to see whether the broker's window for 3.1.1 clients still caps a v5
+//!   client.
 //! - `buckets-x2` (not in the default list): two palletd instances on one
 //!   shared subscription (`[mqtt] share_group`), each with its own spool,
 //!   into the same collection; their figures are summed (CPU, peak RSS).
@@ -143,6 +147,13 @@ struct SoakArgs {
     /// More palletd settings (TOML appended to its configuration).
     #[arg(long, default_value = "")]
     tail: String,
+    /// Measure the ceiling subscriber at these sensors first (its probe
+    /// and steps, fresh services) and soak at this fraction of it instead
+    /// of `--rate`: "the highest rate sustained against the same run's
+    /// ceiling", judged by the lag over the halves, which a step cannot
+    /// judge while palletd stretches its delay.
+    #[arg(long)]
+    of_ceiling: Option<f64>,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -1144,12 +1155,14 @@ fn buckets_sink(args: &RunArgs, svc: &Services, tail: &str) -> anyhow::Result<Si
 
 /// A palletd scenario's storage mode and number of instances:
 /// `buckets` is one instance, `buckets-x2` two; `sparkplug` is one in
-/// bucket mode; `-nolatest` turns `[latest]` off (`buckets-nolatest`).
+/// bucket mode; `-nolatest` turns `[latest]` off (`buckets-nolatest`),
+/// `-v5` speaks MQTT 5 (`buckets-v5`).
 fn palletd_kind(kind: &str) -> Option<(&str, usize)> {
     if kind == "sparkplug" {
         return Some(("buckets", 1));
     }
     let kind = kind.strip_suffix("-nolatest").unwrap_or(kind);
+    let kind = kind.strip_suffix("-v5").unwrap_or(kind);
     let (mode, n) = match kind.split_once("-x") {
         Some((mode, n)) => (mode, n.parse().ok()?),
         None => (kind, 1),
@@ -1175,6 +1188,12 @@ fn start_sink_with(
         let mut child = match palletd_kind(kind) {
             Some((mode, n)) => {
                 let share = if n > 1 { "share_group = \"bench\"" } else { "" };
+                // `-v5`: MQTT 5 with a Receive Maximum of 1,000, whatever
+                // the broker's window for 3.1.1 clients (`--inflight`).
+                let share = match kind.contains("-v5") {
+                    true => format!("{share}\nprotocol = \"5\"\nreceive_maximum = 1000"),
+                    false => share.to_string(),
+                };
                 let cfg = format!(
                     r#"[mqtt]
 url = "mqtt://127.0.0.1:{broker}"
@@ -3053,7 +3072,21 @@ struct Mark {
     sealing_s: f64,
 }
 
-fn soak(args: SoakArgs) -> anyhow::Result<()> {
+fn soak(mut args: SoakArgs) -> anyhow::Result<()> {
+    let ceiling = match args.of_ceiling {
+        Some(fraction) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            let c = scenario(&args.run, "ceiling", args.sensors, &rt)?.max_sustained_per_s;
+            anyhow::ensure!(c > 0.0, "the ceiling subscriber sustained no step");
+            args.rate = (c * fraction).round();
+            eprintln!(
+                "  ceiling {c:.0}/s; soaking at {fraction} of it: {:.0}/s",
+                args.rate
+            );
+            Some(c)
+        }
+        None => None,
+    };
     eprintln!(
         "== soak: {} sensors, {}/s ({} per sensor), {} s, palletd's defaults{}",
         args.sensors,
@@ -3181,6 +3214,8 @@ fn soak(args: SoakArgs) -> anyhow::Result<()> {
         "scenario": "soak",
         "sensors": args.sensors,
         "rate": args.rate,
+        "ceiling_per_s": ceiling,
+        "of_ceiling": args.of_ceiling,
         "secs": args.secs,
         "tail": tail,
         "published": published,
