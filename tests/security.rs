@@ -121,26 +121,7 @@ async fn tls_and_password_store_readings_and_wrong_ca_or_password_keep_retrying(
 
     // Right CA, right password: readings arrive.
     let cfg = tls_config(&broker, &db, "tls", &pki.ca, &pw);
-    let mut palletd = Palletd::start(&cfg);
-    palletd.ready().await;
-    let publisher = tls_publisher(&broker, &pki.ca).await;
-    for seq in 0..20 {
-        publisher
-            .publish(
-                "sensors/t1/telemetry",
-                rumqttc::QoS::AtLeastOnce,
-                false,
-                format!("{{\"seq\": {seq}}}"),
-            )
-            .await
-            .unwrap();
-    }
-    let client = db.client().await;
-    eventually(Duration::from_secs(30), "20 readings over TLS", || async {
-        stored_samples(&client, "tls").await == 20
-    })
-    .await;
-    assert_eq!(palletd.terminate(), Some(0));
+    twenty_readings_over_tls(&cfg, &broker, &db, &pki.ca).await;
 
     // The wrong CA: a clear TLS error, retried, no crash.
     let cfg = tls_config(&broker, &db, "tls", &pki.other_ca, &pw);
@@ -163,6 +144,58 @@ async fn tls_and_password_store_readings_and_wrong_ca_or_password_keep_retrying(
         .wait_for_log("broker refused the connection", Duration::from_secs(30))
         .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(palletd.running(), "still running, retrying");
+    assert_eq!(palletd.terminate(), Some(0));
+}
+
+/// palletd started with `cfg` (TLS, a password) stores 20 readings a TLS
+/// publisher sends, then stops.
+async fn twenty_readings_over_tls(cfg: &Config, broker: &Broker, db: &Database, ca: &Path) {
+    let mut palletd = Palletd::start(cfg);
+    palletd.ready().await;
+    let publisher = tls_publisher(broker, ca).await;
+    for seq in 0..20 {
+        publisher
+            .publish(
+                "sensors/t1/telemetry",
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                format!("{{\"seq\": {seq}}}"),
+            )
+            .await
+            .unwrap();
+    }
+    let client = db.client().await;
+    let database = cfg.database();
+    eventually(Duration::from_secs(30), "20 readings over TLS", || async {
+        stored_samples(&client, &database).await == 20
+    })
+    .await;
+    assert_eq!(palletd.terminate(), Some(0));
+}
+
+/// MQTT 5 over TLS with a password: readings arrive; a wrong password is
+/// refused with the v5 reason code in the log, and retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt5_over_tls_with_a_password_stores_readings_and_names_a_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, pki) = secure_broker(dir.path());
+    let db = Database::start();
+    let pw = write_file(dir.path(), "mqtt-password", MQTT_PASSWORD);
+    let cfg = tls_config(&broker, &db, "tls5", &pki.ca, &pw).set("mqtt.protocol", "5");
+    twenty_readings_over_tls(&cfg, &broker, &db, &pki.ca).await;
+
+    let wrong = write_file(dir.path(), "wrong-password", "not-it");
+    let cfg = tls_config(&broker, &db, "tls5", &pki.ca, &wrong).set("mqtt.protocol", "5");
+    let mut palletd = Palletd::start(&cfg);
+    palletd
+        .wait_for_log("broker refused the connection", Duration::from_secs(30))
+        .await;
+    let log = palletd.log();
+    assert!(
+        log.contains("NotAuthorized") || log.contains("BadUserNamePassword"),
+        "the v5 reason code is named: {log}"
+    );
     assert!(palletd.running(), "still running, retrying");
     assert_eq!(palletd.terminate(), Some(0));
 }

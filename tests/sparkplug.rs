@@ -419,19 +419,34 @@ fn state_of(s: &Document) -> Option<(&str, i64)> {
     Some((s.get_str("_state").ok()?, bd_seq))
 }
 
+/// MQTT 5: BIRTH before DATA on the one session, every value stored as
+/// sent, the NDEATHs recorded.
 #[tokio::test]
-async fn simulated_nodes_are_stored_reborn_after_a_reconnect_and_their_deaths_recorded() {
-    let mut stack = Stack::start("sparkplug-sim", |c| c.sparkplug(None)).await;
-    let nodes = ["plant:a-n0000", "plant:a-n0001"];
-    let devices = [
-        "plant:a-n0000:d000",
-        "plant:a-n0000:d001",
-        "plant:a-n0001:d000",
-        "plant:a-n0001:d001",
-    ];
+async fn simulated_nodes_over_mqtt5_are_stored_as_sent() {
+    let mut stack = Stack::start("sparkplug-v5", |c| {
+        c.sparkplug(None).set("mqtt.protocol", "5")
+    })
+    .await;
+    a_clean_run_is_stored_as_sent(&stack).await;
+    assert!(stack.docs("readings_deadletter").await.is_empty());
+    stack.stop();
+}
+
+const SIM_NODES: [&str; 2] = ["plant:a-n0000", "plant:a-n0001"];
+const SIM_DEVICES: [&str; 4] = [
+    "plant:a-n0000:d000",
+    "plant:a-n0000:d001",
+    "plant:a-n0001:d000",
+    "plant:a-n0001:d001",
+];
+
+/// Two simulated nodes run for 3 s: every DATA published is stored as
+/// sent, then their clean NDEATHs.
+async fn a_clean_run_is_stored_as_sent(stack: &Stack) {
+    let (nodes, devices) = (SIM_NODES, SIM_DEVICES);
     // A clean run: every DATA published is stored as sent, then the NDEATH.
     let mut heard = listen(&stack.broker, "spBv1.0/plant/DDATA/#").await;
-    let out = simulate(&stack, "a-", "3s").wait_with_output().unwrap();
+    let out = simulate(stack, "a-", "3s").wait_with_output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let published: usize = text
@@ -440,7 +455,7 @@ async fn simulated_nodes_are_stored_reborn_after_a_reconnect_and_their_deaths_re
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{text}"));
     assert!(published >= 40, "{text}");
-    wait_samples(&stack, "every simulated reading stored", |all| {
+    wait_samples(stack, "every simulated reading stored", |all| {
         devices
             .iter()
             .map(|d| with_field(all, d, "temperature").len())
@@ -478,7 +493,7 @@ async fn simulated_nodes_are_stored_reborn_after_a_reconnect_and_their_deaths_re
             .push(values.iter().map(|x| x.to_bits()).collect());
     }
     let mut stored = Values::new();
-    for (sensor, samples) in samples(&stack).await {
+    for (sensor, samples) in samples(stack).await {
         for s in samples.iter().filter(|s| !s.contains_key("_state")) {
             let mut values: Vec<f64> = ["temperature", "humidity", "pressure"]
                 .iter()
@@ -498,7 +513,7 @@ async fn simulated_nodes_are_stored_reborn_after_a_reconnect_and_their_deaths_re
         v.sort();
     }
     assert_eq!(stored, sent);
-    wait_samples(&stack, "the clean NDEATHs recorded", |all| {
+    wait_samples(stack, "the clean NDEATHs recorded", |all| {
         nodes.iter().chain(devices.iter()).all(|s| {
             with_field(all, s, "_state")
                 .last()
@@ -507,7 +522,12 @@ async fn simulated_nodes_are_stored_reborn_after_a_reconnect_and_their_deaths_re
         })
     })
     .await;
+}
 
+#[tokio::test]
+async fn simulated_nodes_are_stored_reborn_after_a_reconnect_and_their_deaths_recorded() {
+    let mut stack = Stack::start("sparkplug-sim", |c| c.sparkplug(None)).await;
+    a_clean_run_is_stored_as_sent(&stack).await;
     // A node that loses the broker is born again with the next bdSeq; one
     // that is killed dies by its will.
     let mut sim = simulate(&stack, "b-", "10m");

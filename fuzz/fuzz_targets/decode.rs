@@ -16,6 +16,7 @@ fn subscription(topic: &str, format: PayloadFormat, sensor_field: Option<&str>) 
         field: None,
         qos: 1,
         rebirth_min_interval: None,
+        from_properties: Default::default(),
     }
 }
 

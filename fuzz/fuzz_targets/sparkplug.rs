@@ -52,6 +52,7 @@ fn decoder() -> Decoder {
             field: None,
             qos: 1,
             rebirth_min_interval: Some(std::time::Duration::from_secs(60)),
+            from_properties: Default::default(),
         }],
         limits,
     )

@@ -533,7 +533,9 @@ impl Admission {
             self.release(acks);
             return;
         }
-        let decoded = self.decoder.decode(&m.topic, &m.payload, m.received_ms);
+        let decoded =
+            self.decoder
+                .decode_with(&m.topic, &m.payload, m.props.as_deref(), m.received_ms);
         self.sparkplug_outcome(&decoded.sparkplug, m.received_ms, batch);
         batch.messages += 1;
         let bytes = &mut batch.bytes;

@@ -24,7 +24,7 @@ mod tests;
 mod validate;
 
 pub use mongodb::{MongoSettings, WriteConcern, COMPRESSORS};
-pub use mqtt::{parse_mqtt_url, MqttSettings, MqttTls};
+pub use mqtt::{parse_mqtt_url, MqttProtocol, MqttSettings, MqttTls};
 pub use settings::*;
 use validate::{check_name, resolve, Validator};
 
@@ -253,6 +253,16 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
         }
     }
 
+    if let Some(m) = &mqtt {
+        for (i, s) in subscriptions.iter().enumerate() {
+            if m.protocol == MqttProtocol::V311 && s.from_properties != Default::default() {
+                v.err(
+                    format!("subscription[{i}]"),
+                    "timestamp_property, sensor_property and format_from_content_type read MQTT 5 message properties: they need mqtt.protocol = \"5\"",
+                );
+            }
+        }
+    }
     match (mqtt, mongodb) {
         (Some(mqtt), Some(mongodb)) if v.errors.is_empty() => Ok(Settings {
             mqtt,

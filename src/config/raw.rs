@@ -35,6 +35,9 @@ pub struct RawMqtt {
     pub max_packet_size: Option<RawSize>,
     pub max_payload_size: Option<RawSize>,
     pub share_group: Option<String>,
+    pub protocol: Option<String>,
+    pub session_expiry: Option<String>,
+    pub receive_maximum: Option<i64>,
     pub tls: Option<RawMqttTls>,
 }
 
@@ -152,6 +155,9 @@ pub struct RawSubscription {
     pub qos: Option<i64>,
     pub request_rebirth: Option<bool>,
     pub rebirth_min_interval: Option<String>,
+    pub timestamp_property: Option<String>,
+    pub sensor_property: Option<String>,
+    pub format_from_content_type: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -80,11 +80,36 @@ impl Validator {
                     "format = \"sparkplug_b\" needs an MQTT filter in the Sparkplug namespace without placeholders, e.g. \"spBv1.0/#\" or \"spBv1.0/Plant1/#\"",
                 );
             }
-        } else if s.sensor_field.is_none() && !pattern.has_sensor() {
+        } else if s.sensor_field.is_none() && s.sensor_property.is_none() && !pattern.has_sensor() {
             self.err(
                 format!("{path}.topic"),
-                "needs a {sensor} placeholder, or set sensor_field to read the sensor id from the payload",
+                "needs a {sensor} placeholder, or set sensor_field to read the sensor id from the payload (or sensor_property, from an MQTT 5 user property)",
             );
+        }
+        let from_properties = crate::decode::FromProperties {
+            timestamp: s.timestamp_property,
+            sensor: s.sensor_property,
+            content_type: s.format_from_content_type.unwrap_or(false),
+        };
+        for (key, set) in [
+            ("timestamp_property", from_properties.timestamp.is_some()),
+            ("sensor_property", from_properties.sensor.is_some()),
+            ("format_from_content_type", from_properties.content_type),
+        ] {
+            if set && sparkplug {
+                self.err(
+                    format!("{path}.{key}"),
+                    "does not apply to format = \"sparkplug_b\" (sensor ids, field names and times come from the Sparkplug topic and payload)",
+                );
+            }
+        }
+        for (key, name) in [
+            ("timestamp_property", &from_properties.timestamp),
+            ("sensor_property", &from_properties.sensor),
+        ] {
+            if name.as_deref().is_some_and(str::is_empty) {
+                self.err(format!("{path}.{key}"), "must not be empty");
+            }
         }
         if format == PayloadFormat::Number && !pattern.has_field() && s.field.is_none() {
             self.err(
@@ -100,6 +125,7 @@ impl Validator {
             field: s.field,
             qos,
             rebirth_min_interval,
+            from_properties,
         })
     }
 }

@@ -297,3 +297,52 @@ fn secrets_do_not_print() {
         Some("hunter2")
     );
 }
+
+#[test]
+fn mqtt5_settings_and_properties_need_protocol_5() {
+    let s = parse(MINIMAL, None).unwrap();
+    assert_eq!(s.mqtt.protocol, MqttProtocol::V311);
+    let v5 = MINIMAL.replace(
+        "client_id = \"palletd-test\"",
+        "client_id = \"palletd-test\"\nprotocol = \"5\"",
+    );
+    let s = parse(&v5, None).unwrap();
+    assert_eq!(s.mqtt.protocol, MqttProtocol::V5);
+    assert_eq!(s.mqtt.session_expiry, Duration::from_secs(7 * 86400));
+    assert_eq!(s.mqtt.receive_maximum, 1000);
+    let props = "\ntimestamp_property = \"time\"\nsensor_property = \"device\"";
+    let s = parse(&format!("{v5}{props}"), None).unwrap();
+    assert_eq!(
+        s.subscriptions[0].from_properties,
+        crate::decode::FromProperties {
+            timestamp: Some("time".into()),
+            sensor: Some("device".into()),
+            content_type: false
+        }
+    );
+    // Under 3.1.1 there are no properties to read, nor a session expiry.
+    let e = errors(&format!("{MINIMAL}{props}"));
+    assert!(
+        e.iter()
+            .any(|e| e.contains("subscription[0]") && e.contains("protocol = \"5\"")),
+        "{e:?}"
+    );
+    let e = errors(&MINIMAL.replace(
+        "client_id = \"palletd-test\"",
+        "client_id = \"palletd-test\"\nsession_expiry = \"1h\"\nreceive_maximum = 500",
+    ));
+    assert!(e.iter().any(|e| e.contains("mqtt.session_expiry")), "{e:?}");
+    assert!(
+        e.iter().any(|e| e.contains("mqtt.receive_maximum")),
+        "{e:?}"
+    );
+    let e = errors(&MINIMAL.replace(
+        "client_id = \"palletd-test\"",
+        "client_id = \"palletd-test\"\nprotocol = \"3\"",
+    ));
+    assert!(e.iter().any(|e| e.contains("mqtt.protocol")), "{e:?}");
+    // A topic without {sensor} may name its sensor by a property.
+    let t = v5.replace("sensors/{sensor}/telemetry", "fleet/telemetry");
+    assert!(!errors(&t).is_empty());
+    assert!(parse(&format!("{t}\nsensor_property = \"device\""), None).is_ok());
+}

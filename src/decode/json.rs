@@ -13,7 +13,7 @@ use super::{check_sensor, truncate, DecodeError, Decoded, FieldValue, Limits, Me
 /// `out.errors`.
 pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading>, DecodeError> {
     let (sub, m, payload, now_ms, limits) =
-        (msg.sub, msg.matched, msg.payload, msg.now_ms, msg.limits);
+        (msg.sub, msg.matched, msg.payload, msg.time_ms, msg.limits);
     let errors = &mut out.errors;
     let seed = TopSeed {
         fields: limits.max_fields_per_sample + 2,
@@ -469,6 +469,15 @@ fn timestamp(v: &Json<'_>) -> Result<i64, String> {
     }
 }
 
+/// A timestamp carried as text outside the payload (an MQTT 5 user
+/// property): an epoch number or RFC 3339 text, read as in a payload.
+pub fn text_or_number_timestamp(s: &str) -> Result<i64, String> {
+    match serde_json::from_str::<serde_json::Number>(s.trim()) {
+        Ok(n) => number_timestamp(&n),
+        Err(_) => text_timestamp(s),
+    }
+}
+
 /// RFC 3339 text, or an epoch number whose unit is told by its magnitude:
 /// below 1e11 seconds, below 1e14 milliseconds, below 1e17 microseconds,
 /// else nanoseconds. Integers are truncated to the millisecond (floor),
@@ -555,6 +564,7 @@ mod tests {
             field: None,
             qos: 1,
             rebirth_min_interval: None,
+            from_properties: Default::default(),
         }
     }
 
@@ -570,6 +580,7 @@ mod tests {
             matched,
             payload,
             now_ms: NOW,
+            time_ms: NOW,
             limits,
         }
     }

@@ -84,6 +84,59 @@ pub struct Subscription {
     /// `format = "sparkplug_b"` with `request_rebirth = true`: ask an edge
     /// node for a rebirth at most this often.
     pub rebirth_min_interval: Option<std::time::Duration>,
+    /// What an MQTT 5 message's properties say (`[mqtt] protocol = "5"`).
+    pub from_properties: FromProperties,
+}
+
+/// A subscription's use of MQTT 5 message properties; all off by default
+/// (and under MQTT 3.1.1, which has none).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FromProperties {
+    /// `timestamp_property`: the user property that holds the time of the
+    /// message's samples that carry none of their own (epoch number or RFC
+    /// 3339 text, read as a payload's timestamp field is). A message
+    /// without it is stamped with its arrival time, as without the setting.
+    pub timestamp: Option<String>,
+    /// `sensor_property`: the user property that names the sensor, in
+    /// place of the topic's `{sensor}` (a payload's `sensor_field` still
+    /// wins for its sample). Without it the topic's `{sensor}` is used, and
+    /// a topic without one refuses the message (`bad_sensor`).
+    pub sensor: Option<String>,
+    /// `format_from_content_type`: a message's content type, when it names
+    /// a format palletd reads (`application/json` or a `+json` type:
+    /// json; `text/plain`: number), chooses the format over `format`.
+    pub content_type: bool,
+}
+
+/// An MQTT 5 message's properties that decoding may read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Properties {
+    pub user: Vec<(String, String)>,
+    pub content_type: Option<String>,
+}
+
+impl Properties {
+    /// The first user property of this name (MQTT 5 allows repeats).
+    pub fn user(&self, name: &str) -> Option<&str> {
+        self.user
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The payload format a content type names, if palletd reads it.
+    pub fn format(&self) -> Option<PayloadFormat> {
+        let ct = self.content_type.as_deref()?;
+        let media = ct.split(';').next().unwrap_or_default().trim();
+        let media = media.to_ascii_lowercase();
+        if media == "application/json" || media.ends_with("+json") {
+            Some(PayloadFormat::Json)
+        } else if media == "text/plain" {
+            Some(PayloadFormat::Number)
+        } else {
+            None
+        }
+    }
 }
 
 /// A value of one field of a sample.
@@ -256,7 +309,11 @@ pub struct Message<'a> {
     pub topic: &'a str,
     pub matched: TopicMatch<'a>,
     pub payload: &'a [u8],
+    /// When it arrived.
     pub now_ms: i64,
+    /// The time of its samples that carry none of their own: the arrival
+    /// time, or the `timestamp_property`'s.
+    pub time_ms: i64,
     pub limits: &'a Limits,
 }
 
@@ -325,6 +382,18 @@ impl Decoder {
 
     /// Decodes one message received at `now_ms`.
     pub fn decode(&mut self, topic: &str, payload: &[u8], now_ms: i64) -> Decoded {
+        self.decode_with(topic, payload, None, now_ms)
+    }
+
+    /// Decodes one message received at `now_ms`, with its MQTT 5
+    /// properties (`None` under MQTT 3.1.1).
+    pub fn decode_with(
+        &mut self,
+        topic: &str,
+        payload: &[u8],
+        props: Option<&Properties>,
+        now_ms: i64,
+    ) -> Decoded {
         let mut out = Decoded::default();
         if payload.len() > self.limits.max_payload_size {
             out.errors.push(DecodeError::PayloadTooLarge {
@@ -333,7 +402,7 @@ impl Decoder {
             });
             return out;
         }
-        let Some((sub, matched)) = self
+        let Some((sub, mut matched)) = self
             .subscriptions
             .iter()
             .find_map(|s| s.pattern.matches(topic).map(|m| (s, m)))
@@ -342,15 +411,44 @@ impl Decoder {
                 .push(DecodeError::UnknownTopic(topic.to_string()));
             return out;
         };
+        let from = &sub.from_properties;
+        let user = |name: &Option<String>| props?.user(name.as_deref()?);
+        if let Some(sensor) = user(&from.sensor) {
+            matched.sensor = Some(sensor);
+        } else if let (Some(name), None, None) = (&from.sensor, matched.sensor, &sub.sensor_field) {
+            out.errors.push(DecodeError::BadSensor(format!(
+                "the message has no user property {name:?} and the topic names no sensor"
+            )));
+            return out;
+        }
+        let time_ms = match user(&from.timestamp).map(json::text_or_number_timestamp) {
+            None => now_ms,
+            Some(Ok(ts)) => ts,
+            Some(Err(message)) => {
+                out.errors.push(DecodeError::BadTimestamp {
+                    index: 0,
+                    message: format!(
+                        "user property {:?}: {message}",
+                        from.timestamp.as_deref().unwrap_or_default()
+                    ),
+                });
+                return out;
+            }
+        };
+        let format = match props.and_then(Properties::format) {
+            Some(f) if from.content_type => f,
+            _ => sub.format,
+        };
         let message = Message {
             sub,
             topic,
             matched,
             payload,
             now_ms,
+            time_ms,
             limits: &self.limits,
         };
-        let result = match sub.format {
+        let result = match format {
             PayloadFormat::Number => number::decode(&message, &mut out),
             PayloadFormat::Json => json::decode(&message, &mut out),
             PayloadFormat::SparkplugB => self.sparkplug.decode(&message, &mut out),
@@ -448,6 +546,7 @@ mod tests {
             field: None,
             qos: 1,
             rebirth_min_interval: None,
+            from_properties: FromProperties::default(),
         }
     }
 
@@ -479,6 +578,74 @@ mod tests {
             ],
             test_limits(),
         )
+    }
+
+    #[test]
+    fn mqtt5_properties_give_time_sensor_and_format() {
+        let mut by_props = sub("plant/{sensor}/{field}", PayloadFormat::Number);
+        by_props.from_properties = FromProperties {
+            timestamp: Some("time".into()),
+            sensor: Some("device".into()),
+            content_type: true,
+        };
+        let mut d = Decoder::new(vec![by_props], test_limits());
+        let props = |user: &[(&str, &str)], ct: Option<&str>| Properties {
+            user: user
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            content_type: ct.map(str::to_string),
+        };
+        let p = props(
+            &[("device", "dev-1"), ("time", &(NOW - 5000).to_string())],
+            None,
+        );
+        let r = d.decode_with("plant/p7/temp", b"21.5", Some(&p), NOW);
+        assert_eq!(
+            (r.readings[0].sensor.as_str(), r.readings[0].ts_ms),
+            ("dev-1", NOW - 5000)
+        );
+        // Seconds and RFC 3339, as a payload's field is read.
+        let p = props(&[("time", &((NOW - 7000) / 1000).to_string())], None);
+        let r = d.decode_with("plant/p7/temp", b"1", Some(&p), NOW);
+        assert_eq!(
+            (r.readings[0].sensor.as_str(), r.readings[0].ts_ms),
+            ("p7", NOW - 7000)
+        );
+        let p = props(&[("time", "2026-08-20T13:59:00Z")], None);
+        assert_eq!(
+            d.decode_with("plant/p7/temp", b"1", Some(&p), NOW).readings[0].ts_ms,
+            NOW - 60_000
+        );
+        // Refused as a payload's would be: a bad time, a time out of range.
+        let p = props(&[("time", "soon")], None);
+        assert_eq!(
+            d.decode_with("plant/p7/temp", b"1", Some(&p), NOW).errors[0].cause(),
+            "bad_timestamp"
+        );
+        let p = props(&[("time", &(NOW + 86_400_000).to_string())], None);
+        assert_eq!(
+            d.decode_with("plant/p7/temp", b"1", Some(&p), NOW).errors[0].cause(),
+            "time_out_of_range"
+        );
+        let p = props(&[("device", "bad id!")], None);
+        assert_eq!(
+            d.decode_with("plant/p7/temp", b"1", Some(&p), NOW).errors[0].cause(),
+            "bad_sensor"
+        );
+        // The content type chooses JSON over the subscription's number.
+        let p = props(&[], Some("application/vnd.acme+json"));
+        let r = d.decode_with("plant/p7/temp", br#"{"temp": 3, "hum": 4}"#, Some(&p), NOW);
+        assert_eq!(r.readings[0].fields.len(), 2, "{r:?}");
+        let p = props(&[], Some("application/octet-stream"));
+        assert_eq!(
+            d.decode_with("plant/p7/temp", b"2", Some(&p), NOW)
+                .readings
+                .len(),
+            1
+        );
+        // No properties (MQTT 3.1.1): as before.
+        assert_eq!(d.decode("plant/p7/temp", b"2", NOW).readings[0].ts_ms, NOW);
     }
 
     #[test]

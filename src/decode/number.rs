@@ -1,13 +1,14 @@
 //! `format = "number"`: the payload is one bare number (`21.7`); the field
 //! name comes from the topic's `{field}` or the subscription's `field`, the
-//! time is the arrival time.
+//! time is the arrival time (or an MQTT 5 user property's, see
+//! `timestamp_property`).
 
 use super::{check_sensor, truncate, DecodeError, Decoded, FieldValue, Message, Reading};
 
 /// The one sample of a bare number (nothing is refused alone).
 pub(super) fn decode(msg: &Message<'_>, _out: &mut Decoded) -> Result<Vec<Reading>, DecodeError> {
     let (sub, m, payload, now_ms, limits) =
-        (msg.sub, msg.matched, msg.payload, msg.now_ms, msg.limits);
+        (msg.sub, msg.matched, msg.payload, msg.time_ms, msg.limits);
     let sensor = m.sensor.unwrap_or_default();
     check_sensor(sensor, limits)?;
     let field = m.field.or(sub.field.as_deref()).unwrap_or_default();

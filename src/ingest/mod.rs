@@ -20,10 +20,11 @@
 //! stop reading from the socket.
 
 pub mod tls;
+mod v5;
 
 use std::time::Duration;
 
-use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, Outgoing, Packet, QoS};
+use rumqttc::{AsyncClient, ConnectionError, EventLoop, MqttOptions, Outgoing, Packet, QoS};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -32,7 +33,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::clock::now_ms;
-use crate::config::MqttSettings;
+use crate::config::{MqttProtocol, MqttSettings};
 use crate::decode::Subscription;
 use crate::retry::Backoff;
 use crate::telemetry::{self, Health};
@@ -50,13 +51,22 @@ pub struct Message {
     pub id: Option<(u16, u64)>,
     /// A redelivery of a message already spooled: acknowledge, store nothing.
     pub duplicate: bool,
+    /// MQTT 5: the user properties and content type the decoder may read.
+    pub props: Option<Box<crate::decode::Properties>>,
 }
 
 impl Message {
     /// Bytes it holds while it waits for the admission (payload, topic, and
     /// the message itself).
     pub fn cost(&self) -> usize {
-        self.payload.len() + self.topic.len() + std::mem::size_of::<Message>()
+        let props = self.props.as_ref().map_or(0, |p| {
+            p.user
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 48)
+                .sum::<usize>()
+                + p.content_type.as_ref().map_or(0, String::len)
+        });
+        self.payload.len() + self.topic.len() + props + std::mem::size_of::<Message>()
     }
 }
 
@@ -150,7 +160,7 @@ pub struct AckToken {
 /// here (with every later one behind it, to keep arrival order) and is
 /// retried by [`Acker::retry`], never dropped.
 pub struct Acker {
-    client: AsyncClient,
+    client: Client,
     waiting: std::collections::VecDeque<AckToken>,
 }
 
@@ -163,15 +173,11 @@ impl Acker {
     /// Queues the waiting acknowledgements that now fit; true when none waits.
     pub fn retry(&mut self) -> bool {
         while let Some(token) = self.waiting.front().copied() {
-            let mut p = rumqttc::Publish::new("", token.qos, Vec::new());
-            p.pkid = token.pkid;
-            match self.client.try_ack(&p) {
-                Ok(()) => {
-                    self.waiting.pop_front();
-                }
+            if !self.client.try_ack(token) {
                 // Full (or, at shutdown, closed): try again later.
-                Err(_) => return false,
+                return false;
             }
+            self.waiting.pop_front();
         }
         true
     }
@@ -179,15 +185,160 @@ impl Acker {
     /// Publishes a message at QoS 0 without waiting; false if the client's
     /// queue is full (the message is not sent).
     pub fn publish_nowait(&self, topic: String, payload: Vec<u8>) -> bool {
-        self.client
-            .try_publish(topic, QoS::AtMostOnce, false, payload)
-            .is_ok()
+        self.client.try_publish(topic, payload)
     }
 
     /// Acknowledgements not yet handed to the event loop.
     pub fn waiting(&self) -> usize {
         self.waiting.len()
     }
+}
+
+/// The client half of either protocol's connection: what the admission
+/// and the event loop ask of it, never blocking.
+#[derive(Clone)]
+pub enum Client {
+    V311(AsyncClient),
+    V5(rumqttc::v5::AsyncClient),
+}
+
+impl Client {
+    /// Queues the acknowledgement; false if the request channel is full.
+    fn try_ack(&self, t: AckToken) -> bool {
+        match self {
+            Client::V311(c) => {
+                let mut p = rumqttc::Publish::new("", t.qos, Vec::new());
+                p.pkid = t.pkid;
+                c.try_ack(&p).is_ok()
+            }
+            Client::V5(c) => c.try_ack(&v5::ack_for(t.qos, t.pkid)).is_ok(),
+        }
+    }
+
+    /// Queues a QoS 0 PUBLISH; false if the request channel is full.
+    fn try_publish(&self, topic: String, payload: Vec<u8>) -> bool {
+        match self {
+            Client::V311(c) => c
+                .try_publish(topic, QoS::AtMostOnce, false, payload)
+                .is_ok(),
+            Client::V5(c) => c
+                .try_publish(topic, v5::qos(QoS::AtMostOnce), false, payload)
+                .is_ok(),
+        }
+    }
+
+    fn try_subscribe(&self, filters: &[(String, QoS)]) -> Result<(), String> {
+        match self {
+            Client::V311(c) => c
+                .try_subscribe_many(
+                    filters
+                        .iter()
+                        .map(|(f, q)| rumqttc::SubscribeFilter::new(f.clone(), *q)),
+                )
+                .map_err(|e| e.to_string()),
+            Client::V5(c) => c
+                .try_subscribe_many(filters.iter().map(|(f, q)| v5::filter(f, *q)))
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    fn try_disconnect(&self) -> bool {
+        match self {
+            Client::V311(c) => c.try_disconnect().is_ok(),
+            Client::V5(c) => c.try_disconnect().is_ok(),
+        }
+    }
+}
+
+/// The event loop of either protocol (one per process: the size of the
+/// larger one is no matter).
+#[allow(clippy::large_enum_variant)]
+enum Link {
+    V311(EventLoop),
+    V5(rumqttc::v5::EventLoop),
+}
+
+/// What the event loop reacts to, whichever the protocol.
+enum Event {
+    ConnAck {
+        session_present: bool,
+    },
+    /// Per filter: the granted QoS, or why the broker refused it.
+    SubAck(Vec<Result<u8, String>>),
+    Publish(Incoming),
+    /// palletd's own DISCONNECT went out.
+    Disconnected,
+    Other,
+}
+
+/// One poll of the event loop in progress, owning it until it returns.
+type Polling =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (Link, Result<Event, String>)> + Send>>;
+
+/// A PUBLISH as received, whichever the protocol.
+struct Incoming {
+    topic: String,
+    payload: bytes::Bytes,
+    qos: QoS,
+    pkid: u16,
+    dup: bool,
+    props: Option<Box<crate::decode::Properties>>,
+}
+
+impl Link {
+    /// The next event; an error is the connection's failure, described.
+    async fn poll(&mut self) -> Result<Event, String> {
+        match self {
+            Link::V311(l) => l.poll().await.map(event).map_err(|e| describe(&e)),
+            Link::V5(l) => l.poll().await.map(v5::event).map_err(|e| v5::describe(&e)),
+        }
+    }
+}
+
+/// One 3.1.1 event as the event loop sees either protocol's.
+fn event(ev: rumqttc::Event) -> Event {
+    match ev {
+        rumqttc::Event::Incoming(Packet::ConnAck(ack)) => Event::ConnAck {
+            session_present: ack.session_present,
+        },
+        rumqttc::Event::Incoming(Packet::SubAck(ack)) => Event::SubAck(
+            ack.return_codes
+                .iter()
+                .map(|c| match c {
+                    rumqttc::SubscribeReasonCode::Success(q) => Ok(*q as u8),
+                    rumqttc::SubscribeReasonCode::Failure => Err("Failure".to_string()),
+                })
+                .collect(),
+        ),
+        rumqttc::Event::Incoming(Packet::Publish(p)) => Event::Publish(Incoming {
+            topic: p.topic,
+            payload: p.payload,
+            qos: p.qos,
+            pkid: p.pkid,
+            dup: p.dup,
+            props: None,
+        }),
+        rumqttc::Event::Outgoing(Outgoing::Disconnect) => Event::Disconnected,
+        _ => Event::Other,
+    }
+}
+
+/// User name and password, if a user name is set (either protocol).
+fn credentials(mqtt: &MqttSettings) -> Option<(String, String)> {
+    let user = mqtt.username.clone()?;
+    let pass = mqtt.password.as_ref().map(|p| p.expose().to_string());
+    Some((user, pass.unwrap_or_default()))
+}
+
+/// The transport for `mqtts://` (either protocol).
+fn tls_transport(t: &crate::config::MqttTls) -> Result<rumqttc::Transport, tls::TlsError> {
+    if t.insecure_skip_verify {
+        warn!("mqtt.tls.insecure_skip_verify is on: the broker's certificate is NOT verified. Never use this in production.");
+    }
+    let config = tls::client_config(t)?;
+    Ok(rumqttc::Transport::Tls(rumqttc::TlsConfiguration::Rustls(
+        Arc::new(config),
+    )))
 }
 
 /// Capacity of rumqttc's request channel: one slot for every packet id that
@@ -200,30 +351,19 @@ pub fn mqtt_options(mqtt: &MqttSettings, client_id: &str) -> Result<MqttOptions,
     let mut opts = MqttOptions::new(client_id, mqtt.host.clone(), mqtt.port);
     opts.set_keep_alive(mqtt.keep_alive)
         .set_max_packet_size(mqtt.max_packet_size, mqtt.max_packet_size);
-    if let Some(user) = &mqtt.username {
-        let pass = mqtt
-            .password
-            .as_ref()
-            .map(|p| p.expose().to_string())
-            .unwrap_or_default();
-        opts.set_credentials(user.clone(), pass);
+    if let Some((user, pass)) = credentials(mqtt) {
+        opts.set_credentials(user, pass);
     }
     if let Some(t) = &mqtt.tls {
-        if t.insecure_skip_verify {
-            warn!("mqtt.tls.insecure_skip_verify is on: the broker's certificate is NOT verified. Never use this in production.");
-        }
-        let config = tls::client_config(t)?;
-        opts.set_transport(rumqttc::Transport::Tls(rumqttc::TlsConfiguration::Rustls(
-            Arc::new(config),
-        )));
+        opts.set_transport(tls_transport(t)?);
     }
     Ok(opts)
 }
 
 /// The MQTT client and its event loop, not yet connected.
 pub struct Connection {
-    client: AsyncClient,
-    eventloop: EventLoop,
+    client: Client,
+    eventloop: Link,
     filters: Vec<(String, QoS)>,
     /// Bytes of messages on their way to the admission.
     queue: Arc<crate::budget::Budget>,
@@ -231,12 +371,21 @@ pub struct Connection {
 
 impl Connection {
     pub fn new(mqtt: &MqttSettings, subscriptions: &[Subscription]) -> Result<Self, tls::TlsError> {
-        let mut opts = mqtt_options(mqtt, &mqtt.client_id)?;
-        opts.set_clean_session(false)
-            .set_manual_acks(true)
-            .set_inflight(mqtt.max_inflight.clamp(1, u16::MAX as usize) as u16)
-            .set_request_channel_capacity(REQUEST_CAPACITY);
-        let (client, eventloop) = AsyncClient::new(opts, REQUEST_CAPACITY);
+        let (client, eventloop) = match mqtt.protocol {
+            MqttProtocol::V311 => {
+                let mut opts = mqtt_options(mqtt, &mqtt.client_id)?;
+                opts.set_clean_session(false)
+                    .set_manual_acks(true)
+                    .set_inflight(mqtt.max_inflight.clamp(1, u16::MAX as usize) as u16)
+                    .set_request_channel_capacity(REQUEST_CAPACITY);
+                let (c, l) = AsyncClient::new(opts, REQUEST_CAPACITY);
+                (Client::V311(c), Link::V311(l))
+            }
+            MqttProtocol::V5 => {
+                let (c, l) = v5::connect(mqtt, &mqtt.client_id, REQUEST_CAPACITY)?;
+                (Client::V5(c), Link::V5(l))
+            }
+        };
         let filters = subscriptions
             .iter()
             .map(|s| {
@@ -274,7 +423,7 @@ impl Connection {
     /// cleanly) or `abort` (give up now). After `stop`, new messages are no
     /// longer handed on: they stay unacknowledged and the broker keeps them.
     pub async fn run(
-        mut self,
+        self,
         tx: mpsc::Sender<Message>,
         stop: CancellationToken,
         done: CancellationToken,
@@ -295,18 +444,38 @@ impl Connection {
         // only on traffic and keep-alive pings).
         let mut beat = tokio::time::interval(Duration::from_secs(1));
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // rumqttc's poll is not cancel-safe while it connects: dropped
+        // between its CONNECT and its CONNACK (when another branch of the
+        // select fires), the next poll connects again and the broker sees
+        // two connections, the first CONNACK lost. So one poll runs to its
+        // end across the loop's turns; it owns the event loop meanwhile.
+        let Connection {
+            client,
+            eventloop,
+            filters,
+            queue,
+        } = self;
+        let mut link = Some(eventloop);
+        let mut polling: Option<Polling> = None;
         loop {
+            let next = polling.get_or_insert_with(|| {
+                let mut l = link.take().expect("the event loop, between polls");
+                Box::pin(async move {
+                    let ev = l.poll().await;
+                    (l, ev)
+                })
+            });
             // While messages wait in `overflow` the loop keeps polling (pings,
             // PUBACKs) and hands them on as the channel makes room.
             let event = tokio::select! {
                 _ = abort.cancelled() => return,
                 permit = tx.reserve(), if !session.overflow.is_empty() => {
-                    session.hand_on_waiting(permit, &self.queue);
+                    session.hand_on_waiting(permit, &queue);
                     continue;
                 }
                 _ = done.cancelled(), if !session.disconnecting => {
                     session.disconnecting = true;
-                    if self.client.try_disconnect().is_err() {
+                    if !client.try_disconnect() {
                         return;
                     }
                     continue;
@@ -318,26 +487,30 @@ impl Connection {
                 // Over its byte budget, the queue to the admission takes no
                 // more: reading from the broker waits (the broker keeps
                 // what it has not sent; QoS 1 waits in its window).
-                _ = self.queue.room(), if self.queue.over() => continue,
-                ev = self.eventloop.poll(), if !self.queue.over() => ev,
+                _ = queue.room(), if queue.over() => continue,
+                (l, ev) = next, if !queue.over() => {
+                    link = Some(l);
+                    ev
+                }
             };
+            polling = None;
             session.health.ingest_beat();
             match event {
-                Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                    session.on_connack(&ack, &self.client, &self.filters)
+                Ok(Event::ConnAck { session_present }) => {
+                    session.on_connack(session_present, &client, &filters)
                 }
-                Ok(Event::Incoming(Packet::SubAck(ack))) => session.on_suback(&ack, &self.filters),
-                Ok(Event::Incoming(Packet::Publish(p))) => {
+                Ok(Event::SubAck(codes)) => session.on_suback(&codes, &filters),
+                Ok(Event::Publish(p)) => {
                     if !stop.is_cancelled() {
-                        session.on_publish(p, &self.queue, &tx);
+                        session.on_publish(p, &queue, &tx);
                     }
                 }
-                Ok(Event::Outgoing(Outgoing::Disconnect)) => {
+                Ok(Event::Disconnected) => {
                     session.health.set_broker_connected(false);
                     info!("Disconnected from the MQTT broker.");
                     return;
                 }
-                Ok(_) => {}
+                Ok(Event::Other) => {}
                 Err(e) => {
                     if !session.on_error(&e, &abort, &done).await {
                         return;
@@ -369,35 +542,24 @@ impl Session {
     /// link that dropped before the SUBACK may have lost the SUBSCRIBE),
     /// and whenever the broker kept no session. Not on every reconnect:
     /// each subscribe re-sends retained messages.
-    fn on_connack(
-        &mut self,
-        ack: &rumqttc::ConnAck,
-        client: &AsyncClient,
-        filters: &[(String, QoS)],
-    ) {
+    fn on_connack(&mut self, session_present: bool, client: &Client, filters: &[(String, QoS)]) {
         self.backoff = Backoff::default();
         self.health.set_broker_connected(true);
-        self.redeliveries.connected(ack.session_present);
+        self.redeliveries.connected(session_present);
         match self.down_since.take() {
             Some(t) => {
                 metrics::counter!(telemetry::BROKER_RECONNECTS).increment(1);
                 info!(
-                    session_present = ack.session_present,
+                    session_present,
                     after = ?Duration::from_secs(t.elapsed().as_secs()),
                     "Reconnected to the MQTT broker."
                 )
             }
-            None => info!(
-                session_present = ack.session_present,
-                "Connected to the MQTT broker."
-            ),
+            None => info!(session_present, "Connected to the MQTT broker."),
         }
-        if !ack.session_present || !self.subscribed {
+        if !session_present || !self.subscribed {
             self.health.set_subscribed(false);
-            let subs = filters
-                .iter()
-                .map(|(f, q)| rumqttc::SubscribeFilter::new(f.clone(), *q));
-            if let Err(e) = client.try_subscribe_many(subs) {
+            if let Err(e) = client.try_subscribe(filters) {
                 error!(error = %e, "Could not queue the subscriptions.");
             }
         } else {
@@ -406,16 +568,14 @@ impl Session {
         }
     }
 
-    fn on_suback(&mut self, ack: &rumqttc::SubAck, filters: &[(String, QoS)]) {
+    fn on_suback(&mut self, codes: &[Result<u8, String>], filters: &[(String, QoS)]) {
         let mut all = true;
-        for (code, (filter, _)) in ack.return_codes.iter().zip(filters) {
+        for (code, (filter, _)) in codes.iter().zip(filters) {
             match code {
-                rumqttc::SubscribeReasonCode::Success(q) => {
-                    info!(%filter, qos = ?q, "Subscribed.")
-                }
-                rumqttc::SubscribeReasonCode::Failure => {
+                Ok(qos) => info!(%filter, qos, "Subscribed."),
+                Err(reason) => {
                     all = false;
-                    error!(%filter, "The broker refused the subscription; check its ACLs.")
+                    error!(%filter, %reason, "The broker refused the subscription; check its ACLs.")
                 }
             }
         }
@@ -427,7 +587,7 @@ impl Session {
     /// whether it is a redelivery of one already spooled.
     fn on_publish(
         &mut self,
-        p: rumqttc::Publish,
+        p: Incoming,
         queue: &crate::budget::Budget,
         tx: &mpsc::Sender<Message>,
     ) {
@@ -454,6 +614,7 @@ impl Session {
             received_ms: now_ms(),
             id,
             duplicate,
+            props: p.props,
         };
         queue.add(msg.cost());
         if !self.overflow.is_empty() {
@@ -491,7 +652,7 @@ impl Session {
     /// `false`: stop (disconnecting, done or aborted).
     async fn on_error(
         &mut self,
-        e: &ConnectionError,
+        e: &str,
         abort: &CancellationToken,
         done: &CancellationToken,
     ) -> bool {
@@ -501,9 +662,9 @@ impl Session {
         }
         if self.down_since.is_none() {
             self.down_since = Some(std::time::Instant::now());
-            warn!(error = %describe(e), "MQTT connection lost or refused; reconnecting with backoff.");
+            warn!(error = %e, "MQTT connection lost or refused; reconnecting with backoff.");
         } else {
-            debug!(error = %describe(e), "MQTT reconnect failed.");
+            debug!(error = %e, "MQTT reconnect failed.");
         }
         let delay = self.backoff.next_delay();
         tokio::select! {

@@ -127,25 +127,30 @@ format = "number"
     }
 
     /// Adds a `[[subscription]]` for a JSON topic pattern.
-    pub fn subscribe(mut self, topic: &str) -> Config {
-        let mut sub = toml::Table::new();
-        sub.insert("topic".into(), topic.into());
-        if let Some(toml::Value::Array(subs)) = self.table.get_mut("subscription") {
-            subs.push(toml::Value::Table(sub));
-        }
-        self
+    pub fn subscribe(self, topic: &str) -> Config {
+        self.subscription(&[("topic", topic.into())])
     }
 
     /// Adds a `[[subscription]]` of `format = "sparkplug_b"` on `spBv1.0/#`,
     /// with rebirth requests at most every `rebirth` if given.
-    pub fn sparkplug(mut self, rebirth: Option<&str>) -> Config {
-        let mut sub = toml::Table::new();
-        sub.insert("topic".into(), "spBv1.0/#".into());
-        sub.insert("format".into(), "sparkplug_b".into());
+    pub fn sparkplug(self, rebirth: Option<&str>) -> Config {
+        let mut keys = vec![
+            ("topic", "spBv1.0/#".into()),
+            ("format", "sparkplug_b".into()),
+        ];
         if let Some(every) = rebirth {
-            sub.insert("request_rebirth".into(), true.into());
-            sub.insert("rebirth_min_interval".into(), every.into());
+            keys.push(("request_rebirth", true.into()));
+            keys.push(("rebirth_min_interval", every.into()));
         }
+        self.subscription(&keys)
+    }
+
+    /// Adds a `[[subscription]]` with these keys.
+    pub fn subscription(mut self, keys: &[(&str, toml::Value)]) -> Config {
+        let sub: toml::Table = keys
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
         if let Some(toml::Value::Array(subs)) = self.table.get_mut("subscription") {
             subs.push(toml::Value::Table(sub));
         }

@@ -34,6 +34,7 @@ fn decoder(rebirth: bool) -> Decoder {
             field: None,
             qos: 1,
             rebirth_min_interval: rebirth.then(|| std::time::Duration::from_secs(60)),
+            from_properties: Default::default(),
         }],
         limits,
     )
