@@ -1,12 +1,16 @@
 //! Owns the rumqttc event loop: connect, subscribe, reconnect, and hand each
-//! PUBLISH to the admission. Acknowledgements are sent by the admission through
-//! [`Acker`] (a non-blocking `try_ack` into rumqttc's request channel) once
-//! a message is durable in the spool; this task never awaits an ack or a
-//! subscribe, so it always keeps polling, and the keep-alive and the PUBACKs
-//! go out even while the spool or the database is slow.
+//! PUBLISH to the admission. MQTT 3.1.1 and MQTT 5 (`[mqtt] protocol`) run
+//! through the same loop: [`Client`], `Link` and `Event` are what either
+//! protocol's client is seen as, and `v5.rs` holds what MQTT 5 adds.
+//! Acknowledgements are sent by the admission through [`Acker`] (a
+//! non-blocking `try_ack` into rumqttc's request channel) once a message is
+//! durable in the spool; this task never awaits an ack or a subscribe, so
+//! it always keeps polling, and the keep-alive and the PUBACKs go out even
+//! while the spool or the database is slow.
 //!
 //! Session: clean session off under the configured client id, so the broker
-//! keeps unacknowledged messages across disconnects and restarts. The
+//! keeps unacknowledged messages across disconnects and restarts (MQTT 5:
+//! clean start off, the session kept `mqtt.session_expiry`). The
 //! subscriptions are made on the first connect of each run and after every
 //! CONNACK without a session. A subscription that an earlier configuration
 //! made stays in the broker's session; its messages go to the dead letter as
