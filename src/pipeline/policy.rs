@@ -33,7 +33,8 @@
 //!   server is not a database that cannot keep up): the delay is
 //!   stretched by half, up to `flush.max_delay_limit`, so each sensor is written less often with
 //!   more samples per statement (unless memory is half full: then holding
-//!   longer only moves the readings to disk);
+//!   longer only moves the readings to disk; [`Retuned::HeldByMemory`]
+//!   says so, and the core warns);
 //! - shorter than an eighth of the delay for [`CALM_PERIODS`] periods in
 //!   a row since the last stretch: it shrinks by a fifth, down to
 //!   `flush.max_delay`, and keeps shrinking a period at a time while that
@@ -140,6 +141,9 @@ pub struct FlushPolicy {
 pub enum Retuned {
     Stretched(Duration),
     Shrunk(Duration),
+    /// It would have stretched, but memory is half full: the readings a
+    /// longer delay holds have no room (`limits.max_memory`).
+    HeldByMemory,
 }
 
 impl FlushPolicy {
@@ -220,10 +224,10 @@ impl FlushPolicy {
         if late > self.delay / 2 {
             // Not calm, whether it can stretch or not.
             self.calm = 0;
-            if std::mem::replace(&mut self.was_late, true)
-                && self.delay < self.limit
-                && !memory_half_full
-            {
+            if std::mem::replace(&mut self.was_late, true) && self.delay < self.limit {
+                if memory_half_full {
+                    return Some(Retuned::HeldByMemory);
+                }
                 self.was_late = false;
                 self.delay = (self.delay * 3 / 2).min(self.limit);
                 return Some(Retuned::Stretched(self.delay));
@@ -392,7 +396,11 @@ mod tests {
         assert_eq!(period(&mut p, 20 * SEC, false), None);
         p.met_errors();
         assert_eq!(period(&mut p, 20 * SEC, false), None, "an outage");
-        assert_eq!(period(&mut p, 20 * SEC, true), None, "memory half full");
+        assert_eq!(
+            period(&mut p, 20 * SEC, true),
+            Some(Retuned::HeldByMemory),
+            "memory half full"
+        );
         assert_eq!(
             period(&mut p, 20 * SEC, false),
             Some(Retuned::Stretched(33_750 * SEC / 1000))

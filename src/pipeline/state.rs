@@ -295,6 +295,8 @@ enum Busy {
 pub struct Core {
     config: Config,
     policy: FlushPolicy,
+    /// When the policy last warned that memory held the delay back.
+    policy_limit_warned: Option<Instant>,
     live: Pending,
     backlog: Pending,
     deadletters: Vec<DeadLetter>,
@@ -371,6 +373,7 @@ impl Core {
                 config.seal_every,
                 now,
             ),
+            policy_limit_warned: None,
             live: {
                 let mut live = Pending::new(config.shape, config.fresh_from, max_delay_ms);
                 live.set_early_ms(FlushPolicy::tick_of(config.max_delay).as_millis() as i64);
@@ -534,6 +537,21 @@ impl Core {
                 delay = %shown,
                 "The database keeps up again: the flush delay shrinks."
             ),
+            Retuned::HeldByMemory => {
+                // Once per flush.max_delay_limit at most: it holds while
+                // the load lasts.
+                let quiet = self.policy_limit_warned.is_some_and(|at| {
+                    now.saturating_duration_since(at) < self.config.max_delay_limit
+                });
+                if !quiet {
+                    self.policy_limit_warned = Some(now);
+                    tracing::warn!(
+                        delay = %shown,
+                        late_by = %late,
+                        "The database is not keeping up with the flush delay, and the delay cannot stretch: half of the memory for pending readings (limits.max_memory) is in use. Readings wait on disk and are written with fewer to a statement; raise limits.max_memory (docs/performance.md, sizing)."
+                    );
+                }
+            }
         }
     }
 
