@@ -3087,8 +3087,9 @@ fn soak(mut args: SoakArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let limits = std::env::var("BENCH_PALLETD_LIMITS").unwrap_or_default();
     eprintln!(
-        "== soak: {} sensors, {}/s ({} per sensor), {} s, palletd's defaults{}",
+        "== soak: {} sensors, {}/s ({} per sensor), {} s, palletd's defaults{}{}",
         args.sensors,
         args.rate,
         args.rate / args.sensors as f64,
@@ -3097,6 +3098,11 @@ fn soak(mut args: SoakArgs) -> anyhow::Result<()> {
             ""
         } else {
             " and the tail given"
+        },
+        if limits.is_empty() {
+            String::new()
+        } else {
+            format!(" but [limits] {limits}")
         }
     );
     let svc = Services::start(&args.run)?;
@@ -3215,6 +3221,7 @@ fn soak(mut args: SoakArgs) -> anyhow::Result<()> {
         "sensors": args.sensors,
         "rate": args.rate,
         "ceiling_per_s": ceiling,
+        "limits": limits,
         "of_ceiling": args.of_ceiling,
         "secs": args.secs,
         "tail": tail,
