@@ -435,9 +435,10 @@ impl Decoder {
                 return out;
             }
         };
-        let format = match props.and_then(Properties::format) {
-            Some(f) if from.content_type => f,
-            _ => sub.format,
+        // Only where the subscription asks (it lowercases the type).
+        let format = match from.content_type {
+            true => props.and_then(Properties::format).unwrap_or(sub.format),
+            false => sub.format,
         };
         let message = Message {
             sub,
