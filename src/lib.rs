@@ -195,6 +195,21 @@ async fn watch_memory(
     }
 }
 
+/// Says how much memory palletd's buffers may hold, and why.
+fn log_memory_budget(limits: &config::LimitSettings) {
+    let budget = bytesize::ByteSize(limits.max_memory).to_string_as(true);
+    match limits.max_memory_from {
+        config::MemoryBudgetFrom::Set => {
+            info!(max_memory = %budget, "Memory budget (limits.max_memory).")
+        }
+        config::MemoryBudgetFrom::Auto { available } => info!(
+            max_memory = %budget,
+            available = %available.map_or("unknown".into(), |b| bytesize::ByteSize(b).to_string_as(true)),
+            "Memory budget (limits.max_memory = \"auto\"): an eighth of the memory palletd may use (the box's or its cgroup's limit), between 64 MiB and 256 MiB."
+        ),
+    }
+}
+
 fn redact(text: &str, settings: &Settings) -> String {
     text.replace(settings.mongodb.uri.expose(), "***")
 }
@@ -256,6 +271,7 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
     // their way to the pipeline's memory (beyond, they are read back from
     // disk), and what waits for MongoDB (beyond, it waits on disk).
     let memory = settings.limits.split();
+    log_memory_budget(&settings.limits);
     let queue = Arc::new(budget::Budget::new(memory.ingest));
     let feed_budget = Arc::new(budget::Budget::new(memory.feed));
     connection.limit_queue(queue.clone());

@@ -185,6 +185,15 @@ fn main() -> ExitCode {
                     settings.bucket.max_samples,
                     settings.bucket.max_bytes
                 );
+                println!(
+                    "memory budget (limits.max_memory): {}{}",
+                    bytesize::ByteSize(settings.limits.max_memory).to_string_as(true),
+                    match settings.limits.max_memory_from {
+                        palletd::config::MemoryBudgetFrom::Set => "",
+                        palletd::config::MemoryBudgetFrom::Auto { .. } =>
+                            " (auto: an eighth of the memory palletd may use, 64-256 MiB)",
+                    }
+                );
                 ExitCode::SUCCESS
             }
             Err(code) => code,

@@ -12,6 +12,7 @@
 //!   [`sections`] for the smaller ones.
 //! - [`settings`] and [`spool`]: what the validated settings hold.
 
+pub mod memory;
 mod mongodb;
 mod mqtt;
 mod raw;

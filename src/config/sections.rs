@@ -217,7 +217,14 @@ impl Validator {
     }
 
     pub(super) fn limits(&mut self, l: RawLimits) -> LimitSettings {
-        let max_memory = self.size("limits.max_memory", l.max_memory, 64 << 20);
+        let (max_memory, max_memory_from) = match l.max_memory {
+            None => super::memory::auto(),
+            Some(RawSize::Text(t)) if t.trim() == "auto" => super::memory::auto(),
+            raw => (
+                self.size("limits.max_memory", raw, super::memory::AUTO_MIN),
+                MemoryBudgetFrom::Set,
+            ),
+        };
         if max_memory < 4 << 20 {
             self.err("limits.max_memory", "must be at least 4MiB");
         }
@@ -265,6 +272,7 @@ impl Validator {
                 100_000_000,
             ),
             max_memory,
+            max_memory_from,
             max_deadletter_rate,
         }
     }

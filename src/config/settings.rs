@@ -73,9 +73,21 @@ pub struct LimitSettings {
     pub max_sparkplug_aliases: usize,
     /// Bytes palletd's buffers may hold in all (see [`LimitSettings::split`]).
     pub max_memory: u64,
+    /// Where `max_memory` came from.
+    pub max_memory_from: MemoryBudgetFrom,
     /// Bytes of dead letters spooled per second in the long run (a minute's
     /// worth at once).
     pub max_deadletter_rate: u64,
+}
+
+/// Where `limits.max_memory` came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryBudgetFrom {
+    /// The configuration.
+    Set,
+    /// "auto" (or not set): an eighth of the memory palletd may use, known
+    /// or not ([`super::memory`]).
+    Auto { available: Option<u64> },
 }
 
 /// What each part may hold of `limits.max_memory`.

@@ -174,6 +174,31 @@ fn the_delay_limit_is_five_minutes_and_never_below_max_delay() {
     );
 }
 
+/// limits.max_memory: "auto" unless set (an eighth of the box, 64-256
+/// MiB: config::memory), a size when set, "auto" when written so.
+#[test]
+fn the_memory_budget_is_auto_unless_set() {
+    let auto = memory::auto().0;
+    assert!((64 << 20..=256 << 20).contains(&auto), "{auto}");
+    let s = parse(MINIMAL, None).unwrap();
+    assert_eq!(s.limits.max_memory, auto);
+    assert!(matches!(
+        s.limits.max_memory_from,
+        MemoryBudgetFrom::Auto { available: Some(_) }
+    ));
+    let limits = |t: &str| MINIMAL.to_string() + "[limits]\n" + t;
+    let s = parse(&limits("max_memory = \"auto\"\n"), None).unwrap();
+    assert_eq!(s.limits.max_memory, auto);
+    let s = parse(&limits("max_memory = \"32MiB\"\n"), None).unwrap();
+    assert_eq!(s.limits.max_memory, 32 << 20);
+    assert_eq!(s.limits.max_memory_from, MemoryBudgetFrom::Set);
+    let joined = errors(&limits("max_memory = \"lots\"\n")).join("\n");
+    assert!(
+        joined.contains("limits.max_memory: invalid size"),
+        "{joined}"
+    );
+}
+
 #[test]
 fn sparkplug_subscriptions_take_the_namespace_and_no_shared_group() {
     let sub = "[[subscription]]\ntopic = \"spBv1.0/Plant1/#\"\nformat = \"sparkplug_b\"\n";
