@@ -410,14 +410,14 @@ fn main() -> anyhow::Result<()> {
 // ------------------------------------------------------------------ WAN
 
 fn wan(args: WanArgs) -> anyhow::Result<()> {
-    use palletd::netem::{Link, LinkProxy};
+    use palletd::netem::{Link, Proxy};
     let svc = Services::start(&args.run)?;
     let rt = tokio::runtime::Runtime::new()?;
     let link = Link {
         one_way: Duration::from_millis(args.rtt_ms / 2),
         bytes_per_sec: (args.mbit * 1e6 / 8.0) as u64,
     };
-    let proxy = rt.block_on(LinkProxy::start(svc.db_port, link))?;
+    let proxy = rt.block_on(Proxy::link(svc.db_port, link))?;
     let compressors = match args.compressors.as_str() {
         "none" => "compressors = []".to_string(),
         c => format!("compressors = [\"{c}\"]"),

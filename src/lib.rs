@@ -36,8 +36,9 @@
 //!   sensors, or Sparkplug B edge nodes) and `palletd query` to read back
 //!   what was stored.
 //! - [`shutdown`]: signals and the shutdown order.
-//! - `netem`: a TCP proxy that behaves like a slow, flaky link (tests and
-//!   the benchmark only).
+//! - `netem`: a TCP proxy in front of the database that behaves like a
+//!   slow, flaky link or injects a replica set's failures into commands
+//!   (tests and the benchmark only).
 //!
 //! The core (sans-IO, no tokio):
 //! - [`config`]: the TOML file -> validated [`config::Settings`].

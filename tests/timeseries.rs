@@ -218,7 +218,7 @@ async fn killed_under_load_in_timeseries_mode_stores_every_reading_exactly_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_insert_applied_without_a_reply_is_not_applied_twice() {
     let db = Database::start();
-    let proxy = CutProxy::start_cutting(db.port, b"documents").await;
+    let proxy = CutProxy::start_cutting(db.port, "insert", None).await;
     let mut stack = Stack::on(Broker::start(), db, "tsambiguous", |c| {
         c.timeseries().mongodb_uri(&proxy.uri()).uncompressed()
     })
@@ -237,7 +237,7 @@ async fn an_insert_applied_without_a_reply_is_not_applied_twice() {
     proxy.arm();
     let sent = publish_steadily(stack.publisher().await, 5, 200.0, 100).await;
     assert_exactly_once(&stack.client, "tsambiguous", &sent, Duration::from_secs(60)).await;
-    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(proxy.cuts(), 1);
     assert!(
         stack
             .palletd

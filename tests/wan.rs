@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use palletd::netem::{Link, LinkProxy};
+use palletd::netem::{Link, Proxy};
 
 /// Readings of one sensor, one every `every`, with these sequence numbers.
 async fn publish_every(
@@ -35,7 +35,7 @@ async fn after_a_link_cut_live_readings_are_stored_while_the_backlog_drains() {
     let db = Database::start();
     // About 64 kbit/s: the backlog takes many seconds to drain (wire
     // compression on, as by default, makes it small).
-    let link = LinkProxy::start(
+    let link = Proxy::link(
         db.port,
         Link {
             one_way: Duration::from_millis(10),
@@ -116,8 +116,8 @@ async fn a_draining_backlog_is_stored_exactly_once_through_kills_and_a_lost_repl
     let db = Database::start();
     // The link in front of a proxy that drops the reply to one write.
     let cutter = CutProxy::start(db.port).await;
-    let link = LinkProxy::start(
-        cutter.port,
+    let link = Proxy::link(
+        cutter.port(),
         Link {
             one_way: Duration::from_millis(5),
             bytes_per_sec: 100_000,
@@ -170,11 +170,7 @@ async fn a_draining_backlog_is_stored_exactly_once_through_kills_and_a_lost_repl
     }
     let all: Vec<_> = old.into_iter().chain(live.await.unwrap()).collect();
     assert_exactly_once(&stack.client, "wanfaults", &all, Duration::from_secs(120)).await;
-    assert_eq!(
-        cutter.cuts.load(std::sync::atomic::Ordering::SeqCst),
-        1,
-        "one reply was dropped"
-    );
+    assert_eq!(cutter.cuts(), 1, "one reply was dropped");
     stack.stop();
 }
 
@@ -187,7 +183,7 @@ async fn a_draining_backlog_is_stored_exactly_once_through_kills_and_a_lost_repl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_slower_than_the_delay_stretches_it_and_it_shrinks_back() {
     let db = Database::start();
-    let link = LinkProxy::start(
+    let link = Proxy::link(
         db.port,
         Link {
             one_way: Duration::from_millis(250),

@@ -1,11 +1,15 @@
-//! A TCP proxy that behaves like a slow, flaky link (for the tests and the
-//! benchmark, not used by the daemon): a one-way delay, a bandwidth shared
-//! by all connections in each direction, and a switch that cuts every
-//! connection and refuses new ones until the link is restored. It counts
-//! the bytes it carries each way.
+//! A TCP proxy in front of the database (for the tests and the benchmark,
+//! not used by the daemon), one core with two behaviours:
+//! - [`Proxy::link`]: a slow, flaky link: a one-way delay and a bandwidth
+//!   shared by all connections in each direction (like `tc netem`, which
+//!   needs root and a network namespace these machines do not give a test);
+//! - [`Proxy::faults`]: the database's own failures, injected into its
+//!   commands ([`faults`]).
 //!
-//! Like `tc netem`, which needs root and a network namespace these machines
-//! do not give a test.
+//! Both have the switch that cuts every connection and refuses new ones
+//! until the link is restored, and count the bytes carried each way.
+
+pub mod faults;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,14 +46,25 @@ impl Pipe {
             bps => Duration::from_secs_f64(n as f64 / bps as f64),
         };
         *free = start + sending;
-        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        self.count(n);
         start + sending + link.one_way
     }
+
+    fn count(&self, n: usize) {
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// What the proxy does with what it carries.
+#[derive(Debug, Clone)]
+enum Behaviour {
+    Link(Link),
+    Faults(Arc<faults::Plan>),
 }
 
 #[derive(Debug)]
 struct Shared {
-    link: Link,
+    behaviour: Behaviour,
     up: AtomicBool,
     /// Cancelled when the link is cut; replaced when it is restored.
     cut: Mutex<CancellationToken>,
@@ -58,15 +73,24 @@ struct Shared {
 }
 
 /// The proxy; dropping it stops it.
-pub struct LinkProxy {
+pub struct Proxy {
     pub port: u16,
     shared: Arc<Shared>,
     stop: CancellationToken,
 }
 
-impl LinkProxy {
-    /// Listens on a free port of 127.0.0.1 and forwards to `upstream`.
-    pub async fn start(upstream: u16, link: Link) -> std::io::Result<LinkProxy> {
+impl Proxy {
+    /// A slow, flaky link on a free port of 127.0.0.1 to `upstream`.
+    pub async fn link(upstream: u16, link: Link) -> std::io::Result<Proxy> {
+        Self::start(upstream, Behaviour::Link(link)).await
+    }
+
+    /// A proxy to `upstream` that injects the faults `plan` says.
+    pub async fn faults(upstream: u16, plan: Arc<faults::Plan>) -> std::io::Result<Proxy> {
+        Self::start(upstream, Behaviour::Faults(plan)).await
+    }
+
+    async fn start(upstream: u16, behaviour: Behaviour) -> std::io::Result<Proxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
         let pipe = || Pipe {
@@ -74,7 +98,7 @@ impl LinkProxy {
             bytes: AtomicU64::new(0),
         };
         let shared = Arc::new(Shared {
-            link,
+            behaviour,
             up: AtomicBool::new(true),
             cut: Mutex::new(CancellationToken::new()),
             to_server: pipe(),
@@ -102,18 +126,36 @@ impl LinkProxy {
                     };
                     let _ = client.set_nodelay(true);
                     let _ = server.set_nodelay(true);
-                    let (cr, cw) = client.into_split();
-                    let (sr, sw) = server.into_split();
-                    let s2 = s.clone();
+                    let carried = async {
+                        match &s.behaviour {
+                            Behaviour::Link(link) => {
+                                let (cr, cw) = client.into_split();
+                                let (sr, sw) = server.into_split();
+                                tokio::select! {
+                                    _ = pump(cr, sw, link, &s.to_server) => {}
+                                    _ = pump(sr, cw, link, &s.to_client) => {}
+                                }
+                            }
+                            Behaviour::Faults(plan) => {
+                                faults::carry(
+                                    client,
+                                    server,
+                                    plan.clone(),
+                                    &s.to_server,
+                                    &s.to_client,
+                                )
+                                .await
+                            }
+                        }
+                    };
                     tokio::select! {
-                        _ = pump(cr, sw, &s.link, &s.to_server) => {}
-                        _ = pump(sr, cw, &s2.link, &s2.to_client) => {}
+                        _ = carried => {}
                         _ = cut.cancelled() => {}
                     }
                 });
             }
         });
-        Ok(LinkProxy { port, shared, stop })
+        Ok(Proxy { port, shared, stop })
     }
 
     /// A URI for MongoDB through the proxy (options appended as given).
@@ -146,7 +188,7 @@ impl LinkProxy {
     }
 }
 
-impl Drop for LinkProxy {
+impl Drop for Proxy {
     fn drop(&mut self) {
         self.stop.cancel();
         self.cut();
