@@ -48,7 +48,7 @@ use mongodb::{Collection, Database, IndexModel};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::mongo::{self, count_statement_error, rejection, Mongo, StatementError};
+use super::mongo::{self, count_statement_error, rejection, Decision, Mongo, WriteError};
 use super::read::{self, Fields, QueryError, Range, Summary, WindowStats};
 use super::SchemaError;
 use crate::bucket::{self, Fill, Shape};
@@ -59,9 +59,6 @@ use crate::tags::Tags;
 
 /// Name of the TTL index on the buckets' `endTs`.
 pub const TTL_INDEX: &str = "endTs_ttl";
-
-/// E11000: an upsert's insert found its `_id` taken.
-const DUPLICATE_KEY: i32 = 11000;
 
 /// Buckets of one window a statement tries before its samples are
 /// refused (dead-lettered): past them something else than full buckets
@@ -323,7 +320,7 @@ impl Buckets {
             };
             // Ordered: everything before the first error was applied.
             let first_error = reply.write_errors.first().cloned();
-            let applied = first_error.as_ref().map_or(batch_len, |e| e.0);
+            let applied = first_error.as_ref().map_or(batch_len, |e| e.index);
             for i in 0..applied {
                 let (r, s) = order[next + i];
                 let st = &plans[r][s];
@@ -354,42 +351,36 @@ impl Buckets {
                 written.buckets_created += inserted as u64;
             }
             next += applied;
-            match first_error {
-                None => backoff.reset(),
+            let Some(error) = first_error else {
+                backoff.reset();
+                continue;
+            };
+            let (decision, kind) = mongo::statement_error(&error, true);
+            let (r, s) = order[next];
+            match decision {
                 // Its bucket is there and it does not fit (full or sealed,
-                // beyond what palletd knew): the next bucket, at once.
-                Some((_, DUPLICATE_KEY, _))
-                    if plans[order[next].0][order[next].1].seq < MAX_SEQ =>
-                {
-                    let (r, s) = order[next];
+                // beyond what palletd knew): the next bucket, at once (a
+                // collision past MAX_SEQ buckets is given up: it would be
+                // sent for ever).
+                Decision::NextBucket if plans[r][s].seq < MAX_SEQ => {
                     bucket::collided(&mut plans[r], s);
                     batch.runs[r].fills.surprised();
                     metrics::counter!(crate::telemetry::BUCKET_COLLISIONS).increment(1);
                     backoff.reset();
                 }
-                Some((_, code, msg)) => {
-                    // (A collision past MAX_SEQ buckets is refused: retried
-                    // as a transient error it would be sent for ever.)
-                    let kind = match code {
-                        DUPLICATE_KEY => StatementError::Permanent,
-                        _ => StatementError::of_code(code),
-                    };
+                Decision::RetryStatement => {
                     count_statement_error(kind);
-                    match kind {
-                        StatementError::Transient => {
-                            debug!(code, error = %msg, "Transient statement error; retrying from it.");
-                            mongo.wait(&mut backoff, abort).await?;
-                        }
-                        StatementError::Permanent => {
-                            let (r, s) = order[next];
-                            let st = &plans[r][s];
-                            let run = &mut batch.runs[r];
-                            run.outcomes[st.range.clone()]
-                                .fill(Outcome::Rejected(rejection(code, &msg)));
-                            next += 1;
-                            backoff.reset();
-                        }
-                    }
+                    debug!(code = error.code, error = %error.msg, "Transient statement error; retrying from it.");
+                    mongo.wait(&mut backoff, abort).await?;
+                }
+                _ => {
+                    count_statement_error(mongo::StatementError::Permanent);
+                    let WriteError { code, msg, .. } = error;
+                    let st = &plans[r][s];
+                    batch.runs[r].outcomes[st.range.clone()]
+                        .fill(Outcome::Rejected(rejection(code, &msg)));
+                    next += 1;
+                    backoff.reset();
                 }
             }
         }

@@ -84,11 +84,11 @@ impl Latest {
                 abort,
             )
             .await?;
-        if let Some((_, code, msg)) = refused.first() {
+        if let Some(first) = refused.first() {
             warn!(
                 statements = refused.len(),
-                code,
-                error = %msg,
+                code = first.code,
+                error = %first.msg,
                 "The database refused latest-value statements; the next flush of those sensors tries again."
             );
         }

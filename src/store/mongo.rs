@@ -1,19 +1,29 @@
 //! MongoDB plumbing every storage mode shares: building and running a write
 //! command with the configured write concern, reading its reply, deciding
-//! what a failure means as a typed [`RetryAction`], retrying reads, logging
-//! an outage once, writing dead letters, and the retention (TTL) indexes.
+//! what a failure means ([`decide`]), retrying reads, logging an outage
+//! once, writing dead letters, and the retention (TTL) indexes.
 //!
-//! This is the one place that decides what is retriable:
-//! - A command that never reached a server (no server selected, DNS,
-//!   authentication) is sent again after a backoff ([`RetryAction::Retry`]).
-//! - A command that failed on the way (connection lost, timeout) or with a
-//!   write concern error may or may not have been applied
-//!   ([`RetryAction::Ambiguous`]): the pipeline learns what MongoDB has
-//!   before anything of it is sent again.
-//! - A statement rejected with a transient code (`writeErrors` with e.g.
-//!   NotWritablePrimary, WriteConflict) is sent again
-//!   ([`StatementError::Transient`]); any other code is permanent
-//!   ([`StatementError::Permanent`]): its samples go to the dead letter.
+//! [`decide`] is the one place that decides what is retriable; every
+//! write's failure goes through it ([`Failure`] -> [`Decision`]):
+//! - **Retry**: nothing was applied (no server selected, DNS,
+//!   authentication, TLS; a primary that refused the command because it
+//!   is no longer primary: `NotWritablePrimary`, `NotPrimaryNoSecondaryOk`,
+//!   `NotPrimaryOrSecondary`): the same command again after a backoff.
+//! - **Retry part** ([`Decision::Resolve`]): any part may have been
+//!   applied (the connection broke, any other command error such as a
+//!   stepdown while it ran or `MaxTimeMSExpired`, a write concern error):
+//!   palletd waits out the write's time limit (`mongodb.write_time_limit`:
+//!   the server may still be running it), learns what MongoDB has, and
+//!   sends the rest. A statement refused with a transient code
+//!   ([`TRANSIENT_CODES`]) is sent again from it after a backoff
+//!   ([`Decision::RetryStatement`]); a bucket upsert whose `_id` is taken
+//!   (E11000 on `_id`: the bucket is full or sealed beyond what palletd
+//!   knew) goes to the window's next bucket at once
+//!   ([`Decision::NextBucket`]).
+//! - **Give up** ([`Decision::GiveUp`]): a statement refused with any
+//!   other code, or E11000 on another unique index (one an operator added:
+//!   it would refuse the reading again for ever): its readings go to the
+//!   dead letter with the server's message.
 //!
 //! Outages are logged once (ERROR: data waits) and once on recovery (INFO).
 
@@ -40,16 +50,25 @@ const MAX_BATCH_STATEMENTS: usize = 100_000;
 /// Stay under the 16 MiB command size with room for the envelope.
 const MAX_BATCH_BYTES: usize = 16 * 1024 * 1024 - 64 * 1024;
 
-/// Server error codes after which the same statement may simply be sent again.
-const TRANSIENT_CODES: &[i32] = &[
-    6, 7, 24, 46, 50, 89, 91, 112, 189, 262, 9001, 10107, 11000, 11600, 11602, 13435, 13436,
+/// Server error codes after which the same statement may simply be sent
+/// again (a write error; as a command's error they mean "retry part").
+pub const TRANSIENT_CODES: &[i32] = &[
+    6, 7, 24, 46, 50, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
 ];
+
+/// Command errors a server gives before it runs the command: it is not
+/// (or no longer) the primary. Nothing of the command was applied.
+pub const NOT_PRIMARY_CODES: &[i32] = &[10107, 13435, 13436];
+
+/// E11000.
+pub const DUPLICATE_KEY: i32 = 11000;
 
 /// Beyond `mongodb.write_time_limit`: the server checks the limit between
 /// statements, and clocks tick apart.
 pub const FENCE_MARGIN: Duration = Duration::from_secs(1);
 
-/// What a failed write command means for what to do next.
+/// What a failed write command means for what to do next (the whole
+/// command's part of [`Decision`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetryAction {
     /// Nothing was applied: send the same command again after a backoff.
@@ -69,14 +88,6 @@ pub enum StatementError {
 }
 
 impl StatementError {
-    pub fn of_code(code: i32) -> StatementError {
-        if TRANSIENT_CODES.contains(&code) {
-            StatementError::Transient
-        } else {
-            StatementError::Permanent
-        }
-    }
-
     fn label(self) -> &'static str {
         match self {
             StatementError::Transient => "statement_transient",
@@ -85,17 +96,83 @@ impl StatementError {
     }
 }
 
+/// A write's failure, as [`decide`] reads it.
+#[derive(Debug, Clone, Copy)]
+pub enum Failure<'a> {
+    /// The whole command failed (the driver's error).
+    Command(&'a mongodb::error::Error),
+    /// The command was answered with a `writeConcernError`.
+    WriteConcern,
+    /// One statement was refused; `by_id`: it upserts a document by its
+    /// `_id` (a bucket), so a duplicate `_id` means that document exists.
+    Statement { error: &'a WriteError, by_id: bool },
+}
+
+/// What palletd does about a [`Failure`] (see the module's doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Nothing was applied: the same command again after a backoff.
+    Retry,
+    /// Any part may have been applied: wait out the write's time limit,
+    /// learn what MongoDB has, send the rest.
+    Resolve,
+    /// This statement (and those after it) again after a backoff.
+    RetryStatement,
+    /// This statement into the window's next bucket, at once.
+    NextBucket,
+    /// This statement's readings to the dead letter.
+    GiveUp,
+}
+
+/// The one retry decision.
+pub fn decide(failure: Failure<'_>) -> Decision {
+    match failure {
+        Failure::Command(e) => match &*e.kind {
+            // The command never left palletd.
+            ErrorKind::ServerSelection { .. }
+            | ErrorKind::DnsResolve { .. }
+            | ErrorKind::Authentication { .. }
+            | ErrorKind::InvalidTlsConfig { .. }
+            | ErrorKind::InvalidArgument { .. } => Decision::Retry,
+            // Refused before it ran: not the primary.
+            ErrorKind::Command(c) if NOT_PRIMARY_CODES.contains(&c.code) => Decision::Retry,
+            _ => Decision::Resolve,
+        },
+        Failure::WriteConcern => Decision::Resolve,
+        Failure::Statement { error, by_id } => match error.code {
+            DUPLICATE_KEY if by_id && error.duplicate_on_id => Decision::NextBucket,
+            DUPLICATE_KEY => Decision::GiveUp,
+            code if TRANSIENT_CODES.contains(&code) => Decision::RetryStatement,
+            _ => Decision::GiveUp,
+        },
+    }
+}
+
+/// Whether the server refused a command for good (a read it will refuse
+/// again: a command error whose code is not transient), rather than the
+/// link or a failing or stepping-down server.
+pub fn refused(e: &mongodb::error::Error) -> bool {
+    matches!(&*e.kind, ErrorKind::Command(c) if !TRANSIENT_CODES.contains(&c.code))
+}
+
 /// What a whole-command failure of the driver means.
 pub fn classify(e: &mongodb::error::Error) -> RetryAction {
-    match &*e.kind {
-        // The command never left palletd.
-        ErrorKind::ServerSelection { .. }
-        | ErrorKind::DnsResolve { .. }
-        | ErrorKind::Authentication { .. }
-        | ErrorKind::InvalidTlsConfig { .. }
-        | ErrorKind::InvalidArgument { .. } => RetryAction::Retry,
+    match decide(Failure::Command(e)) {
+        Decision::Retry => RetryAction::Retry,
         _ => RetryAction::Ambiguous,
     }
+}
+
+/// What a statement's write error means: sent again, or refused for good
+/// (a duplicate `_id` of a bucket, [`Decision::NextBucket`], is the
+/// caller's, which knows its statements).
+pub fn statement_error(error: &WriteError, by_id: bool) -> (Decision, StatementError) {
+    let decision = decide(Failure::Statement { error, by_id });
+    let kind = match decision {
+        Decision::RetryStatement | Decision::NextBucket => StatementError::Transient,
+        _ => StatementError::Permanent,
+    };
+    (decision, kind)
 }
 
 /// A bounded label for a driver error, for logs and metrics.
@@ -139,13 +216,45 @@ pub fn error_kind(e: &mongodb::error::Error) -> &'static str {
     }
 }
 
+/// One statement's write error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteError {
+    pub index: usize,
+    pub code: i32,
+    pub msg: String,
+    /// For E11000: the duplicate is on `_id` (`keyPattern` says so, or
+    /// the message names the `_id_` index, or neither names another).
+    pub duplicate_on_id: bool,
+}
+
+impl WriteError {
+    fn parse(e: &Document) -> Option<WriteError> {
+        let index = e.get("index").and_then(as_usize)?;
+        let code = e.get("code").and_then(|c| c.as_i32()).unwrap_or(-1);
+        let msg = e.get_str("errmsg").unwrap_or("").to_string();
+        let duplicate_on_id = match e.get_document("keyPattern") {
+            Ok(pattern) => pattern.keys().eq(["_id"]),
+            Err(_) => match msg.split(" index: ").nth(1) {
+                Some(rest) => rest.starts_with("_id_ "),
+                None => true,
+            },
+        };
+        Some(WriteError {
+            index,
+            code,
+            msg,
+            duplicate_on_id,
+        })
+    }
+}
+
 /// The parts of a write command's reply that matter here.
 #[derive(Debug, Default)]
 pub struct Reply {
     /// Indexes of the statements whose upsert inserted a document.
     pub upserted: Vec<usize>,
-    /// (index, code, message), by index.
-    pub write_errors: Vec<(usize, i32, String)>,
+    /// By index.
+    pub write_errors: Vec<WriteError>,
     pub write_concern_error: Option<String>,
 }
 
@@ -161,15 +270,9 @@ impl Reply {
         if let Ok(errs) = reply.get_array("writeErrors") {
             out.write_errors = errs
                 .iter()
-                .filter_map(|e| {
-                    let e = e.as_document()?;
-                    let index = e.get("index").and_then(as_usize)?;
-                    let code = e.get("code").and_then(|c| c.as_i32()).unwrap_or(-1);
-                    let msg = e.get_str("errmsg").unwrap_or("").to_string();
-                    Some((index, code, msg))
-                })
+                .filter_map(|e| WriteError::parse(e.as_document()?))
                 .collect();
-            out.write_errors.sort_by_key(|e| e.0);
+            out.write_errors.sort_by_key(|e| e.index);
         }
         if let Ok(wce) = reply.get_document("writeConcernError") {
             out.write_concern_error = Some(format!(
@@ -417,6 +520,7 @@ impl Mongo {
                     metrics::counter!(telemetry::DATABASE_ERRORS, "kind" => "write_concern")
                         .increment(1);
                     self.failed_msg(what, wce);
+                    debug_assert_eq!(decide(Failure::WriteConcern), Decision::Resolve);
                     self.lost_sight();
                     return Err(RetryAction::Ambiguous);
                 }
@@ -531,7 +635,13 @@ impl Mongo {
                 .await
             {
                 Ok(reply) => {
-                    if let Some((_, code, msg)) = reply.write_errors.first() {
+                    if let Some(error) = reply.write_errors.first() {
+                        if decide(Failure::Statement { error, by_id: true }) != Decision::GiveUp {
+                            // A write conflict, a race to the `_id`: again.
+                            self.wait(&mut backoff, abort).await?;
+                            continue;
+                        }
+                        let WriteError { code, msg, .. } = error;
                         if !self.settle_refused {
                             tracing::warn!(code, error = %msg, collection, "Cannot write palletd's spool document; deciding what interrupted writes did without waiting for them to be majority-committed.");
                             self.settle_refused = true;
@@ -565,8 +675,12 @@ impl Mongo {
                 abort,
             )
             .await?;
-        for (index, code, msg) in refused.into_iter().filter(|e| e.1 != 11000) {
-            error!(index, code, error = %msg, "Dead letter refused by the database; dropped.");
+        // A duplicate `_id` is one already there (its `_id` comes from its
+        // LSN: an interrupted earlier attempt); a duplicate on an index of
+        // the operator's is a refusal like any other.
+        let already_there = |e: &WriteError| e.code == DUPLICATE_KEY && e.duplicate_on_id;
+        for e in refused.into_iter().filter(|e| !already_there(e)) {
+            error!(index = e.index, code = e.code, error = %e.msg, "Dead letter refused by the database; dropped.");
         }
         Ok(())
     }
@@ -574,7 +688,7 @@ impl Mongo {
     /// Sends `docs` as `command`s on `collection` (unordered, split at the
     /// server's limits) until each part is answered; a part whose answer is
     /// lost is sent again, so the documents must be idempotent. Returns the
-    /// write errors: (index in `docs`, code, message).
+    /// write errors, indexed in `docs`.
     pub async fn send_idempotent(
         &mut self,
         what: &str,
@@ -583,7 +697,7 @@ impl Mongo {
         field: &str,
         docs: &[RawDocumentBuf],
         abort: &CancellationToken,
-    ) -> Result<Vec<(usize, i32, String)>, Aborted> {
+    ) -> Result<Vec<WriteError>, Aborted> {
         let mut backoff = Backoff::default();
         let mut refused = Vec::new();
         let mut sent = 0;
@@ -596,12 +710,10 @@ impl Mongo {
                 .await?;
             match reply {
                 Some(reply) => {
-                    refused.extend(
-                        reply
-                            .write_errors
-                            .into_iter()
-                            .map(|(i, code, msg)| (sent + i, code, msg)),
-                    );
+                    refused.extend(reply.write_errors.into_iter().map(|e| WriteError {
+                        index: sent + e.index,
+                        ..e
+                    }));
                     sent += batch_len;
                     backoff.reset();
                 }
@@ -788,6 +900,15 @@ mod tests {
         assert_eq!(n, 1, "a single document always goes out");
     }
 
+    fn write_error(index: usize, code: i32, msg: &str) -> WriteError {
+        WriteError {
+            index,
+            code,
+            msg: msg.to_string(),
+            duplicate_on_id: true,
+        }
+    }
+
     #[test]
     fn reply_parsing_finds_upserts_and_errors() {
         let r = Reply::parse(&doc! {
@@ -795,15 +916,148 @@ mod tests {
             "writeErrors": [{"index": 3, "code": 2, "errmsg": "bad"}],
         });
         assert_eq!(r.upserted, vec![2, 0]);
-        assert_eq!(r.write_errors, vec![(3, 2, "bad".to_string())]);
+        assert_eq!(r.write_errors, vec![write_error(3, 2, "bad")]);
         assert!(r.write_concern_error.is_none());
     }
 
+    /// E11000's index: `keyPattern` where the server gives it, else the
+    /// index its message names.
     #[test]
-    fn statement_codes_are_transient_or_permanent() {
-        assert_eq!(StatementError::of_code(10107), StatementError::Transient);
-        assert_eq!(StatementError::of_code(112), StatementError::Transient);
-        assert_eq!(StatementError::of_code(2), StatementError::Permanent);
-        assert_eq!(StatementError::of_code(-1), StatementError::Permanent);
+    fn a_duplicate_key_says_which_index() {
+        let on = |e: Document| Reply::parse(&doc! { "writeErrors": [e] }).write_errors[0].clone();
+        let dup = "E11000 duplicate key error collection: p.readings index:";
+        assert!(on(doc! { "index": 0, "code": 11000, "errmsg": format!("{dup} _id_ dup key: {{ _id: \"a\" }}") }).duplicate_on_id);
+        assert!(!on(doc! { "index": 0, "code": 11000, "errmsg": format!("{dup} site_1 dup key: {{ site: 1 }}") }).duplicate_on_id);
+        assert!(
+            !on(doc! { "index": 0, "code": 11000, "errmsg": "x", "keyPattern": { "site": 1 } })
+                .duplicate_on_id
+        );
+        assert!(
+            on(doc! { "index": 0, "code": 11000, "errmsg": "x", "keyPattern": { "_id": 1 } })
+                .duplicate_on_id
+        );
+        assert!(
+            on(doc! { "index": 0, "code": 11000, "errmsg": "E11000 duplicate key" })
+                .duplicate_on_id,
+            "unknown: as before, the bucket's _id"
+        );
+    }
+
+    fn command_error(code: i32, name: &str) -> mongodb::error::Error {
+        let e: mongodb::error::CommandError =
+            bson::from_document(doc! { "code": code, "codeName": name, "errmsg": "injected" })
+                .unwrap();
+        mongodb::error::Error::from(ErrorKind::Command(e))
+    }
+
+    /// The fault table's classes (README "What palletd does about database
+    /// errors"), each as `decide` gives it.
+    #[test]
+    fn the_fault_table_is_what_decide_says() {
+        let io =
+            mongodb::error::Error::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        let table = [
+            (
+                decide(Failure::Command(&command_error(
+                    10107,
+                    "NotWritablePrimary",
+                ))),
+                Decision::Retry,
+            ),
+            (
+                decide(Failure::Command(&command_error(
+                    11602,
+                    "InterruptedDueToReplStateChange",
+                ))),
+                Decision::Resolve,
+            ),
+            (
+                decide(Failure::Command(&command_error(262, "ExceededTimeLimit"))),
+                Decision::Resolve,
+            ),
+            (
+                decide(Failure::Command(&command_error(50, "MaxTimeMSExpired"))),
+                Decision::Resolve,
+            ),
+            (
+                decide(Failure::Command(&command_error(
+                    10334,
+                    "BSONObjectTooLarge",
+                ))),
+                Decision::Resolve,
+            ),
+            (decide(Failure::Command(&io)), Decision::Resolve),
+            (decide(Failure::WriteConcern), Decision::Resolve),
+        ];
+        for (i, (got, want)) in table.into_iter().enumerate() {
+            assert_eq!(got, want, "row {i}");
+        }
+        let statement = |code, on_id, by_id| {
+            let mut e = write_error(0, code, "x");
+            e.duplicate_on_id = on_id;
+            decide(Failure::Statement { error: &e, by_id })
+        };
+        assert_eq!(statement(11000, true, true), Decision::NextBucket);
+        assert_eq!(
+            statement(11000, false, true),
+            Decision::GiveUp,
+            "an operator's unique index"
+        );
+        assert_eq!(
+            statement(11000, true, false),
+            Decision::GiveUp,
+            "no _id of palletd's"
+        );
+        assert_eq!(
+            statement(112, true, true),
+            Decision::RetryStatement,
+            "WriteConflict"
+        );
+        assert_eq!(
+            statement(10334, true, true),
+            Decision::GiveUp,
+            "BSONObjectTooLarge"
+        );
+        assert_eq!(statement(2, true, false), Decision::GiveUp);
+    }
+
+    proptest::proptest! {
+        /// For any reply: a command error is retried whole only when the
+        /// server refused it before running it, never given up; a
+        /// statement is given up only for a code that is not transient
+        /// (E11000 aside: given up unless it is a bucket's own `_id`);
+        /// no decision retries for ever without a backoff (Retry and
+        /// RetryStatement wait; Resolve waits out the time limit;
+        /// NextBucket is bounded by the buckets of a window).
+        #[test]
+        fn every_failure_has_one_class(code in proptest::prop_oneof![
+            proptest::sample::select(TRANSIENT_CODES.to_vec()),
+            proptest::sample::select(vec![11000, 10334, 2, 9, 14, 121, 16755, 17419, 40]),
+            -1i32..20_000,
+        ], on_id: bool, by_id: bool) {
+            let command = decide(Failure::Command(&command_error(code, "X")));
+            proptest::prop_assert_eq!(
+                command == Decision::Retry,
+                NOT_PRIMARY_CODES.contains(&code)
+            );
+            proptest::prop_assert!(matches!(command, Decision::Retry | Decision::Resolve));
+            proptest::prop_assert_eq!(
+                refused(&command_error(code, "X")),
+                !TRANSIENT_CODES.contains(&code)
+            );
+            let mut e = write_error(0, code, "x");
+            e.duplicate_on_id = on_id;
+            let statement = decide(Failure::Statement { error: &e, by_id });
+            let want = if code == DUPLICATE_KEY {
+                if on_id && by_id { Decision::NextBucket } else { Decision::GiveUp }
+            } else if TRANSIENT_CODES.contains(&code) {
+                Decision::RetryStatement
+            } else {
+                Decision::GiveUp
+            };
+            proptest::prop_assert_eq!(statement, want);
+            let (_, kind) = statement_error(&e, by_id);
+            proptest::prop_assert_eq!(kind == StatementError::Permanent, statement == Decision::GiveUp);
+        }
     }
 }

@@ -54,7 +54,7 @@ use mongodb::options::IndexOptions;
 use mongodb::{Database, IndexModel};
 use tokio_util::sync::CancellationToken;
 
-use super::mongo::{self, Mongo};
+use super::mongo::{self, Decision, Mongo};
 use super::read::{self, Range};
 use crate::config::{RollupSettings, Settings, StorageMode};
 use crate::flush::Batch;
@@ -342,7 +342,9 @@ impl Rollups {
     ) -> Result<(), Aborted> {
         let blocks = self.blocks(keys, not_before_ms);
         let mut backoff = Backoff::default();
-        let mut rest = &blocks[..];
+        // Blocks still to record; a statement refused for now (a write
+        // conflict, an upsert that raced another to its `_id`) goes again.
+        let mut rest: Vec<&Block> = blocks.iter().collect();
         while !rest.is_empty() {
             let (len, reply) = m
                 .write_until_answered("record rollups to compute", &mut backoff, abort, |m| {
@@ -374,12 +376,25 @@ impl Rollups {
                 .await?;
             match reply {
                 Some(reply) => {
-                    for (index, code, msg) in reply.write_errors {
-                        tracing::error!(index, code, error = %msg, "The database refused a rollup key; that interval's rollup may be missing.");
+                    let mut again = Vec::new();
+                    for e in reply.write_errors {
+                        match mongo::statement_error(&e, true).0 {
+                            Decision::RetryStatement | Decision::NextBucket => {
+                                again.push(rest[e.index])
+                            }
+                            _ => {
+                                tracing::error!(index = e.index, code = e.code, error = %e.msg, "The database refused a rollup key; that interval's rollup may be missing.")
+                            }
+                        }
                     }
                     metrics::counter!(telemetry::ROLLUP_STATEMENTS).increment(len as u64);
-                    rest = &rest[len..];
-                    backoff.reset();
+                    let retry = !again.is_empty();
+                    again.extend_from_slice(&rest[len..]);
+                    rest = again;
+                    match retry {
+                        true => m.wait(&mut backoff, abort).await?,
+                        false => backoff.reset(),
+                    }
                 }
                 None => m.wait(&mut backoff, abort).await?,
             }
@@ -595,7 +610,7 @@ impl Passes {
             Ok(docs) => docs,
             // Refused by the server (not the link): each key alone, so one
             // that cannot be computed is set aside and the others go on.
-            Err(e) if refused(&e) => {
+            Err(e) if mongo::refused(&e) => {
                 let mut docs = Vec::new();
                 for &k in &query.keys {
                     let (sensor, start) = keys[k];
@@ -608,7 +623,7 @@ impl Passes {
                     let key = HashSet::from([(sensor, start)]);
                     match self.compute(db, spec, &one, &key, now_ms, partial).await {
                         Ok(d) => docs.extend(d),
-                        Err(e) if refused(&e) => failed.push((k, e.to_string())),
+                        Err(e) if mongo::refused(&e) => failed.push((k, e.to_string())),
                         Err(e) => return Err(e),
                     }
                 }
@@ -1175,7 +1190,11 @@ impl Rollup {
 }
 
 /// Sends one write command (`update` or `delete`), unordered; returns the
-/// statements the server refused: (index, error).
+/// statements the server refused for good: (index, error). One refused for
+/// now (a write conflict; a duplicate key, which on palletd's own unique
+/// keys is a race with another instance) fails the pass, which is tried
+/// again (every statement is idempotent), rather than setting its key
+/// aside for [`PARKED_FOR`].
 async fn write(
     db: &Database,
     coll: &str,
@@ -1186,17 +1205,26 @@ async fn write(
     let reply = db
         .run_command(doc! { name: coll, field: statements, "ordered": false })
         .await?;
-    Ok(mongo::Reply::parse(&reply)
-        .write_errors
+    let errors = mongo::Reply::parse(&reply).write_errors;
+    if let Some(e) = errors
+        .iter()
+        .find(|e| mongo::statement_error(e, true).0 != Decision::GiveUp)
+    {
+        return Err(mongodb::error::Error::custom(format!(
+            "rollup {name}: a statement refused for now (code {}): {}",
+            e.code, e.msg
+        )));
+    }
+    Ok(errors
         .into_iter()
-        .map(|(i, code, msg)| (i, format!("rollup {name} rejected (code {code}): {msg}")))
+        .map(|e| {
+            let (code, msg) = (e.code, e.msg);
+            (
+                e.index,
+                format!("rollup {name} rejected (code {code}): {msg}"),
+            )
+        })
         .collect())
-}
-
-/// Whether the server refused a command (it will refuse it again), rather
-/// than the link or the server failing.
-fn refused(e: &mongodb::error::Error) -> bool {
-    matches!(*e.kind, mongodb::error::ErrorKind::Command(_))
 }
 
 /// One rollup document as `palletd query --stats --rollup` shows it.

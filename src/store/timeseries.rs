@@ -201,17 +201,19 @@ impl Timeseries {
             let mut errors = reply.write_errors.iter().peekable();
             for (k, &(r, s)) in todo[..batch_len].iter().enumerate() {
                 let outcome = &mut batch.runs[r].outcomes[s];
-                let Some((_, code, msg)) = errors.next_if(|e| e.0 == k) else {
+                let Some(error) = errors.next_if(|e| e.index == k) else {
                     *outcome = Outcome::Applied;
                     written.statements += 1;
                     continue;
                 };
-                let kind = StatementError::of_code(*code);
+                // Inserts carry no `_id` of palletd's: a duplicate key is
+                // an index of the operator's, refusing it for good.
+                let (_, kind) = mongo::statement_error(error, false);
                 count_statement_error(kind);
                 match kind {
                     StatementError::Transient => retry.push((r, s)),
                     StatementError::Permanent => {
-                        *outcome = Outcome::Rejected(rejection(*code, msg))
+                        *outcome = Outcome::Rejected(rejection(error.code, &error.msg))
                     }
                 }
             }
