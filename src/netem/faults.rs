@@ -522,7 +522,10 @@ pub(super) async fn carry(
                 }
                 continue;
             };
-            plan.count(fault);
+            // (A statement fault on a command without statements is none.)
+            if !matches!(act, Act::Forward(None)) {
+                plan.count(fault);
+            }
             let forward = match act {
                 Act::Answer(reply) => {
                     let id = ids.fetch_add(1, Ordering::Relaxed) as i32;
