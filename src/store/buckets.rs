@@ -61,8 +61,9 @@ use crate::tags::Tags;
 pub const TTL_INDEX: &str = "endTs_ttl";
 
 /// Buckets of one window a statement tries before its samples are
-/// refused (dead-lettered): past them something else than full buckets
-/// makes the upsert collide (a unique index of the user's, say).
+/// refused (dead-lettered): a bound on the walk to the next bucket (a
+/// duplicate on an index of the user's is refused at once:
+/// [`mongo::decide`]).
 const MAX_SEQ: u32 = 1_000_000;
 
 /// Buckets one seal statement closes at most (their `_id`s in its filter):
