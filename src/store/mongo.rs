@@ -78,24 +78,6 @@ pub enum RetryAction {
     Ambiguous,
 }
 
-/// Why the server refused one statement of a command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StatementError {
-    /// Sending it again may work.
-    Transient,
-    /// It will never be accepted.
-    Permanent,
-}
-
-impl StatementError {
-    fn label(self) -> &'static str {
-        match self {
-            StatementError::Transient => "statement_transient",
-            StatementError::Permanent => "statement_rejected",
-        }
-    }
-}
-
 /// A write's failure, as [`decide`] reads it.
 #[derive(Debug, Clone, Copy)]
 pub enum Failure<'a> {
@@ -155,29 +137,34 @@ pub fn refused(e: &mongodb::error::Error) -> bool {
     matches!(&*e.kind, ErrorKind::Command(c) if !TRANSIENT_CODES.contains(&c.code))
 }
 
-/// What a whole-command failure of the driver means.
-pub fn classify(e: &mongodb::error::Error) -> RetryAction {
-    match decide(Failure::Command(e)) {
+/// What a whole-command failure (the driver's error, or a write concern
+/// error) means for the command.
+pub fn classify(failure: Failure<'_>) -> RetryAction {
+    match decide(failure) {
         Decision::Retry => RetryAction::Retry,
         _ => RetryAction::Ambiguous,
     }
 }
 
-/// What a statement's write error means: sent again, or refused for good
-/// (a duplicate `_id` of a bucket, [`Decision::NextBucket`], is the
-/// caller's, which knows its statements).
-pub fn statement_error(error: &WriteError, by_id: bool) -> (Decision, StatementError) {
-    let decision = decide(Failure::Statement { error, by_id });
-    let kind = match decision {
-        Decision::RetryStatement | Decision::NextBucket => StatementError::Transient,
-        _ => StatementError::Permanent,
-    };
-    (decision, kind)
+/// What a statement's write error means ([`decide`]).
+pub fn statement_error(error: &WriteError, by_id: bool) -> Decision {
+    decide(Failure::Statement { error, by_id })
+}
+
+impl Decision {
+    /// The `kind` of `palletd_database_errors_total` a statement error of
+    /// this decision counts under.
+    pub fn statement_label(self) -> &'static str {
+        match self {
+            Decision::GiveUp => "statement_rejected",
+            _ => "statement_transient",
+        }
+    }
 }
 
 /// A bounded label for a driver error, for logs and metrics.
 /// Every `kind` of `palletd_database_errors_total`: [`error_kind`]'s,
-/// the statements' ([`StatementError`]) and a write concern error's; each
+/// the statements' ([`Decision::statement_label`]) and a write concern error's; each
 /// registered at 0 at start.
 pub const ERROR_KINDS: &[&str] = &[
     "network",
@@ -290,9 +277,10 @@ pub fn rejection(code: i32, msg: &str) -> String {
     format!("rejected by the database (code {code}): {msg}")
 }
 
-/// Counts a statement error by its kind.
-pub fn count_statement_error(kind: StatementError) {
-    metrics::counter!(telemetry::DATABASE_ERRORS, "kind" => kind.label()).increment(1);
+/// Counts a statement error by what it was decided to mean.
+pub fn count_statement_error(decision: Decision) {
+    metrics::counter!(telemetry::DATABASE_ERRORS, "kind" => decision.statement_label())
+        .increment(1);
 }
 
 pub fn as_u64(b: &bson::Bson) -> Option<u64> {
@@ -520,16 +508,18 @@ impl Mongo {
                     metrics::counter!(telemetry::DATABASE_ERRORS, "kind" => "write_concern")
                         .increment(1);
                     self.failed_msg(what, wce);
-                    debug_assert_eq!(decide(Failure::WriteConcern), Decision::Resolve);
-                    self.lost_sight();
-                    return Err(RetryAction::Ambiguous);
+                    let action = classify(Failure::WriteConcern);
+                    if action == RetryAction::Ambiguous {
+                        self.lost_sight();
+                    }
+                    return Err(action);
                 }
                 self.recovered();
                 Ok(reply)
             }
             Err(e) => {
                 self.failed(what, &e);
-                let action = classify(&e);
+                let action = classify(Failure::Command(&e));
                 if action == RetryAction::Ambiguous {
                     self.lost_sight();
                 }
@@ -700,26 +690,37 @@ impl Mongo {
     ) -> Result<Vec<WriteError>, Aborted> {
         let mut backoff = Backoff::default();
         let mut refused = Vec::new();
-        let mut sent = 0;
-        while sent < docs.len() {
-            let rest = &docs[sent..];
+        // Indexes in `docs` still to send; a statement refused for now (a
+        // write conflict) is sent again after a backoff.
+        let mut todo: Vec<usize> = (0..docs.len()).collect();
+        while !todo.is_empty() {
             let (batch_len, reply) = self
                 .write_until_answered(what, &mut backoff, abort, |m| {
-                    m.batch_command(command, collection, field, rest.iter().cloned(), false)
+                    let rest = todo.iter().map(|&i| docs[i].clone());
+                    m.batch_command(command, collection, field, rest, false)
                 })
                 .await?;
-            match reply {
-                Some(reply) => {
-                    refused.extend(reply.write_errors.into_iter().map(|e| WriteError {
-                        index: sent + e.index,
-                        ..e
-                    }));
-                    sent += batch_len;
-                    backoff.reset();
+            let Some(reply) = reply else {
+                self.wait(&mut backoff, abort).await?;
+                continue;
+            };
+            let mut again = Vec::new();
+            for e in reply.write_errors {
+                let index = todo[e.index];
+                match statement_error(&e, true) {
+                    Decision::RetryStatement => again.push(index),
+                    _ => refused.push(WriteError { index, ..e }),
                 }
-                None => self.wait(&mut backoff, abort).await?,
+            }
+            let transient = !again.is_empty();
+            again.extend_from_slice(&todo[batch_len..]);
+            todo = again;
+            match transient {
+                true => self.wait(&mut backoff, abort).await?,
+                false => backoff.reset(),
             }
         }
+        refused.sort_by_key(|e| e.index);
         Ok(refused)
     }
 
@@ -1056,8 +1057,12 @@ mod tests {
                 Decision::GiveUp
             };
             proptest::prop_assert_eq!(statement, want);
-            let (_, kind) = statement_error(&e, by_id);
-            proptest::prop_assert_eq!(kind == StatementError::Permanent, statement == Decision::GiveUp);
+            let decided = statement_error(&e, by_id);
+            proptest::prop_assert_eq!(decided, statement);
+            proptest::prop_assert_eq!(
+                decided.statement_label() == "statement_rejected",
+                statement == Decision::GiveUp
+            );
         }
     }
 }
