@@ -206,8 +206,6 @@ async fn a_random_mix_of_database_faults_in_timeseries_loses_and_duplicates_noth
 /// two instances share a backfill, the closer seals its windows and a 10
 /// minute rollup follows: every reading exactly once (or dead-lettered),
 /// the rollups' counts equal to the readings stored in their intervals.
-/// (Time series mode: no duplicate keys, which only its dead letters could
-/// meet, dropping them, as the fault table says.)
 async fn random_mix(name: &str, timeseries: bool) {
     let broker = Broker::start();
     let db = Database::start();
@@ -235,26 +233,16 @@ async fn random_mix(name: &str, timeseries: bool) {
     let client = db.client().await;
     // Every kind of command palletd sends, any fault now and then; a
     // write conflict in any write; a duplicate key only where a statement
-    // can meet one (a bucket write: one of its `_id`, or an index of the
-    // operator's).
-    if !timeseries {
+    // can meet one: the readings' writes (a bucket's `_id`, or an index of
+    // the operator's).
+    for (fault, probability) in [
+        (Fault::DuplicateKeyId, 0.01),
+        (Fault::DuplicateKeyUnique, 0.005),
+    ] {
         plan.add(Rule {
-            command: "update",
-            collection: None,
-            marker: Some(b"$push"),
-            fault: Fault::DuplicateKeyId,
-            every: 1,
-            probability: 0.01,
+            probability,
             times: u64::MAX,
-        });
-        plan.add(Rule {
-            command: "update",
-            collection: None,
-            marker: Some(b"$push"),
-            fault: Fault::DuplicateKeyUnique,
-            every: 1,
-            probability: 0.005,
-            times: u64::MAX,
+            ..readings_rule(timeseries, fault)
         });
     }
     for command in ["update", "insert", "find", "aggregate", "delete"] {
@@ -271,15 +259,7 @@ async fn random_mix(name: &str, timeseries: bool) {
             if refused_read || statement && (fault != Fault::WriteConflict || !writes) {
                 continue;
             }
-            plan.add(Rule {
-                command,
-                collection: None,
-                marker: None,
-                fault,
-                every: 1,
-                probability: 0.004,
-                times: u64::MAX,
-            });
+            plan.add(Rule::sometimes(command, fault, 0.004));
         }
     }
     let start_ms = (now_ms() / 3_600_000 - 3) * 3_600_000;

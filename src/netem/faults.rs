@@ -127,6 +127,17 @@ impl Rule {
     }
 }
 
+impl Rule {
+    /// `fault` into any `command`, with `probability`, for as long as it runs.
+    pub fn sometimes(command: &'static str, fault: Fault, probability: f64) -> Rule {
+        Rule {
+            probability,
+            times: u64::MAX,
+            ..Rule::once(command, fault)
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Armed {
     rule: Rule,

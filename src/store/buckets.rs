@@ -356,7 +356,7 @@ impl Buckets {
                 backoff.reset();
                 continue;
             };
-            let (decision, kind) = mongo::statement_error(&error, true);
+            let decision = mongo::statement_error(&error, true);
             let (r, s) = order[next];
             match decision {
                 // Its bucket is there and it does not fit (full or sealed,
@@ -370,12 +370,12 @@ impl Buckets {
                     backoff.reset();
                 }
                 Decision::RetryStatement => {
-                    count_statement_error(kind);
+                    count_statement_error(decision);
                     debug!(code = error.code, error = %error.msg, "Transient statement error; retrying from it.");
                     mongo.wait(&mut backoff, abort).await?;
                 }
                 _ => {
-                    count_statement_error(mongo::StatementError::Permanent);
+                    count_statement_error(Decision::GiveUp);
                     let WriteError { code, msg, .. } = error;
                     let st = &plans[r][s];
                     batch.runs[r].outcomes[st.range.clone()]

@@ -378,7 +378,7 @@ impl Rollups {
                 Some(reply) => {
                     let mut again = Vec::new();
                     for e in reply.write_errors {
-                        match mongo::statement_error(&e, true).0 {
+                        match mongo::statement_error(&e, true) {
                             Decision::RetryStatement | Decision::NextBucket => {
                                 again.push(rest[e.index])
                             }
@@ -1191,10 +1191,9 @@ impl Rollup {
 
 /// Sends one write command (`update` or `delete`), unordered; returns the
 /// statements the server refused for good: (index, error). One refused for
-/// now (a write conflict; a duplicate key, which on palletd's own unique
-/// keys is a race with another instance) fails the pass, which is tried
-/// again (every statement is idempotent), rather than setting its key
-/// aside for [`PARKED_FOR`].
+/// now (a write conflict; a queue entry's upsert that raced another to its
+/// `_id`) fails the pass, which is tried again (every statement is
+/// idempotent), rather than setting its key aside for [`PARKED_FOR`].
 async fn write(
     db: &Database,
     coll: &str,
@@ -1208,7 +1207,7 @@ async fn write(
     let errors = mongo::Reply::parse(&reply).write_errors;
     if let Some(e) = errors
         .iter()
-        .find(|e| mongo::statement_error(e, true).0 != Decision::GiveUp)
+        .find(|e| mongo::statement_error(e, true) != Decision::GiveUp)
     {
         return Err(mongodb::error::Error::custom(format!(
             "rollup {name}: a statement refused for now (code {}): {}",

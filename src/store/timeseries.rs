@@ -27,7 +27,7 @@ use mongodb::{Collection, Database, IndexModel};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
-use super::mongo::{self, count_statement_error, rejection, Mongo, StatementError};
+use super::mongo::{self, count_statement_error, rejection, Decision, Mongo};
 use super::read::{self, Fields, Range, Summary, WindowStats};
 use super::SchemaError;
 use crate::bucket::SampleRef;
@@ -208,13 +208,11 @@ impl Timeseries {
                 };
                 // Inserts carry no `_id` of palletd's: a duplicate key is
                 // an index of the operator's, refusing it for good.
-                let (_, kind) = mongo::statement_error(error, false);
-                count_statement_error(kind);
-                match kind {
-                    StatementError::Transient => retry.push((r, s)),
-                    StatementError::Permanent => {
-                        *outcome = Outcome::Rejected(rejection(error.code, &error.msg))
-                    }
+                let decision = mongo::statement_error(error, false);
+                count_statement_error(decision);
+                match decision {
+                    Decision::RetryStatement => retry.push((r, s)),
+                    _ => *outcome = Outcome::Rejected(rejection(error.code, &error.msg)),
                 }
             }
             let transient = !retry.is_empty();
