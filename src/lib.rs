@@ -265,8 +265,9 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
         damaged_records = recovered.damaged,
         "Spool opened."
     );
-    let mut connection = ingest::Connection::new(&settings.mqtt, &settings.subscriptions)
-        .map_err(|e| RunError::Config(e.to_string()))?;
+    let connections =
+        ingest::Connections::new(&settings.mqtt, &settings.subscriptions, &settings.spool.dir)
+            .map_err(RunError::Config)?;
     // limits.max_memory, in byte budgets: the messages on their way to the
     // spool (beyond, ingest stops reading from the broker), the batches on
     // their way to the pipeline's memory (beyond, they are read back from
@@ -275,11 +276,10 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
     log_memory_budget(&settings.limits);
     let queue = Arc::new(budget::Budget::new(memory.ingest));
     let feed_budget = Arc::new(budget::Budget::new(memory.feed));
-    connection.limit_queue(queue.clone());
     let (feed_tx, feed_rx) = mpsc::channel(16_384);
     let admission = admission::Admission::new(
         settings,
-        connection.acker(),
+        connections.acker(),
         spool.clone(),
         &recovered,
         feed_tx,
@@ -300,8 +300,9 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
         ),
         Instant::now(),
     );
-    // Room for the broker's whole in-flight window, so ingest never waits.
-    let (tx, rx) = mpsc::channel(settings.mqtt.max_inflight.max(1024));
+    // Room for the broker's whole in-flight window of every connection, so
+    // ingest never waits.
+    let (tx, rx) = mpsc::channel((settings.mqtt.max_inflight * connections.count()).max(1024));
 
     // `acked`: the admission released every due acknowledgement (ingest may
     // disconnect); `done`: the pipeline finished (the endpoints stop).
@@ -335,7 +336,7 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
     }
     tracker.spawn(watch_spool(spool.clone(), health.clone(), done.clone()));
     tracker.spawn(watch_memory(
-        queue,
+        queue.clone(),
         spool.clone(),
         feed_budget,
         done.clone(),
@@ -352,14 +353,14 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
         READY_FLUSH_BOUND,
         done.clone(),
     ));
-    tracker.spawn(connection.run(
+    connections.spawn(
+        &tracker,
         tx,
-        stop.clone(),
-        acked.clone(),
-        abort.clone(),
+        queue.clone(),
+        [stop.clone(), acked.clone(), abort.clone()],
         health.clone(),
-        ingest::Redeliveries::new(recovered.message_ids),
-    ));
+        recovered.message_ids.clone(),
+    );
     let admission = {
         let (stop, acked, abort) = (stop.clone(), acked.clone(), abort.clone());
         tracker.spawn(async move {

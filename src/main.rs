@@ -194,6 +194,22 @@ fn main() -> ExitCode {
                             " (auto: an eighth of the memory palletd may use, 64-256 MiB)",
                     }
                 );
+                // What each MQTT session subscribes (a Sparkplug B
+                // subscription stays on the first).
+                let sessions = palletd::ingest::sessions::plan(
+                    &settings.mqtt,
+                    &settings.subscriptions,
+                    &Default::default(),
+                );
+                println!(
+                    "MQTT: {} connection(s) (mqtt.connections = {})",
+                    sessions.len(),
+                    settings.mqtt.connections
+                );
+                for s in &sessions {
+                    let filters: Vec<&str> = s.subscribe.iter().map(|f| f.0.as_str()).collect();
+                    println!("  {}: {}", s.client_id, filters.join(", "));
+                }
                 ExitCode::SUCCESS
             }
             Err(code) => code,

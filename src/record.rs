@@ -5,7 +5,10 @@
 //! body = lsn: u64 LE | kind: u8 | received_ms: i64 LE | payload
 //!   kind 1 sample:     sensor_len: u16 LE | sensor | BSON sample document
 //!   kind 2 dead letter: BSON dead-letter document
-//!   kind 3 message id:  pkid: u16 LE | digest: u64 LE  (redelivery detection)
+//!   kind 3 message id:  pkid: u16 LE | digest: u64 LE [| connection: u8]
+//!                       (redelivery detection; the connection byte only
+//!                       when it is not the first, so one connection's
+//!                       records are as they always were)
 //! ```
 //!
 //! All integers are little-endian whatever the machine, so a spool moves
@@ -28,7 +31,7 @@ const KIND_MESSAGE_ID: u8 = 3;
 pub enum Entry {
     Sample { sensor: String, doc: Vec<u8> },
     DeadLetter { doc: Vec<u8> },
-    MessageId { pkid: u16, digest: u64 },
+    MessageId { conn: u8, pkid: u16, digest: u64 },
 }
 
 /// A record, owned.
@@ -44,7 +47,7 @@ pub struct Record {
 pub enum EntryRef<'a> {
     Sample { sensor: &'a str, doc: &'a [u8] },
     DeadLetter { doc: &'a [u8] },
-    MessageId { pkid: u16, digest: u64 },
+    MessageId { conn: u8, pkid: u16, digest: u64 },
 }
 
 /// A record, borrowed: what is encoded and what is parsed back.
@@ -75,11 +78,14 @@ impl RecordRef<'_> {
                 out.extend_from_slice(&self.received_ms.to_le_bytes());
                 out.extend_from_slice(doc);
             }
-            EntryRef::MessageId { pkid, digest } => {
+            EntryRef::MessageId { conn, pkid, digest } => {
                 out.push(KIND_MESSAGE_ID);
                 out.extend_from_slice(&self.received_ms.to_le_bytes());
                 out.extend_from_slice(&pkid.to_le_bytes());
                 out.extend_from_slice(&digest.to_le_bytes());
+                if conn != 0 {
+                    out.push(conn);
+                }
             }
         }
         let body = start + HEADER;
@@ -107,6 +113,7 @@ impl RecordRef<'_> {
             KIND_MESSAGE_ID => EntryRef::MessageId {
                 pkid: u16::from_le_bytes(rest.get(0..2)?.try_into().ok()?),
                 digest: u64::from_le_bytes(rest.get(2..10)?.try_into().ok()?),
+                conn: rest.get(10).copied().unwrap_or(0),
             },
             _ => return None,
         };
@@ -127,7 +134,9 @@ impl RecordRef<'_> {
                     doc: doc.to_vec(),
                 },
                 EntryRef::DeadLetter { doc } => Entry::DeadLetter { doc: doc.to_vec() },
-                EntryRef::MessageId { pkid, digest } => Entry::MessageId { pkid, digest },
+                EntryRef::MessageId { conn, pkid, digest } => {
+                    Entry::MessageId { conn, pkid, digest }
+                }
             },
         }
     }
@@ -141,7 +150,8 @@ impl Record {
             entry: match &self.entry {
                 Entry::Sample { sensor, doc } => EntryRef::Sample { sensor, doc },
                 Entry::DeadLetter { doc } => EntryRef::DeadLetter { doc },
-                Entry::MessageId { pkid, digest } => EntryRef::MessageId {
+                Entry::MessageId { conn, pkid, digest } => EntryRef::MessageId {
+                    conn: *conn,
                     pkid: *pkid,
                     digest: *digest,
                 },
@@ -300,6 +310,16 @@ pub(crate) mod tests {
                 lsn: 10,
                 received_ms: 3,
                 entry: Entry::MessageId {
+                    conn: 0,
+                    pkid: 77,
+                    digest: 123,
+                },
+            },
+            Record {
+                lsn: 11,
+                received_ms: 3,
+                entry: Entry::MessageId {
+                    conn: 3,
                     pkid: 77,
                     digest: 123,
                 },

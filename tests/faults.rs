@@ -273,7 +273,10 @@ async fn observer(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_loses_nothing() {
-    let mut stack = Stack::start("restart", |c| c).await;
+    // One connection, unshared: a subscription Mosquitto keeps across its
+    // restart, whenever the publisher comes back (with several, shared
+    // ones, tests/connections.rs).
+    let mut stack = Stack::start("restart", |c| c.set("mqtt.connections", 1)).await;
     let seen = observer(&stack.broker).await;
     let publisher = Publisher::connect_persistent(&stack.broker, "pub-restart").await;
     let stream = tokio::spawn(publish_steadily(publisher, 10, 100.0, 1000));

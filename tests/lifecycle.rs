@@ -100,7 +100,10 @@ async fn closer_seals_ended_windows_and_late_samples_start_a_second_bucket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_readings_are_written_before_their_window_is_sealed() {
     let mut stack = Stack::start("holdseal", |c| {
-        c.window("1s").closer("1s", "1s").max_delay("1h")
+        c.one_stream()
+            .window("1s")
+            .closer("1s", "1s")
+            .max_delay("1h")
     })
     .await;
     let mut publisher = stack.publisher().await;
@@ -131,7 +134,7 @@ async fn held_readings_are_written_before_their_window_is_sealed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_order_and_interleaved_windows_keep_arrival_order() {
     // Hour windows, and a grace long enough that the previous hour is open.
-    let mut stack = Stack::start("order", |c| c.set("closer.grace", "2h")).await;
+    let mut stack = Stack::start("order", |c| c.set("closer.grace", "2h").one_stream()).await;
     let hour = 3_600_000;
     let current = now_ms().div_euclid(hour) * hour;
     let previous = current - hour;
@@ -255,7 +258,7 @@ async fn buckets_left_open_by_a_killed_palletd_are_sealed_by_the_next_run() {
 async fn after_a_restart_the_open_bucket_keeps_filling_to_its_cap() {
     let hour = 3_600_000;
     let start = now_ms().div_euclid(hour) * hour;
-    let mut stack = Stack::start("refill", |c| c.max_samples(10)).await;
+    let mut stack = Stack::start("refill", |c| c.max_samples(10).one_stream()).await;
     let mut publisher = stack.publisher().await;
     publish_seqs(&mut publisher, "f1", start, 0..4).await;
     stack.wait_stored(4).await;
@@ -520,7 +523,7 @@ async fn a_bucket_of_an_earlier_version_is_read_and_left_alone() {
         .insert_one(old.clone())
         .await
         .unwrap();
-    let mut stack = Stack::on(Broker::start(), db, "oldform", |c| c).await;
+    let mut stack = Stack::on(Broker::start(), db, "oldform", |c| c.one_stream()).await;
     let mut publisher = stack.publisher().await;
     for seq in 2..4 {
         let v = serde_json::json!({ "ts": w0 + 1000 * (seq + 1), "seq": seq, "v": seq as f64 });
@@ -617,7 +620,8 @@ async fn a_seal_goes_in_chunks_until_every_ended_bucket_is_sealed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_buckets_are_sealed_before_their_window_ends() {
     let mut stack = Stack::start("fullseal", |c| {
-        c.window("1h")
+        c.one_stream()
+            .window("1h")
             .max_samples(4)
             .closer("1s", "5m")
             .max_delay("200ms")
@@ -675,7 +679,8 @@ async fn full_buckets_are_sealed_before_their_window_ends() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_overflowing_a_nearly_full_bucket_starts_the_next_and_the_left_one_is_sealed() {
     let mut stack = Stack::start("leave", |c| {
-        c.window("1h")
+        c.one_stream()
+            .window("1h")
             .max_samples(16)
             .closer("1s", "5m")
             .max_delay("2s")

@@ -432,6 +432,70 @@ async fn simulated_nodes_over_mqtt5_are_stored_as_sent() {
     stack.stop();
 }
 
+/// Four connections: the JSON subscription is shared over all of them,
+/// the Sparkplug B one stays on the first, unshared (a node's BIRTH is read
+/// before its DATA): every Sparkplug message arrives on connection 0,
+/// every value is stored as sent, no DATA waits for an alias.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_four_connections_sparkplug_stays_on_the_first() {
+    let mut stack = Stack::start("sparkplug-conns", |c| {
+        c.sparkplug(None).set("mqtt.connections", 4)
+    })
+    .await;
+    a_clean_run_is_stored_as_sent(&stack).await;
+    let mut sent = publish_steadily(stack.publisher().await, 8, 200.0, 40).await;
+    let json = |all: &BTreeMap<String, Vec<Document>>| -> Vec<(String, i64)> {
+        let mut v: Vec<(String, i64)> = all
+            .iter()
+            .flat_map(|(sensor, ss)| {
+                ss.iter()
+                    .filter_map(|s| Some((sensor.clone(), s.get_f64("seq").ok()? as i64)))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    wait_samples(&stack, "the JSON readings stored", |all| {
+        json(all).len() >= 40
+    })
+    .await;
+    sent.sort();
+    assert_eq!(json(&samples(&stack).await), sent, "each JSON reading once");
+    assert!(stack.docs("readings_deadletter").await.is_empty());
+    let s = stack.palletd.scrape();
+    let on = |k: &str| {
+        common::metric(
+            &s,
+            "palletd_messages_received_total",
+            Some(("connection", k)),
+        )
+    };
+    let sparkplug = common::metric(&s, "palletd_sparkplug_messages_total", None);
+    let others: Vec<f64> = ["1", "2", "3"].iter().map(|k| on(k)).collect();
+    assert!(sparkplug > 40.0, "{sparkplug}");
+    assert!(
+        on("0") >= sparkplug,
+        "every Sparkplug message on the first connection: {} of {sparkplug}",
+        on("0")
+    );
+    assert!(
+        others.iter().all(|n| *n > 0.0) && others.iter().sum::<f64>() <= 40.0,
+        "the JSON readings alone shared over the others: {others:?}"
+    );
+    let file = stack.config.settings().spool.dir.join("mqtt-sessions.json");
+    let held: BTreeMap<String, Vec<String>> =
+        serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    for (id, filters) in &held {
+        let first = id == "palletd-sparkplug-conns";
+        assert_eq!(
+            filters.contains(&"spBv1.0/#".to_string()),
+            first,
+            "{held:?}"
+        );
+    }
+    stack.stop();
+}
+
 const SIM_NODES: [&str; 2] = ["plant:a-n0000", "plant:a-n0001"];
 const SIM_DEVICES: [&str; 4] = [
     "plant:a-n0000:d000",

@@ -644,8 +644,9 @@ impl Admission {
         // has all its records in the spool, and its redelivery may be
         // skipped. (First, a redelivery of a message whose samples were cut
         // with the torn tail was taken as spooled, and its readings lost.)
-        if let (Some((pkid, digest)), Some(_)) = (m.id, m.ack) {
-            append(self.next_lsn, EntryRef::MessageId { pkid, digest });
+        if let (Some((pkid, digest)), Some(ack)) = (m.id, m.ack) {
+            let conn = ack.connection();
+            append(self.next_lsn, EntryRef::MessageId { conn, pkid, digest });
             self.next_lsn += 1;
         }
         acks.push(self.next_lsn, unacked);

@@ -24,6 +24,10 @@ pub struct MqttSettings {
     /// Subscribe as `$share/<group>/<filter>`: the broker spreads messages
     /// over every client of the group (several palletd instances).
     pub share_group: Option<String>,
+    /// MQTT sessions palletd opens (`mqtt.connections`, [`DEFAULT_CONNECTIONS`]
+    /// unless set), each with its own in-flight window, all in one shared
+    /// subscription per subscription: see [`MqttSettings::group`].
+    pub connections: usize,
     /// `protocol`: "3.1.1" (the default) or "5".
     pub protocol: MqttProtocol,
     /// MQTT 5: how long the broker keeps the session (and the messages not
@@ -36,6 +40,37 @@ pub struct MqttSettings {
     pub receive_maximum: u16,
     /// TLS for `mqtts://` URLs.
     pub tls: Option<MqttTls>,
+}
+
+/// `mqtt.connections` unless set: at the broker's default window (20) four
+/// windows in flight carry palletd's group commits to the rate one
+/// connection reaches with a window of 1,000 (docs/performance.md).
+pub const DEFAULT_CONNECTIONS: i64 = 4;
+/// More sessions than this buy nothing: the spool's group commit binds.
+pub const MAX_CONNECTIONS: i64 = 32;
+
+impl MqttSettings {
+    /// The client id of connection `k`: the first keeps `mqtt.client_id`
+    /// (the session palletd always had), the others are
+    /// `<client_id>-<k>`. Stable: connection `k` is always the same session.
+    pub fn client_id_of(&self, k: usize) -> String {
+        match k {
+            0 => self.client_id.clone(),
+            k => format!("{}-{k}", self.client_id),
+        }
+    }
+
+    /// The shared subscription group the subscriptions join, if any:
+    /// `mqtt.share_group`, or with several connections a group of this
+    /// instance's own (named after its client id), so that the broker
+    /// spreads the messages over its connections and no other client's.
+    pub fn group(&self) -> Option<String> {
+        match &self.share_group {
+            Some(g) => Some(g.clone()),
+            None if self.connections > 1 => Some(self.client_id.replace(['/', '+', '#'], "_")),
+            None => None,
+        }
+    }
 }
 
 /// MQTT 5's Receive Maximum unless `mqtt.receive_maximum` says: what
@@ -167,6 +202,13 @@ impl Validator {
             );
         }
         let max_inflight = self.int_in("mqtt.max_inflight", m.max_inflight, 20, 1, 65535) as usize;
+        let connections = self.int_in(
+            "mqtt.connections",
+            m.connections,
+            DEFAULT_CONNECTIONS,
+            1,
+            MAX_CONNECTIONS,
+        ) as usize;
         let receive_maximum = self.int_in(
             "mqtt.receive_maximum",
             m.receive_maximum,
@@ -215,6 +257,7 @@ impl Validator {
             session_expiry,
             receive_maximum,
             share_group: m.share_group,
+            connections,
             tls,
         })
     }

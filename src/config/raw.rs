@@ -35,6 +35,7 @@ pub struct RawMqtt {
     pub max_packet_size: Option<RawSize>,
     pub max_payload_size: Option<RawSize>,
     pub share_group: Option<String>,
+    pub connections: Option<i64>,
     pub protocol: Option<String>,
     pub session_expiry: Option<String>,
     pub receive_maximum: Option<i64>,

@@ -8,7 +8,15 @@
 //! it always keeps polling, and the keep-alive and the PUBACKs go out even
 //! while the spool or the database is slow.
 //!
-//! Session: clean session off under the configured client id, so the broker
+//! Connections: `mqtt.connections` sessions, each its own event loop task,
+//! in-flight window, ordered PUBACKs ([`Acker`] per connection) and
+//! redelivery tables, all handing on to the one admission (one spool, one
+//! group commit); which session subscribes what, and how a changed
+//! configuration is undone at the broker, is in [`sessions`]. A
+//! connection that drops loses nothing: its session keeps its messages
+//! and the others go on.
+//!
+//! Session: clean session off under each connection's client id, so the broker
 //! keeps unacknowledged messages across disconnects and restarts (MQTT 5:
 //! clean start off, the session kept `mqtt.session_expiry`). The
 //! subscriptions are made on the first connect of each run and after every
@@ -23,6 +31,8 @@
 //! packet ids. Only past 65,536 waiting messages (a QoS 0 flood) does the task
 //! stop reading from the socket.
 
+mod session;
+pub mod sessions;
 pub mod tls;
 mod v5;
 
@@ -31,16 +41,16 @@ use std::time::Duration;
 use rumqttc::{AsyncClient, ConnectionError, EventLoop, MqttOptions, Outgoing, Packet, QoS};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{info, warn};
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::clock::now_ms;
+use session::Session;
+
 use crate::config::{MqttProtocol, MqttSettings};
 use crate::decode::Subscription;
-use crate::retry::Backoff;
-use crate::telemetry::{self, Health};
+use crate::telemetry::Health;
 
 /// One received PUBLISH, as the admission sees it.
 #[derive(Debug)]
@@ -98,8 +108,8 @@ pub fn digest(topic: &str, payload: &[u8]) -> u64 {
 #[derive(Debug)]
 pub struct Redeliveries {
     /// A digest per packet id (`0`: none), of messages received before the
-    /// last (re)connect, and since: two fixed tables of 512 KiB, whatever
-    /// the traffic (packet ids cycle through all 65,535 values, so maps of
+    /// last (re)connect, and since: two fixed tables of 512 KiB per
+    /// connection, whatever the traffic (packet ids cycle through all 65,535 values, so maps of
     /// them grew to that size anyway, with their rehashing on top).
     previous: Box<[u64]>,
     current: Box<[u64]>,
@@ -150,51 +160,110 @@ impl Redeliveries {
     }
 }
 
-/// What is needed to acknowledge a PUBLISH.
+/// What is needed to acknowledge a PUBLISH: which connection it came on,
+/// and its packet id there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AckToken {
+    conn: u8,
     qos: QoS,
     pkid: u16,
 }
 
-/// Sends acknowledgements without ever blocking, in order.
+impl AckToken {
+    /// The connection the message came on (its index).
+    pub fn connection(&self) -> u8 {
+        self.conn
+    }
+}
+
+/// Sends acknowledgements without ever blocking, in order on each
+/// connection.
 ///
 /// rumqttc's request channel can fill when the broker sends faster than the
 /// event loop writes PUBACKs; an acknowledgement that does not fit waits
-/// here (with every later one behind it, to keep arrival order) and is
-/// retried by [`Acker::retry`], never dropped.
+/// here (with every later one of its connection behind it, to keep arrival
+/// order) and is retried by [`Acker::retry`], never dropped. A connection's
+/// full channel holds up no other connection's acknowledgements.
 pub struct Acker {
-    client: Client,
-    waiting: std::collections::VecDeque<AckToken>,
+    /// By connection index (`None`: no such connection).
+    clients: Vec<Option<Client>>,
+    waiting: Vec<std::collections::VecDeque<AckToken>>,
+    /// Acknowledgements handed to each connection's event loop.
+    acked: Arc<Counters>,
+    queued: usize,
+}
+
+/// Per connection index: acknowledgements handed to its event loop (a
+/// retiring session is done when it has acknowledged all it received).
+#[derive(Debug)]
+pub struct Counters(Vec<std::sync::atomic::AtomicU64>);
+
+impl Counters {
+    fn new() -> Self {
+        Counters((0..256).map(|_| Default::default()).collect())
+    }
+
+    fn get(&self, conn: usize) -> u64 {
+        self.0[conn].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn add(&self, conn: usize) {
+        self.0[conn].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Acker {
     pub fn ack(&mut self, token: AckToken) {
-        self.waiting.push_back(token);
-        self.retry();
+        self.waiting[token.conn as usize].push_back(token);
+        self.queued += 1;
+        self.retry_one(token.conn as usize);
     }
 
-    /// Queues the waiting acknowledgements that now fit; true when none waits.
-    pub fn retry(&mut self) -> bool {
-        while let Some(token) = self.waiting.front().copied() {
-            if !self.client.try_ack(token) {
+    fn retry_one(&mut self, conn: usize) -> bool {
+        let Some(client) = &self.clients[conn] else {
+            // Never: a token comes from a connection that exists.
+            self.queued -= self.waiting[conn].len();
+            self.waiting[conn].clear();
+            return true;
+        };
+        while let Some(token) = self.waiting[conn].front().copied() {
+            if !client.try_ack(token) {
                 // Full (or, at shutdown, closed): try again later.
                 return false;
             }
-            self.waiting.pop_front();
+            self.waiting[conn].pop_front();
+            self.queued -= 1;
+            self.acked.add(conn);
         }
         true
     }
 
-    /// Publishes a message at QoS 0 without waiting; false if the client's
-    /// queue is full (the message is not sent).
-    pub fn publish_nowait(&self, topic: String, payload: Vec<u8>) -> bool {
-        self.client.try_publish(topic, payload)
+    /// Queues the waiting acknowledgements that now fit; true when none waits.
+    pub fn retry(&mut self) -> bool {
+        if self.queued == 0 {
+            return true;
+        }
+        let mut all = true;
+        for conn in 0..self.waiting.len() {
+            if !self.waiting[conn].is_empty() {
+                all &= self.retry_one(conn);
+            }
+        }
+        all
     }
 
-    /// Acknowledgements not yet handed to the event loop.
+    /// Publishes a message at QoS 0 on the first connection without
+    /// waiting; false if the client's queue is full (the message is not
+    /// sent).
+    pub fn publish_nowait(&self, topic: String, payload: Vec<u8>) -> bool {
+        self.clients[0]
+            .as_ref()
+            .is_some_and(|c| c.try_publish(topic, payload))
+    }
+
+    /// Acknowledgements not yet handed to the event loops.
     pub fn waiting(&self) -> usize {
-        self.waiting.len()
+        self.queued
     }
 }
 
@@ -246,6 +315,13 @@ impl Client {
         }
     }
 
+    fn try_unsubscribe(&self, filter: &str) -> Result<(), String> {
+        match self {
+            Client::V311(c) => c.try_unsubscribe(filter).map_err(|e| e.to_string()),
+            Client::V5(c) => c.try_unsubscribe(filter).map_err(|e| e.to_string()),
+        }
+    }
+
     fn try_disconnect(&self) -> bool {
         match self {
             Client::V311(c) => c.try_disconnect().is_ok(),
@@ -269,6 +345,8 @@ enum Event {
     },
     /// Per filter: the granted QoS, or why the broker refused it.
     SubAck(Vec<Result<u8, String>>),
+    /// The broker took a filter off the session (one per UNSUBSCRIBE).
+    UnsubAck,
     Publish(Incoming),
     /// palletd's own DISCONNECT went out.
     Disconnected,
@@ -314,6 +392,7 @@ fn event(ev: rumqttc::Event) -> Event {
                 })
                 .collect(),
         ),
+        rumqttc::Event::Incoming(Packet::UnsubAck(_)) => Event::UnsubAck,
         rumqttc::Event::Incoming(Packet::Publish(p)) => Event::Publish(Incoming {
             topic: p.topic,
             payload: p.payload,
@@ -364,86 +443,158 @@ pub fn mqtt_options(mqtt: &MqttSettings, client_id: &str) -> Result<MqttOptions,
     Ok(opts)
 }
 
-/// The MQTT client and its event loop, not yet connected.
-pub struct Connection {
-    client: Client,
-    eventloop: Link,
-    filters: Vec<(String, QoS)>,
-    /// Bytes of messages on their way to the admission.
-    queue: Arc<crate::budget::Budget>,
+/// The MQTT sessions palletd opens (`mqtt.connections` of them, and any
+/// retiring: see [`sessions`]), not yet connected.
+pub struct Connections {
+    list: Vec<Connection>,
+    acked: Arc<Counters>,
+    sessions: sessions::SessionsFile,
 }
 
-impl Connection {
-    pub fn new(mqtt: &MqttSettings, subscriptions: &[Subscription]) -> Result<Self, tls::TlsError> {
-        let (client, eventloop) = match mqtt.protocol {
-            MqttProtocol::V311 => {
-                let mut opts = mqtt_options(mqtt, &mqtt.client_id)?;
-                opts.set_clean_session(false)
-                    .set_manual_acks(true)
-                    .set_inflight(mqtt.max_inflight.clamp(1, u16::MAX as usize) as u16)
-                    .set_request_channel_capacity(REQUEST_CAPACITY);
-                let (c, l) = AsyncClient::new(opts, REQUEST_CAPACITY);
-                (Client::V311(c), Link::V311(l))
-            }
-            MqttProtocol::V5 => {
-                let (c, l) = v5::connect(mqtt, &mqtt.client_id, REQUEST_CAPACITY)?;
-                (Client::V5(c), Link::V5(l))
-            }
-        };
-        let filters = subscriptions
-            .iter()
-            .map(|s| {
-                let filter = s.pattern.filter();
-                let filter = match &mqtt.share_group {
-                    Some(group) => format!("$share/{group}/{filter}"),
-                    None => filter,
-                };
-                (filter, qos(s.qos))
-            })
-            .collect();
-        Ok(Connection {
-            client,
-            eventloop,
-            filters,
-            queue: Arc::new(crate::budget::Budget::new(usize::MAX)),
+/// One MQTT client and its event loop, not yet connected.
+struct Connection {
+    plan: sessions::Planned,
+    client: Client,
+    eventloop: Link,
+    subscribe: Vec<(String, QoS)>,
+    /// Its shared subscriptions are of palletd's own group (no
+    /// `mqtt.share_group`): refused, it may go on unshared.
+    may_unshare: bool,
+}
+
+/// What every connection of a process shares.
+#[derive(Clone)]
+struct Shared {
+    tx: mpsc::Sender<Message>,
+    stop: CancellationToken,
+    done: CancellationToken,
+    abort: CancellationToken,
+    health: Arc<Health>,
+    /// Bytes of messages on their way to the admission.
+    queue: Arc<crate::budget::Budget>,
+    sessions: Arc<sessions::SessionsFile>,
+    acked: Arc<Counters>,
+    /// The broker refused a shared subscription: the first connection
+    /// subscribes unshared and the others end.
+    single: CancellationToken,
+}
+
+impl Connections {
+    /// The sessions to open by `mqtt` and `subscriptions`, undoing what
+    /// the last configuration subscribed by what `spool_dir`'s
+    /// `mqtt-sessions.json` says (saved again before any connects).
+    pub fn new(
+        mqtt: &MqttSettings,
+        subscriptions: &[Subscription],
+        spool_dir: &std::path::Path,
+    ) -> Result<Self, String> {
+        let before = sessions::SessionsFile::load(spool_dir, mqtt, subscriptions);
+        let plan = sessions::plan(mqtt, subscriptions, &before);
+        let sessions = sessions::SessionsFile::start(spool_dir, before, &plan);
+        let mut list = Vec::new();
+        for p in plan {
+            let (client, eventloop) = match mqtt.protocol {
+                MqttProtocol::V311 => {
+                    let mut opts = mqtt_options(mqtt, &p.client_id).map_err(|e| e.to_string())?;
+                    opts.set_clean_session(false)
+                        .set_manual_acks(true)
+                        .set_inflight(mqtt.max_inflight.clamp(1, u16::MAX as usize) as u16)
+                        .set_request_channel_capacity(REQUEST_CAPACITY);
+                    let (c, l) = AsyncClient::new(opts, REQUEST_CAPACITY);
+                    (Client::V311(c), Link::V311(l))
+                }
+                MqttProtocol::V5 => {
+                    let (c, l) = v5::connect(mqtt, &p.client_id, REQUEST_CAPACITY)
+                        .map_err(|e| e.to_string())?;
+                    (Client::V5(c), Link::V5(l))
+                }
+            };
+            let subscribe = p
+                .subscribe
+                .iter()
+                .map(|(f, q)| (f.clone(), qos(*q)))
+                .collect();
+            list.push(Connection {
+                plan: p,
+                client,
+                eventloop,
+                subscribe,
+                may_unshare: mqtt.share_group.is_none(),
+            });
+        }
+        Ok(Connections {
+            list,
+            acked: Arc::new(Counters::new()),
+            sessions,
         })
     }
 
-    /// Messages received and not yet taken by the admission may hold this
-    /// budget's bytes; beyond, the loop stops reading from the broker (the
-    /// admission takes them off the budget as it takes them).
-    pub fn limit_queue(&mut self, budget: Arc<crate::budget::Budget>) {
-        self.queue = budget;
+    /// The configured connections that opened (retiring ones aside).
+    pub fn count(&self) -> usize {
+        self.list.iter().filter(|c| !c.plan.retiring).count()
     }
 
     pub fn acker(&self) -> Acker {
+        let mut clients = vec![None; 256];
+        for c in &self.list {
+            clients[c.plan.index] = Some(c.client.clone());
+        }
         Acker {
-            client: self.client.clone(),
-            waiting: Default::default(),
+            clients,
+            waiting: (0..256).map(|_| Default::default()).collect(),
+            acked: self.acked.clone(),
+            queued: 0,
         }
     }
 
-    /// Runs the event loop until `done` (the pipeline finished: disconnect
-    /// cleanly) or `abort` (give up now). After `stop`, new messages are no
-    /// longer handed on: they stay unacknowledged and the broker keeps them.
-    pub async fn run(
+    /// Starts every connection's event loop on `tracker`; each runs until
+    /// `done` (the pipeline finished: it disconnects cleanly) or `abort`
+    /// (give up now). After `stop`, new messages are no longer handed on:
+    /// they stay unacknowledged and the broker keeps them. Messages go to
+    /// `tx`, their bytes held in `queue` until the admission takes them.
+    pub fn spawn(
         self,
+        tracker: &tokio_util::task::TaskTracker,
         tx: mpsc::Sender<Message>,
-        stop: CancellationToken,
-        done: CancellationToken,
-        abort: CancellationToken,
+        queue: Arc<crate::budget::Budget>,
+        tokens: [CancellationToken; 3],
         health: Arc<Health>,
-        redeliveries: Redeliveries,
+        mut recovered: HashMap<(u8, u16), u64>,
     ) {
-        let mut session = Session {
+        let [stop, done, abort] = tokens;
+        health.set_connections(self.count());
+        let shared = Shared {
+            tx,
+            stop,
+            done,
+            abort,
             health,
-            redeliveries,
-            backoff: Backoff::default(),
-            down_since: None,
-            disconnecting: false,
-            subscribed: false,
-            overflow: Default::default(),
+            queue,
+            sessions: Arc::new(self.sessions),
+            acked: self.acked,
+            single: CancellationToken::new(),
         };
+        for c in self.list {
+            let index = c.plan.index as u8;
+            let mine = recovered
+                .extract_if(|(conn, _), _| *conn == index)
+                .map(|((_, pkid), d)| (pkid, d))
+                .collect();
+            tracker.spawn(c.run(shared.clone(), Redeliveries::new(mine)));
+        }
+    }
+}
+
+impl Connection {
+    async fn run(self, shared: Shared, redeliveries: Redeliveries) {
+        let Connection {
+            plan,
+            client,
+            eventloop,
+            subscribe,
+            may_unshare,
+        } = self;
+        let mut session = Session::new(plan, subscribe, may_unshare, redeliveries);
         // Shows the loop is alive while the broker is quiet (it polls
         // only on traffic and keep-alive pings).
         let mut beat = tokio::time::interval(Duration::from_secs(1));
@@ -453,14 +604,11 @@ impl Connection {
         // select fires), the next poll connects again and the broker sees
         // two connections, the first CONNACK lost. So one poll runs to its
         // end across the loop's turns; it owns the event loop meanwhile.
-        let Connection {
-            client,
-            eventloop,
-            filters,
-            queue,
-        } = self;
         let mut link = Some(eventloop);
         let mut polling: Option<Polling> = None;
+        // A connection other than the first ends when the broker takes no
+        // shared subscriptions (the first subscribes unshared instead).
+        let mut ends_if_single = session.index > 0 && !session.retiring;
         loop {
             let next = polling.get_or_insert_with(|| {
                 let mut l = link.take().expect("the event loop, between polls");
@@ -472,12 +620,21 @@ impl Connection {
             // While messages wait in `overflow` the loop keeps polling (pings,
             // PUBACKs) and hands them on as the channel makes room.
             let event = tokio::select! {
-                _ = abort.cancelled() => return,
-                permit = tx.reserve(), if !session.overflow.is_empty() => {
-                    session.hand_on_waiting(permit, &queue);
+                _ = shared.abort.cancelled() => return,
+                permit = shared.tx.reserve(), if !session.overflow.is_empty() => {
+                    session.hand_on_waiting(permit, &shared.queue);
                     continue;
                 }
-                _ = done.cancelled(), if !session.disconnecting => {
+                _ = shared.done.cancelled(), if !session.disconnecting => {
+                    session.disconnecting = true;
+                    if !client.try_disconnect() {
+                        return;
+                    }
+                    continue;
+                }
+                _ = shared.single.cancelled(), if ends_if_single && !session.disconnecting => {
+                    ends_if_single = false;
+                    shared.health.drop_connection(session.index);
                     session.disconnecting = true;
                     if !client.try_disconnect() {
                         return;
@@ -485,196 +642,68 @@ impl Connection {
                     continue;
                 }
                 _ = beat.tick() => {
-                    session.health.ingest_beat();
+                    shared.health.ingest_beat();
+                    if session.retired(&shared.acked) && !session.disconnecting {
+                        shared.sessions.retired(&session.client_id);
+                        info!(client_id = %session.client_id, "Retired an MQTT session the configuration no longer has: unsubscribed, and every message it held is spooled.");
+                        session.disconnecting = true;
+                        if !client.try_disconnect() {
+                            return;
+                        }
+                    }
                     continue;
                 }
                 // Over its byte budget, the queue to the admission takes no
                 // more: reading from the broker waits (the broker keeps
                 // what it has not sent; QoS 1 waits in its window).
-                _ = queue.room(), if queue.over() => continue,
-                (l, ev) = next, if !queue.over() => {
+                _ = shared.queue.room(), if shared.queue.over() => continue,
+                (l, ev) = next, if !shared.queue.over() => {
                     link = Some(l);
                     ev
                 }
             };
             polling = None;
-            session.health.ingest_beat();
+            shared.health.ingest_beat();
             match event {
                 Ok(Event::ConnAck { session_present }) => {
-                    session.on_connack(session_present, &client, &filters)
+                    session.on_connack(session_present, &client, &shared.health)
                 }
-                Ok(Event::SubAck(codes)) => session.on_suback(&codes, &filters),
+                Ok(Event::SubAck(codes)) => {
+                    if session.on_suback(&codes, &client, &shared.health) {
+                        if session.index == 0 {
+                            shared
+                                .sessions
+                                .subscribing(&session.client_id, &session.subscribe);
+                        }
+                        shared.single.cancel();
+                    }
+                }
+                Ok(Event::UnsubAck) => {
+                    if let Some(filter) = session.unsubscribing.pop_front() {
+                        info!(client_id = %session.client_id, %filter, "Unsubscribed what the configuration no longer has.");
+                        shared.sessions.unsubscribed(&session.client_id, &filter);
+                    }
+                }
                 Ok(Event::Publish(p)) => {
-                    if !stop.is_cancelled() {
-                        session.on_publish(p, &queue, &tx);
+                    if !shared.stop.is_cancelled() {
+                        session.on_publish(p, &shared.queue, &shared.tx);
                     }
                 }
                 Ok(Event::Disconnected) => {
-                    session.health.set_broker_connected(false);
-                    info!("Disconnected from the MQTT broker.");
+                    shared.health.set_broker_connected(session.index, false);
+                    info!(client_id = %session.client_id, "Disconnected from the MQTT broker.");
                     return;
                 }
                 Ok(Event::Other) => {}
                 Err(e) => {
-                    if !session.on_error(&e, &abort, &done).await {
+                    if !session
+                        .on_error(&e, &shared.health, &shared.abort, &shared.done)
+                        .await
+                    {
                         return;
                     }
                 }
             }
-        }
-    }
-}
-
-/// What the event loop keeps of its MQTT session: the broker's state as
-/// seen here, the reconnect backoff, the messages waiting for room.
-struct Session {
-    health: Arc<Health>,
-    redeliveries: Redeliveries,
-    backoff: Backoff,
-    down_since: Option<std::time::Instant>,
-    disconnecting: bool,
-    /// The broker acknowledged every subscription (a SUBACK) since this
-    /// process started.
-    subscribed: bool,
-    /// Messages the channel to the admission had no room for yet.
-    overflow: std::collections::VecDeque<Message>,
-}
-
-impl Session {
-    /// Connected: subscribes until the broker acknowledged it on this
-    /// process (the config may have changed since the session was made; a
-    /// link that dropped before the SUBACK may have lost the SUBSCRIBE),
-    /// and whenever the broker kept no session. Not on every reconnect:
-    /// each subscribe re-sends retained messages.
-    fn on_connack(&mut self, session_present: bool, client: &Client, filters: &[(String, QoS)]) {
-        self.backoff = Backoff::default();
-        self.health.set_broker_connected(true);
-        self.redeliveries.connected(session_present);
-        match self.down_since.take() {
-            Some(t) => {
-                metrics::counter!(telemetry::BROKER_RECONNECTS).increment(1);
-                info!(
-                    session_present,
-                    after = ?Duration::from_secs(t.elapsed().as_secs()),
-                    "Reconnected to the MQTT broker."
-                )
-            }
-            None => info!(session_present, "Connected to the MQTT broker."),
-        }
-        if !session_present || !self.subscribed {
-            self.health.set_subscribed(false);
-            if let Err(e) = client.try_subscribe(filters) {
-                error!(error = %e, "Could not queue the subscriptions.");
-            }
-        } else {
-            // The broker kept the session and its subscriptions.
-            self.health.set_subscribed(true);
-        }
-    }
-
-    fn on_suback(&mut self, codes: &[Result<u8, String>], filters: &[(String, QoS)]) {
-        let mut all = true;
-        for (code, (filter, _)) in codes.iter().zip(filters) {
-            match code {
-                Ok(qos) => info!(%filter, qos, "Subscribed."),
-                Err(reason) => {
-                    all = false;
-                    error!(%filter, %reason, "The broker refused the subscription; check its ACLs.")
-                }
-            }
-        }
-        self.health.set_subscribed(all);
-        self.subscribed = all;
-    }
-
-    /// A message for the admission, with its acknowledgement token and
-    /// whether it is a redelivery of one already spooled.
-    fn on_publish(
-        &mut self,
-        p: Incoming,
-        queue: &crate::budget::Budget,
-        tx: &mpsc::Sender<Message>,
-    ) {
-        tracing::trace!(topic = %p.topic, pkid = p.pkid, "Message received.");
-        metrics::counter!(telemetry::MESSAGES_RECEIVED).increment(1);
-        let ack = (p.qos != QoS::AtMostOnce).then_some(AckToken {
-            qos: p.qos,
-            pkid: p.pkid,
-        });
-        let (id, duplicate) = match ack {
-            Some(_) => {
-                let d = digest(&p.topic, &p.payload);
-                (
-                    Some((p.pkid, d)),
-                    self.redeliveries.is_redelivery(p.pkid, p.dup, d),
-                )
-            }
-            None => (None, false),
-        };
-        let msg = Message {
-            topic: p.topic,
-            payload: p.payload,
-            ack,
-            received_ms: now_ms(),
-            id,
-            duplicate,
-            props: p.props,
-        };
-        queue.add(msg.cost());
-        if !self.overflow.is_empty() {
-            self.overflow.push_back(msg);
-            return;
-        }
-        match tx.try_send(msg) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(m)) => self.overflow.push_back(m),
-            Err(mpsc::error::TrySendError::Closed(m)) => {
-                queue.sub(m.cost());
-                debug!("Admission closed; message left to the broker.")
-            }
-        }
-    }
-
-    /// The channel made room: the oldest waiting message goes on (all are
-    /// given up if the admission is gone).
-    fn hand_on_waiting(
-        &mut self,
-        permit: Result<mpsc::Permit<'_, Message>, mpsc::error::SendError<()>>,
-        queue: &crate::budget::Budget,
-    ) {
-        match (permit, self.overflow.pop_front()) {
-            (Ok(permit), Some(m)) => permit.send(m),
-            _ => {
-                for m in self.overflow.drain(..) {
-                    queue.sub(m.cost());
-                }
-            }
-        }
-    }
-
-    /// The connection failed: logged once per outage, then a backoff.
-    /// `false`: stop (disconnecting, done or aborted).
-    async fn on_error(
-        &mut self,
-        e: &str,
-        abort: &CancellationToken,
-        done: &CancellationToken,
-    ) -> bool {
-        self.health.set_broker_connected(false);
-        if self.disconnecting {
-            return false;
-        }
-        if self.down_since.is_none() {
-            self.down_since = Some(std::time::Instant::now());
-            warn!(error = %e, "MQTT connection lost or refused; reconnecting with backoff.");
-        } else {
-            debug!(error = %e, "MQTT reconnect failed.");
-        }
-        let delay = self.backoff.next_delay();
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => true,
-            _ = abort.cancelled() => false,
-            _ = done.cancelled() => false,
         }
     }
 }

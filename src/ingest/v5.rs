@@ -76,6 +76,7 @@ pub(super) fn event(ev: rumqttc::v5::Event) -> Event {
                 })
                 .collect(),
         ),
+        rumqttc::v5::Event::Incoming(Packet::UnsubAck(_)) => Event::UnsubAck,
         rumqttc::v5::Event::Incoming(Packet::Publish(p)) => Event::Publish(incoming(p)),
         rumqttc::v5::Event::Incoming(Packet::Disconnect(d)) => {
             warn!(

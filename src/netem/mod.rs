@@ -68,6 +68,8 @@ struct Shared {
     up: AtomicBool,
     /// Cancelled when the link is cut; replaced when it is restored.
     cut: Mutex<CancellationToken>,
+    /// One per connection carried (children of `cut`), oldest first.
+    conns: Mutex<Vec<CancellationToken>>,
     to_server: Pipe,
     to_client: Pipe,
 }
@@ -101,6 +103,7 @@ impl Proxy {
             behaviour,
             up: AtomicBool::new(true),
             cut: Mutex::new(CancellationToken::new()),
+            conns: Mutex::new(Vec::new()),
             to_server: pipe(),
             to_client: pipe(),
         });
@@ -118,7 +121,16 @@ impl Proxy {
                     drop(client);
                     continue;
                 }
-                let cut = s.cut.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let cut = s
+                    .cut
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .child_token();
+                {
+                    let mut conns = s.conns.lock().unwrap_or_else(|e| e.into_inner());
+                    conns.retain(|c| !c.is_cancelled());
+                    conns.push(cut.clone());
+                }
                 let s = s.clone();
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
@@ -152,6 +164,8 @@ impl Proxy {
                         _ = carried => {}
                         _ = cut.cancelled() => {}
                     }
+                    // Closed either way: no longer open.
+                    cut.cancel();
                 });
             }
         });
@@ -171,6 +185,27 @@ impl Proxy {
         self.shared.up.store(false, Ordering::SeqCst);
         let token = self.shared.cut.lock().unwrap_or_else(|e| e.into_inner());
         token.cancel();
+    }
+
+    /// Breaks the oldest open connection alone and refuses new ones until
+    /// [`Proxy::restore`]: the other connections go on. False if none was
+    /// open.
+    pub fn cut_one(&self) -> bool {
+        self.shared.up.store(false, Ordering::SeqCst);
+        let conns = self.shared.conns.lock().unwrap_or_else(|e| e.into_inner());
+        match conns.iter().find(|c| !c.is_cancelled()) {
+            Some(c) => {
+                c.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        let conns = self.shared.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.iter().filter(|c| !c.is_cancelled()).count()
     }
 
     /// Restores the link.

@@ -52,8 +52,9 @@ pub struct Recovery {
     pub torn_bytes: u64,
     /// Records lost to damage found now (counted and logged).
     pub damaged: u64,
-    /// Latest message id per packet id, for redelivery detection.
-    pub message_ids: HashMap<u16, u64>,
+    /// Latest message digest per (connection, packet id), for redelivery
+    /// detection (each MQTT connection numbers its packets on its own).
+    pub message_ids: HashMap<(u8, u16), u64>,
     /// The ids the spool's records were written under.
     pub tags: Tags,
     /// Segments before the last that are not compressed yet: (first LSN,
@@ -120,8 +121,8 @@ pub fn recover(storage: &dyn Storage, dir: &Path, machine: &str) -> io::Result<R
                         rec.records += 1;
                     }
                     let entry = parse(bytes).next().map(|r| r.entry);
-                    if let Some(EntryRef::MessageId { pkid, digest }) = entry {
-                        rec.message_ids.insert(pkid, digest);
+                    if let Some(EntryRef::MessageId { conn, pkid, digest }) = entry {
+                        rec.message_ids.insert((conn, pkid), digest);
                     }
                     if matches!(entry, Some(EntryRef::MessageId { .. })) || lsn < acknowledged {
                         keep = (at + bytes.len() as u64, rec.records, last_lsn);

@@ -351,6 +351,7 @@ fn message_ids_are_recovered() {
             lsn: base,
             received_ms: 0,
             entry: Entry::MessageId {
+                conn: 0,
                 pkid: 1,
                 digest: 10,
             },
@@ -359,6 +360,7 @@ fn message_ids_are_recovered() {
             lsn: base + 1,
             received_ms: 0,
             entry: Entry::MessageId {
+                conn: 0,
                 pkid: 1,
                 digest: 11,
             },
@@ -367,14 +369,28 @@ fn message_ids_are_recovered() {
             lsn: base + 2,
             received_ms: 0,
             entry: Entry::MessageId {
+                conn: 0,
                 pkid: 2,
                 digest: 20,
+            },
+        },
+        // Another connection's packet 1: its own.
+        Record {
+            lsn: base + 3,
+            received_ms: 0,
+            entry: Entry::MessageId {
+                conn: 2,
+                pkid: 1,
+                digest: 21,
             },
         },
     ];
     write_all(dir.path(), &ids, 1 << 30);
     let rec = recover(dir.path()).unwrap();
-    assert_eq!(rec.message_ids, HashMap::from([(1, 11), (2, 20)]));
+    assert_eq!(
+        rec.message_ids,
+        HashMap::from([((0, 1), 11), ((0, 2), 20), ((2, 1), 21)])
+    );
 }
 
 #[test]
@@ -521,6 +537,7 @@ impl Rig {
                     doc: vec![(self.next % 251) as u8; pad + 1],
                 },
                 false => Entry::MessageId {
+                    conn: (self.next % 3) as u8,
                     pkid: (self.next % 65_535) as u16,
                     digest: self.next,
                 },
@@ -1116,7 +1133,11 @@ fn a_torn_write_takes_the_whole_message_it_tore_with_it() {
         m.push(Record {
             lsn: first + 2,
             received_ms: 0,
-            entry: Entry::MessageId { pkid, digest: 7 },
+            entry: Entry::MessageId {
+                conn: 0,
+                pkid,
+                digest: 7,
+            },
         });
         m
     };
@@ -1141,7 +1162,7 @@ fn a_torn_write_takes_the_whole_message_it_tore_with_it() {
         let rec = recover(dir.path()).unwrap();
         assert_eq!(
             rec.message_ids,
-            HashMap::from([(1, 7)]),
+            HashMap::from([((0, 1), 7)]),
             "tear in {tear_in}"
         );
         let got = Reader::new(os(), dir.path().to_path_buf(), 0)

@@ -9,9 +9,12 @@ use crate::clock::now_ms;
 /// Facts about the pipeline's progress, shared as atomics.
 #[derive(Debug, Default)]
 pub struct Health {
-    broker_connected: AtomicBool,
-    /// The broker acknowledged every subscription on this connection.
-    subscribed: AtomicBool,
+    /// One bit per MQTT connection palletd keeps open (`mqtt.connections`).
+    connections: AtomicU64,
+    /// The connections up, one bit each.
+    broker_connected: AtomicU64,
+    /// The connections whose subscriptions the broker acknowledged.
+    subscribed: AtomicU64,
     database_reachable: AtomicBool,
     /// When the broker loop last returned from a poll (ms since epoch).
     ingest_beat_ms: AtomicI64,
@@ -42,6 +45,22 @@ pub struct Health {
     quiet: std::sync::Mutex<Vec<(String, i64)>>,
 }
 
+fn bit(k: usize) -> u64 {
+    if k < 64 {
+        1 << k
+    } else {
+        0
+    }
+}
+
+fn set_bit(bits: &AtomicU64, k: usize, on: bool) {
+    if on {
+        bits.fetch_or(bit(k), Ordering::Relaxed);
+    } else {
+        bits.fetch_and(!bit(k), Ordering::Relaxed);
+    }
+}
+
 /// A database call running longer than this counts as stuck (the driver
 /// gives up selecting a server within seconds; a large command over a slow
 /// link may take a minute or two).
@@ -57,26 +76,67 @@ impl Health {
         self.deadletter_bytes_written.load(Ordering::Relaxed)
     }
 
-    pub fn set_broker_connected(&self, up: bool) {
-        self.broker_connected.store(up, Ordering::Relaxed);
+    /// palletd keeps `n` MQTT connections open (indexes 0..n).
+    pub fn set_connections(&self, n: usize) {
+        let all = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
+        self.connections.store(all, Ordering::Relaxed);
+        self.gauge_connected();
+    }
+
+    /// Connection `k` is no longer kept (the broker has no shared
+    /// subscriptions: the first connection alone goes on).
+    pub fn drop_connection(&self, k: usize) {
+        self.connections.fetch_and(!bit(k), Ordering::Relaxed);
+        self.gauge_connected();
+    }
+
+    /// Connection `k` went up or down (down: not subscribed either).
+    pub fn set_broker_connected(&self, k: usize, up: bool) {
+        set_bit(&self.broker_connected, k, up);
         if !up {
-            self.subscribed.store(false, Ordering::Relaxed);
+            set_bit(&self.subscribed, k, false);
         }
-        metrics::gauge!(super::BROKER_CONNECTED).set(if up { 1.0 } else { 0.0 });
+        self.gauge_connected();
     }
 
+    fn gauge_connected(&self) {
+        metrics::gauge!(super::BROKER_CONNECTED).set(if self.broker_connected() {
+            1.0
+        } else {
+            0.0
+        });
+        metrics::gauge!(super::BROKER_CONNECTIONS_UP).set(
+            (self.broker_connected.load(Ordering::Relaxed)
+                & self.connections.load(Ordering::Relaxed))
+            .count_ones() as f64,
+        );
+    }
+
+    /// Every connection kept is up.
     pub fn broker_connected(&self) -> bool {
-        self.broker_connected.load(Ordering::Relaxed)
+        let all = self.connections.load(Ordering::Relaxed);
+        all != 0 && self.broker_connected.load(Ordering::Relaxed) & all == all
     }
 
-    /// The broker acknowledged the subscriptions (a persistent session that
-    /// the broker kept counts as subscribed).
-    pub fn set_subscribed(&self, yes: bool) {
-        self.subscribed.store(yes, Ordering::Relaxed);
+    /// (Up, kept): the connections, for a message.
+    pub fn connections_up(&self) -> (u32, u32) {
+        let all = self.connections.load(Ordering::Relaxed);
+        (
+            (self.broker_connected.load(Ordering::Relaxed) & all).count_ones(),
+            all.count_ones(),
+        )
     }
 
+    /// The broker acknowledged connection `k`'s subscriptions (a
+    /// persistent session that the broker kept counts as subscribed).
+    pub fn set_subscribed(&self, k: usize, yes: bool) {
+        set_bit(&self.subscribed, k, yes);
+    }
+
+    /// Every connection kept is subscribed.
     pub fn subscribed(&self) -> bool {
-        self.subscribed.load(Ordering::Relaxed)
+        let all = self.connections.load(Ordering::Relaxed);
+        all != 0 && self.subscribed.load(Ordering::Relaxed) & all == all
     }
 
     pub fn set_database_reachable(&self, up: bool) {
@@ -228,7 +288,7 @@ impl Health {
             return Err("spool writes failing (disk full or failing): nothing new is acknowledged");
         }
         if !self.broker_connected() {
-            return Err("not connected to the MQTT broker");
+            return Err("not connected to the MQTT broker (on every connection)");
         }
         if !self.subscribed() {
             return Err("waiting for the broker to acknowledge the subscriptions");

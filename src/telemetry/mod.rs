@@ -61,6 +61,7 @@ pub const FLUSH_DELAY_SECONDS: &str = "palletd_flush_delay_seconds";
 pub const OLDEST_UNACKED_SECONDS: &str = "palletd_oldest_unacked_age_seconds";
 pub const BROKER_RECONNECTS: &str = "palletd_broker_reconnects_total";
 pub const BROKER_CONNECTED: &str = "palletd_broker_connected";
+pub const BROKER_CONNECTIONS_UP: &str = "palletd_broker_connections_up";
 /// 1 while `/readyz` answers 200.
 pub const READY: &str = "palletd_ready";
 /// `spool.max_size`, for an alert on the spool filling up.
@@ -129,7 +130,10 @@ pub const SPARKPLUG_SAVE_ERRORS: &str = "palletd_sparkplug_state_save_errors_tot
 /// Registers the descriptions shown in `/metrics`.
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!(MESSAGES_RECEIVED, "MQTT messages received.");
+    describe_counter!(
+        MESSAGES_RECEIVED,
+        "MQTT messages received, by connection (its index: 0 to mqtt.connections - 1; 64 on, sessions being retired)."
+    );
     describe_counter!(SAMPLES_DECODED, "Samples decoded from messages.");
     describe_counter!(
         SAMPLES_STORED,
@@ -192,7 +196,14 @@ pub fn describe() {
         BROKER_RECONNECTS,
         "Reconnections to the MQTT broker after a loss."
     );
-    describe_gauge!(BROKER_CONNECTED, "1 while connected to the MQTT broker.");
+    describe_gauge!(
+        BROKER_CONNECTED,
+        "1 while connected to the MQTT broker on every connection (mqtt.connections)."
+    );
+    describe_gauge!(
+        BROKER_CONNECTIONS_UP,
+        "MQTT connections up, of mqtt.connections."
+    );
     describe_gauge!(
         READY,
         "1 while ready (/readyz answers 200), checked every second."
@@ -353,7 +364,6 @@ pub fn describe() {
 /// by `datatype` (a label per datatype a device sends).
 fn register_at_zero() {
     for name in [
-        MESSAGES_RECEIVED,
         SAMPLES_DECODED,
         SAMPLES_STORED,
         FLUSHES,

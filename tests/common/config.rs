@@ -83,6 +83,13 @@ format = "number"
     /// Sets `section.key` (or `section.sub.key`) to `value`.
     /// No wire compression (a proxy that reads the commands needs them in
     /// clear).
+    /// One MQTT connection (`mqtt.connections = 1`): one ordered stream,
+    /// for the tests that check a bucket keeps a sensor's publish order
+    /// (over several connections, arrival order is only each one's).
+    pub fn one_stream(self) -> Config {
+        self.set("mqtt.connections", 1)
+    }
+
     pub fn uncompressed(self) -> Config {
         self.set("mongodb.compressors", toml::Value::Array(Vec::new()))
     }

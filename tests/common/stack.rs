@@ -83,6 +83,26 @@ impl Stack {
         .await;
     }
 
+    /// Publishes 1,000 readings over 10 sensors at 100/s from a publisher
+    /// with a kept session, restarts the broker 4 s in, and waits until
+    /// palletd reconnected at least `reconnects` times. Returns what was
+    /// sent.
+    pub async fn publish_through_a_broker_restart(
+        &mut self,
+        reconnects: f64,
+    ) -> Vec<(String, i64)> {
+        let id = format!("pub-{}", self.config.name);
+        let publisher = Publisher::connect_persistent(&self.broker, &id).await;
+        let stream = tokio::spawn(publish_steadily(publisher, 10, 100.0, 1000));
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        self.broker.restart();
+        let sent = stream.await.unwrap();
+        self.palletd
+            .wait_metric("palletd_broker_reconnects_total", reconnects)
+            .await;
+        sent
+    }
+
     pub async fn publisher(&self) -> Publisher {
         Publisher::connect(&self.broker, &format!("pub-{}", self.config.name)).await
     }
