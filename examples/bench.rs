@@ -91,6 +91,12 @@ enum Cli {
     /// backlog drains, the drain rate, bytes on the wire and spool bytes
     /// per reading.
     Wan(WanArgs),
+    /// Throughput against the broker's in-flight window: a burst drained
+    /// at windows 20 and 100 by the ceiling subscriber, the batched bridge
+    /// and palletd with 1, 2, 4 and 8 connections, then palletd with one
+    /// connection at a window of 1,000 (the yardstick), each on fresh
+    /// services; readings/s and CPU per reading.
+    Windows(WindowsArgs),
     /// The closer's cost per sealed bucket with rollups off and on: palletd
     /// (buckets) with short windows, so windows close during the run.
     Closer(CloserArgs),
@@ -304,6 +310,25 @@ struct WanArgs {
 }
 
 #[derive(clap::Args)]
+struct WindowsArgs {
+    /// The broker's in-flight windows compared (`max_inflight_messages`).
+    #[arg(long, default_value = "20,100", value_delimiter = ',')]
+    windows: Vec<u16>,
+    /// palletd's `mqtt.connections` compared at each window.
+    #[arg(long, default_value = "1,2,4,8", value_delimiter = ',')]
+    connections: Vec<usize>,
+    /// The window palletd with one connection runs at last, the yardstick.
+    #[arg(long, default_value_t = 1000)]
+    yardstick_window: u16,
+    /// Seconds of overload each sink drains (the first of `--sensors`
+    /// sensors, as fast as the simulator publishes).
+    #[arg(long, default_value_t = 20)]
+    secs: u64,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(clap::Args)]
 struct QueryRssArgs {
     /// Readings of the one sensor (1 Hz, 900-sample buckets, 4 per hour).
     #[arg(long, default_value_t = 10_000_000)]
@@ -397,6 +422,7 @@ fn main() -> anyhow::Result<()> {
         Cli::Sink(args) => tokio::runtime::Runtime::new()?.block_on(sink(args)),
         Cli::QueryRss(args) => query_rss(args),
         Cli::Wan(args) => wan(args),
+        Cli::Windows(args) => windows(args),
         Cli::Closer(args) => closer(args),
         Cli::Hostile(args) => hostile(args),
         Cli::LiveRollups(args) => live_rollups(args),
@@ -1163,11 +1189,21 @@ fn palletd_kind(kind: &str) -> Option<(&str, usize)> {
     }
     let kind = kind.strip_suffix("-nolatest").unwrap_or(kind);
     let kind = kind.strip_suffix("-v5").unwrap_or(kind);
+    let kind = match connections_of(kind) {
+        Some(_) => kind.rsplit_once("-c").map_or(kind, |k| k.0),
+        None => kind,
+    };
     let (mode, n) = match kind.split_once("-x") {
         Some((mode, n)) => (mode, n.parse().ok()?),
         None => (kind, 1),
     };
     matches!(mode, "buckets" | "timeseries").then_some((mode, n))
+}
+
+/// `-c<N>` at a palletd scenario's end: `[mqtt] connections = N`
+/// (`buckets-c4`); without it palletd's default.
+fn connections_of(kind: &str) -> Option<usize> {
+    kind.rsplit_once("-c")?.1.parse().ok()
 }
 
 /// [`start_sink`] with palletd's database at `uri` and more settings in
@@ -1193,6 +1229,10 @@ fn start_sink_with(
                 let share = match kind.contains("-v5") {
                     true => format!("{share}\nprotocol = \"5\"\nreceive_maximum = 1000"),
                     false => share.to_string(),
+                };
+                let share = match connections_of(kind) {
+                    Some(c) => format!("{share}\nconnections = {c}"),
+                    None => share,
                 };
                 let cfg = format!(
                     r#"[mqtt]
@@ -1986,6 +2026,74 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
     println!("{}", table(&results));
     println!("machine: {}", doc["machine"]);
+    println!("raw results: {}", path.display());
+    Ok(())
+}
+
+// -------------------------------------------------------------- windows
+
+fn windows(args: WindowsArgs) -> anyhow::Result<()> {
+    let started = chrono::Utc::now();
+    let sensors = args.run.sensors[0];
+    let mut runs: Vec<(u16, String)> = Vec::new();
+    for &w in &args.windows {
+        runs.push((w, "ceiling".into()));
+        runs.push((w, "batched".into()));
+        for &c in &args.connections {
+            runs.push((w, format!("buckets-c{c}")));
+        }
+    }
+    runs.push((args.yardstick_window, "buckets-c1".into()));
+    let mut rows = Vec::new();
+    let mut text = String::from(
+        "| window | sink | readings/s | of the ceiling | of the batched bridge | of 1 connection at the yardstick window | CPU µs / reading |\n|---:|---|---:|---:|---:|---:|---:|\n",
+    );
+    for (w, kind) in &runs {
+        let mut run = args.run.clone();
+        run.inflight = *w;
+        eprintln!("== window {w}: {kind}, {sensors} sensors");
+        let svc = Services::start(&run)?;
+        let sink = start_sink(&run, kind, &svc)?;
+        let m = step(&run, &svc, &sink, sensors, 150_000.0, args.secs)?;
+        let rate = m.step.durable as f64 / m.step.seconds;
+        let cpu = m.cpu.as_secs_f64() * 1e6 / m.step.durable.max(1) as f64;
+        eprintln!("   {rate:.0} readings/s, {cpu:.1} µs CPU per reading");
+        rows.push((*w, kind.clone(), rate, cpu));
+    }
+    let rate_of = |w: u16, k: &str| {
+        rows.iter()
+            .find(|r| r.0 == w && r.1 == k)
+            .map_or(f64::NAN, |r| r.2)
+    };
+    let yardstick = rate_of(args.yardstick_window, "buckets-c1");
+    for (w, kind, rate, cpu) in &rows {
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            text,
+            "| {w} | {kind} | {rate:.0} | {:.2} | {:.2} | {:.2} | {cpu:.1} |",
+            rate / rate_of(*w, "ceiling"),
+            rate / rate_of(*w, "batched"),
+            rate / yardstick,
+        );
+    }
+    let doc = json!({
+        "date": started.to_rfc3339(),
+        "machine": machine(),
+        "commit": Command::new("git").args(["rev-parse", "--short", "HEAD"]).output().ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok()).map(|s| s.trim().to_string()),
+        "sensors": sensors,
+        "secs": args.secs,
+        "yardstick_window": args.yardstick_window,
+        "rows": rows.iter().map(|(w, k, r, c)| json!({
+            "window": w, "sink": k, "readings_per_s": r, "cpu_us_per_reading": c,
+        })).collect::<Vec<_>>(),
+    });
+    std::fs::create_dir_all(&args.run.out)?;
+    let stem = format!("windows-{}", started.format("%Y-%m-%dT%H%M%SZ"));
+    let path = args.run.out.join(format!("{stem}.json"));
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
+    std::fs::write(args.run.out.join(format!("{stem}-table.md")), &text)?;
+    println!("{text}");
     println!("raw results: {}", path.display());
     Ok(())
 }
