@@ -18,11 +18,12 @@
 //!
 //! Session: clean session off under each connection's client id, so the broker
 //! keeps unacknowledged messages across disconnects and restarts (MQTT 5:
-//! clean start off, the session kept `mqtt.session_expiry`). The
+//! clean start off, the session kept `mqtt.session_expiry`). Plain
 //! subscriptions are made on the first connect of each run and after every
-//! CONNACK without a session. A subscription that an earlier configuration
-//! made stays in the broker's session; its messages go to the dead letter as
-//! `unknown_topic`.
+//! CONNACK without a session, shared ones on every connect. A subscription
+//! an earlier configuration made is unsubscribed ([`sessions`]); what its
+//! session had queued still arrives, and goes to the dead letter as
+//! `unknown_topic` when no subscription matches it.
 //!
 //! Backpressure: the hand-off channel is bounded. When it is full, messages
 //! wait in a local queue while the event loop keeps being polled (so pings
@@ -680,6 +681,7 @@ impl Connection {
                 }
                 Ok(Event::UnsubAck) => {
                     if let Some(filter) = session.unsubscribing.pop_front() {
+                        session.unsubscribe.retain(|f| *f != filter);
                         info!(client_id = %session.client_id, %filter, "Unsubscribed what the configuration no longer has.");
                         shared.sessions.unsubscribed(&session.client_id, &filter);
                     }

@@ -139,7 +139,7 @@ impl Session {
     ) -> bool {
         let mut all = true;
         let mut unshare = Vec::new();
-        for (code, (filter, q)) in codes.iter().zip(&self.subscribe) {
+        for (i, (code, (filter, _))) in codes.iter().zip(&self.subscribe).enumerate() {
             match code {
                 Ok(qos) => info!(client_id = %self.client_id, %filter, qos, "Subscribed."),
                 Err(reason) => {
@@ -147,7 +147,7 @@ impl Session {
                     match unshared(filter).filter(|_| self.may_unshare) {
                         Some(plain) => {
                             error!(client_id = %self.client_id, %filter, %reason, "The broker refused a shared subscription (it has none, or its ACLs forbid it): palletd goes on with one connection, unshared. Set mqtt.connections = 1 to say so.");
-                            unshare.push((plain.to_string(), *q));
+                            unshare.push((i, plain.to_string()));
                         }
                         None => {
                             error!(client_id = %self.client_id, %filter, %reason, "The broker refused the subscription; check its ACLs.")
@@ -158,8 +158,11 @@ impl Session {
         }
         let fallback = !unshare.is_empty();
         if fallback && self.index == 0 {
-            // The refused ones again, unshared (the ACL case is refused again).
-            self.subscribe = unshare;
+            // The refused ones unshared, the rest as they were, all
+            // subscribed again (the ACL case is refused again).
+            for (i, plain) in unshare {
+                self.subscribe[i].0 = plain;
+            }
             if let Err(e) = client.try_subscribe(&self.subscribe) {
                 error!(error = %e, "Could not queue the subscriptions.");
             }
@@ -293,4 +296,48 @@ const FAST_RECONNECT: Duration = Duration::from_secs(5);
 pub(super) fn unshared(filter: &str) -> Option<&str> {
     let rest = filter.strip_prefix("$share/")?;
     rest.split_once('/').map(|(_, f)| f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(filters: &[&str], may_unshare: bool) -> Session {
+        let plan = sessions::Planned {
+            index: 0,
+            client_id: "box".into(),
+            subscribe: Vec::new(),
+            unsubscribe: Vec::new(),
+            retiring: false,
+        };
+        let subscribe = filters
+            .iter()
+            .map(|f| (f.to_string(), QoS::AtLeastOnce))
+            .collect();
+        Session::new(
+            plan,
+            subscribe,
+            may_unshare,
+            Redeliveries::new(Default::default()),
+        )
+    }
+
+    #[test]
+    fn a_refused_shared_subscription_goes_on_unshared_on_the_first_connection() {
+        let (c, _link) =
+            rumqttc::AsyncClient::new(rumqttc::MqttOptions::new("t", "localhost", 1883), 10);
+        let client = Client::V311(c);
+        let health = Health::default();
+        let mut s = session(&["$share/box/s/+/data", "spBv1.0/#"], true);
+        assert!(s.on_suback(&[Err("Failure".into()), Ok(1)], &client, &health));
+        let filters: Vec<&str> = s.subscribe.iter().map(|f| f.0.as_str()).collect();
+        assert_eq!(filters, ["s/+/data", "spBv1.0/#"], "the Sparkplug one kept");
+        // The operator's own group (several instances): never unshared.
+        let mut s = session(&["$share/g/s/+/data"], false);
+        assert!(!s.on_suback(&[Err("Failure".into())], &client, &health));
+        assert_eq!(s.subscribe[0].0, "$share/g/s/+/data");
+        assert!(!s.subscribed);
+        assert_eq!(unshared("$share/g/a/b/#"), Some("a/b/#"));
+        assert_eq!(unshared("a/b"), None);
+    }
 }
