@@ -50,6 +50,11 @@ pub const RETIRE_QUIET: Duration = Duration::from_secs(3);
 /// records, so it must not be one a kept session has.
 pub const FIRST_RETIRING: usize = 64;
 
+/// Retiring sessions opened at one start: each holds a socket and 1 MiB
+/// of redelivery tables, so a file listing more (client ids changed many
+/// times) retires the rest at the following starts.
+pub const MAX_RETIRING: usize = 32;
+
 /// One session palletd opens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Planned {
@@ -134,7 +139,7 @@ pub fn plan(
     let retiring = before
         .iter()
         .filter(|(id, _)| !kept.contains(*id))
-        .take(255 - FIRST_RETIRING);
+        .take(MAX_RETIRING);
     for (i, (client_id, filters)) in retiring.enumerate() {
         out.push(Planned {
             index: FIRST_RETIRING + i,
