@@ -680,8 +680,7 @@ impl Connection {
                     }
                 }
                 Ok(Event::UnsubAck) => {
-                    if let Some(filter) = session.unsubscribing.pop_front() {
-                        session.unsubscribe.retain(|f| *f != filter);
+                    if let Some(filter) = session.on_unsuback() {
                         info!(client_id = %session.client_id, %filter, "Unsubscribed what the configuration no longer has.");
                         shared.sessions.unsubscribed(&session.client_id, &filter);
                     }

@@ -163,6 +163,12 @@ impl Session {
             for (i, plain) in unshare {
                 self.subscribe[i].0 = plain;
             }
+            // A plain filter an earlier configuration left is wanted
+            // again: no longer taken off (an UNSUBSCRIBE already sent is
+            // answered before this SUBSCRIBE, so the broker ends up
+            // holding it).
+            let wanted = |f: &String| self.subscribe.iter().any(|(w, _)| w == f);
+            self.unsubscribe.retain(|f| !wanted(f));
             if let Err(e) = client.try_subscribe(&self.subscribe) {
                 error!(error = %e, "Could not queue the subscriptions.");
             }
@@ -171,6 +177,16 @@ impl Session {
         health.set_subscribed(self.index, all);
         self.subscribed = all;
         fallback
+    }
+
+    /// The broker answered the oldest UNSUBSCRIBE: the filter it took
+    /// off, to be forgotten in `mqtt-sessions.json`, unless a SUBSCRIBE
+    /// sent after it (the unshared fallback) put it back.
+    pub(super) fn on_unsuback(&mut self) -> Option<String> {
+        let filter = self.unsubscribing.pop_front()?;
+        self.unsubscribe.retain(|f| *f != filter);
+        let again = self.subscribe.iter().any(|(f, _)| *f == filter);
+        (!again).then_some(filter)
     }
 
     /// Retiring, and done: the broker took every filter off, and nothing
@@ -332,6 +348,16 @@ mod tests {
         assert!(s.on_suback(&[Err("Failure".into()), Ok(1)], &client, &health));
         let filters: Vec<&str> = s.subscribe.iter().map(|f| f.0.as_str()).collect();
         assert_eq!(filters, ["s/+/data", "spBv1.0/#"], "the Sparkplug one kept");
+        // Upgraded from one session: its plain filter was being taken off
+        // when the shared one was refused; it stays, in the file too.
+        let mut s = session(&["$share/box/s/+/data"], true);
+        s.unsubscribe = vec!["s/+/data".into(), "old/+".into()];
+        s.unsubscribing = s.unsubscribe.iter().cloned().collect();
+        assert!(s.on_suback(&[Err("Failure".into())], &client, &health));
+        assert_eq!(s.unsubscribe, ["old/+"], "not taken off at a reconnect");
+        assert_eq!(s.on_unsuback(), None, "subscribed again after it");
+        assert_eq!(s.on_unsuback().as_deref(), Some("old/+"));
+        assert_eq!(s.on_unsuback(), None);
         // The operator's own group (several instances): never unshared.
         let mut s = session(&["$share/g/s/+/data"], false);
         assert!(!s.on_suback(&[Err("Failure".into())], &client, &health));
