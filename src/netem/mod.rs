@@ -7,7 +7,10 @@
 //!   commands ([`faults`]).
 //!
 //! Both have the switch that cuts every connection and refuses new ones
-//! until the link is restored, and count the bytes carried each way.
+//! until the link is restored, count the bytes carried each way, and (the
+//! link) can lose what one side sends while the connection stays open, the
+//! way a dying connection does ([`Proxy::lose`]): the MQTT tests put one
+//! between palletd and the broker to lose PUBACKs or PUBLISHes.
 
 pub mod faults;
 
@@ -34,6 +37,10 @@ pub struct Link {
 struct Pipe {
     free_at: Mutex<Instant>,
     bytes: AtomicU64,
+    /// What comes in is dropped instead of carried.
+    losing: AtomicBool,
+    /// Bytes dropped so.
+    lost: AtomicU64,
 }
 
 impl Pipe {
@@ -98,6 +105,8 @@ impl Proxy {
         let pipe = || Pipe {
             free_at: Mutex::new(Instant::now()),
             bytes: AtomicU64::new(0),
+            losing: AtomicBool::new(false),
+            lost: AtomicU64::new(0),
         };
         let shared = Arc::new(Shared {
             behaviour,
@@ -214,6 +223,28 @@ impl Proxy {
         self.shared.up.store(true, Ordering::SeqCst);
     }
 
+    /// From now on the link loses (`true`) or carries again what the
+    /// client sends to the server and what the server sends to the
+    /// client; connections stay open.
+    pub fn lose(&self, to_server: bool, to_client: bool) {
+        self.shared
+            .to_server
+            .losing
+            .store(to_server, Ordering::SeqCst);
+        self.shared
+            .to_client
+            .losing
+            .store(to_client, Ordering::SeqCst);
+    }
+
+    /// Bytes lost so far (client to server, server to client).
+    pub fn lost(&self) -> (u64, u64) {
+        (
+            self.shared.to_server.lost.load(Ordering::Relaxed),
+            self.shared.to_client.lost.load(Ordering::Relaxed),
+        )
+    }
+
     /// Bytes carried (client to server, server to client).
     pub fn bytes(&self) -> (u64, u64) {
         (
@@ -244,6 +275,9 @@ async fn pump(
         loop {
             match from.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
+                Ok(n) if pipe.losing.load(Ordering::SeqCst) => {
+                    pipe.lost.fetch_add(n as u64, Ordering::Relaxed);
+                }
                 Ok(n) => {
                     let at = pipe.schedule(link, n);
                     if tx.send((at, buf[..n].to_vec())).is_err() {

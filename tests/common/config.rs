@@ -22,7 +22,8 @@ impl Config {
         Self::new_with(&broker.url(), broker.dir.path(), db, name)
     }
 
-    fn new_with(url: &str, dir: &Path, db: &Database, name: &str) -> Config {
+    /// The defaults on the broker at `url`, the spool in `dir`.
+    pub fn new_with(url: &str, dir: &Path, db: &Database, name: &str) -> Config {
         let client_id = format!("palletd-{name}");
         let http_port = free_port();
         let spool = dir.join(format!("spool-{client_id}"));

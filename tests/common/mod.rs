@@ -11,6 +11,7 @@
 
 mod checks;
 mod config;
+mod data;
 mod disk;
 mod process;
 mod proxy;
@@ -20,6 +21,7 @@ mod stack;
 
 pub use checks::*;
 pub use config::*;
+pub use data::*;
 pub use disk::*;
 pub use process::*;
 pub use proxy::*;
@@ -38,7 +40,7 @@ use bson::{doc, Bson, Document};
 use futures_util::TryStreamExt;
 use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
 
-pub const INSTALL_HINT: &str = "run `scripts/install-test-services` (installs Mosquitto, libfiu's fiu-utils, Chromium, promtool and lintian from Debian and SecantusDB from crates.io)";
+pub const INSTALL_HINT: &str = "run `scripts/install-test-services` (installs Mosquitto, libfiu's fiu-utils, Chromium, promtool, lintian and Node.js from Debian, aedes from npm, statsmodels' datasets from PyPI and SecantusDB from crates.io)";
 
 pub const HOUR_MS: i64 = 3_600_000;
 

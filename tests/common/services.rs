@@ -80,41 +80,110 @@ impl Broker {
     /// Messages Mosquitto holds beyond its retained ones (the $SYS topics
     /// are retained), read from $SYS: in flight to or queued for a client.
     pub async fn held_messages(&self) -> i64 {
-        let mut opts = MqttOptions::new("sys-reader", "127.0.0.1", self.port);
+        let n = self
+            .sys(&[
+                "$SYS/broker/store/messages/count",
+                "$SYS/broker/retained messages/count",
+            ])
+            .await;
+        n[0] - n[1]
+    }
+
+    /// The numbers of these `$SYS` topics, read together.
+    async fn sys(&self, topics: &[&str]) -> Vec<i64> {
+        let id = format!("sys-reader-{}", rand::random::<u32>());
+        let mut opts = MqttOptions::new(id, "127.0.0.1", self.port);
         opts.set_keep_alive(Duration::from_secs(5));
         let (client, mut eventloop) = AsyncClient::new(opts, 10);
-        for topic in [
-            "$SYS/broker/store/messages/count",
-            "$SYS/broker/retained messages/count",
-        ] {
-            client.subscribe(topic, QoS::AtMostOnce).await.unwrap();
+        for topic in topics {
+            client.subscribe(*topic, QoS::AtMostOnce).await.unwrap();
         }
         let read = async {
-            let (mut stored, mut retained) = (None, None);
+            let mut got: Vec<Option<i64>> = vec![None; topics.len()];
             loop {
                 if let Ok(Event::Incoming(Packet::Publish(p))) = eventloop.poll().await {
                     let n = String::from_utf8_lossy(&p.payload)
                         .trim()
                         .parse::<i64>()
                         .unwrap();
-                    if p.topic.contains("store") {
-                        stored = Some(n);
-                    } else {
-                        retained = Some(n);
+                    if let Some(i) = topics.iter().position(|t| *t == p.topic) {
+                        got[i] = Some(n);
                     }
-                    if let (Some(s), Some(r)) = (stored, retained) {
-                        return s - r;
+                    if got.iter().all(Option::is_some) {
+                        return got.into_iter().flatten().collect();
                     }
                 }
             }
         };
-        tokio::time::timeout(Duration::from_secs(10), read)
+        let n = tokio::time::timeout(Duration::from_secs(10), read)
             .await
-            .expect("no $SYS store counts from the broker")
+            .expect("no $SYS counts from the broker");
+        let _ = client.try_disconnect();
+        n
     }
 }
 
 impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill_and_wait(&mut c, "-KILL");
+        }
+    }
+}
+
+/// An aedes broker (Node.js, from npm): an MQTT 3.1.1 broker of another
+/// make, which grants `$share/<group>/<filter>` subscriptions without
+/// delivering anything through them.
+pub struct Aedes {
+    pub port: u16,
+    /// Holds palletd's spool for a test, as [`Broker::dir`] does.
+    pub dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Aedes {
+    pub fn start() -> Aedes {
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_default();
+        let modules = std::env::var_os("PALLETD_AEDES")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| home.join(".cache/palletd-test/aedes/node_modules"));
+        assert!(
+            modules.join("aedes").is_dir(),
+            "aedes not found in {} (set PALLETD_AEDES or {INSTALL_HINT})",
+            modules.display()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("broker.js");
+        std::fs::write(
+            &script,
+            "const aedes = require('aedes')();\nconst server = require('net').createServer(aedes.handle);\nserver.listen(Number(process.argv[2]), '127.0.0.1');\n",
+        )
+        .unwrap();
+        let port = free_port();
+        let child = Command::new(find_binary("PALLETD_NODE", &["node", "nodejs"], &[]))
+            .arg(&script)
+            .arg(port.to_string())
+            .env("NODE_PATH", &modules)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start node: {e}; {INSTALL_HINT}"));
+        wait_for_port(port, "aedes");
+        Aedes {
+            port,
+            dir,
+            child: Some(child),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("mqtt://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Aedes {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
             kill_and_wait(&mut c, "-KILL");
