@@ -44,6 +44,10 @@
 //! - [`config`]: the TOML file -> validated [`config::Settings`].
 //! - [`decode`]: topic patterns and payload formats (one file each) ->
 //!   readings; Sparkplug B's alias maps are state the decoder holds.
+//! - [`front`]: the front door's decisions: which MQTT sessions open and
+//!   what each subscribes, what a received PUBLISH is (new, a redelivery,
+//!   the shared-subscription probe), when shared subscriptions are
+//!   trusted, and the redelivery windows the spool keeps.
 //! - [`bucket`]: the bucket document and its upsert statements.
 //! - [`flush`]: what a flush hands the store and what comes back.
 //! - [`deadletter`]: dead-letter documents, ids, counting and logging.
@@ -77,6 +81,7 @@ pub mod config;
 pub mod deadletter;
 pub mod decode;
 pub mod flush;
+pub mod front;
 pub mod ingest;
 #[doc(hidden)]
 pub mod netem;
@@ -359,7 +364,8 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
         queue.clone(),
         [stop.clone(), acked.clone(), abort.clone()],
         health.clone(),
-        recovered.message_ids.clone(),
+        &recovered.windows,
+        spool.clone(),
     );
     let admission = {
         let (stop, acked, abort) = (stop.clone(), acked.clone(), abort.clone());

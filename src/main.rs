@@ -196,7 +196,7 @@ fn main() -> ExitCode {
                 );
                 // What each MQTT session subscribes (a Sparkplug B
                 // subscription stays on the first).
-                let sessions = palletd::ingest::sessions::plan(
+                let sessions = palletd::front::plan::plan(
                     &settings.mqtt,
                     &settings.subscriptions,
                     &Default::default(),

@@ -5,10 +5,12 @@
 //! body = lsn: u64 LE | kind: u8 | received_ms: i64 LE | payload
 //!   kind 1 sample:     sensor_len: u16 LE | sensor | BSON sample document
 //!   kind 2 dead letter: BSON dead-letter document
-//!   kind 3 message id:  pkid: u16 LE | digest: u64 LE [| connection: u8]
-//!                       (redelivery detection; the connection byte only
-//!                       when it is not the first, so one connection's
-//!                       records are as they always were)
+//!   kind 3 message id:  pkid: u16 LE | digest: u64 LE | session: u64 LE
+//!                       (redelivery detection: the session is the key of
+//!                       the client id it came on, see
+//!                       [`crate::front::window::session_key`]; palletd 0.1
+//!                       wrote a connection index instead: none for the
+//!                       first connection, else one byte)
 //! ```
 //!
 //! All integers are little-endian whatever the machine, so a spool moves
@@ -26,12 +28,30 @@ const KIND_SAMPLE: u8 = 1;
 const KIND_DEADLETTER: u8 = 2;
 const KIND_MESSAGE_ID: u8 = 3;
 
+/// Which MQTT session a message came on, as its identity record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionId {
+    /// The key of the session's client id (what palletd writes).
+    Key(u64),
+    /// The index of the connection it came on (records of palletd 0.1).
+    Index(u8),
+}
+
 /// What one record holds.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Entry {
-    Sample { sensor: String, doc: Vec<u8> },
-    DeadLetter { doc: Vec<u8> },
-    MessageId { conn: u8, pkid: u16, digest: u64 },
+    Sample {
+        sensor: String,
+        doc: Vec<u8>,
+    },
+    DeadLetter {
+        doc: Vec<u8>,
+    },
+    MessageId {
+        session: SessionId,
+        pkid: u16,
+        digest: u64,
+    },
 }
 
 /// A record, owned.
@@ -45,9 +65,18 @@ pub struct Record {
 /// What one record holds, borrowed from where it lies.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum EntryRef<'a> {
-    Sample { sensor: &'a str, doc: &'a [u8] },
-    DeadLetter { doc: &'a [u8] },
-    MessageId { conn: u8, pkid: u16, digest: u64 },
+    Sample {
+        sensor: &'a str,
+        doc: &'a [u8],
+    },
+    DeadLetter {
+        doc: &'a [u8],
+    },
+    MessageId {
+        session: SessionId,
+        pkid: u16,
+        digest: u64,
+    },
 }
 
 /// A record, borrowed: what is encoded and what is parsed back.
@@ -78,13 +107,19 @@ impl RecordRef<'_> {
                 out.extend_from_slice(&self.received_ms.to_le_bytes());
                 out.extend_from_slice(doc);
             }
-            EntryRef::MessageId { conn, pkid, digest } => {
+            EntryRef::MessageId {
+                session,
+                pkid,
+                digest,
+            } => {
                 out.push(KIND_MESSAGE_ID);
                 out.extend_from_slice(&self.received_ms.to_le_bytes());
                 out.extend_from_slice(&pkid.to_le_bytes());
                 out.extend_from_slice(&digest.to_le_bytes());
-                if conn != 0 {
-                    out.push(conn);
+                match session {
+                    SessionId::Key(key) => out.extend_from_slice(&key.to_le_bytes()),
+                    SessionId::Index(0) => {}
+                    SessionId::Index(k) => out.push(k),
                 }
             }
         }
@@ -113,7 +148,11 @@ impl RecordRef<'_> {
             KIND_MESSAGE_ID => EntryRef::MessageId {
                 pkid: u16::from_le_bytes(rest.get(0..2)?.try_into().ok()?),
                 digest: u64::from_le_bytes(rest.get(2..10)?.try_into().ok()?),
-                conn: rest.get(10).copied().unwrap_or(0),
+                session: match rest.get(10..)? {
+                    [] => SessionId::Index(0),
+                    [k] => SessionId::Index(*k),
+                    key => SessionId::Key(u64::from_le_bytes(key.try_into().ok()?)),
+                },
             },
             _ => return None,
         };
@@ -134,9 +173,15 @@ impl RecordRef<'_> {
                     doc: doc.to_vec(),
                 },
                 EntryRef::DeadLetter { doc } => Entry::DeadLetter { doc: doc.to_vec() },
-                EntryRef::MessageId { conn, pkid, digest } => {
-                    Entry::MessageId { conn, pkid, digest }
-                }
+                EntryRef::MessageId {
+                    session,
+                    pkid,
+                    digest,
+                } => Entry::MessageId {
+                    session,
+                    pkid,
+                    digest,
+                },
             },
         }
     }
@@ -150,8 +195,12 @@ impl Record {
             entry: match &self.entry {
                 Entry::Sample { sensor, doc } => EntryRef::Sample { sensor, doc },
                 Entry::DeadLetter { doc } => EntryRef::DeadLetter { doc },
-                Entry::MessageId { conn, pkid, digest } => EntryRef::MessageId {
-                    conn: *conn,
+                Entry::MessageId {
+                    session,
+                    pkid,
+                    digest,
+                } => EntryRef::MessageId {
+                    session: *session,
                     pkid: *pkid,
                     digest: *digest,
                 },
@@ -182,6 +231,33 @@ pub fn parse(bytes: &[u8]) -> impl Iterator<Item = RecordRef<'_>> {
         let rec = RecordRef::decode(body)?;
         rest = &rest[HEADER + len..];
         Some(rec)
+    })
+}
+
+/// The message identities among records encoded back to back in `bytes`
+/// (as appended): (LSN, session, packet id, digest). Only their headers
+/// are read, save for the identities'.
+pub fn identities(bytes: &[u8]) -> impl Iterator<Item = (u64, SessionId, u16, u64)> + '_ {
+    let mut rest = bytes;
+    std::iter::from_fn(move || loop {
+        let len = u32::from_le_bytes(rest.get(0..4)?.try_into().ok()?) as usize;
+        let body = rest.get(HEADER..HEADER + len)?;
+        rest = &rest[HEADER + len..];
+        if body.get(8) == Some(&KIND_MESSAGE_ID) {
+            if let Some(RecordRef {
+                lsn,
+                entry:
+                    EntryRef::MessageId {
+                        session,
+                        pkid,
+                        digest,
+                    },
+                ..
+            }) = RecordRef::decode(body)
+            {
+                return Some((lsn, session, pkid, digest));
+            }
+        }
     })
 }
 
@@ -310,7 +386,7 @@ pub(crate) mod tests {
                 lsn: 10,
                 received_ms: 3,
                 entry: Entry::MessageId {
-                    conn: 0,
+                    session: SessionId::Index(0),
                     pkid: 77,
                     digest: 123,
                 },
@@ -319,7 +395,16 @@ pub(crate) mod tests {
                 lsn: 11,
                 received_ms: 3,
                 entry: Entry::MessageId {
-                    conn: 3,
+                    session: SessionId::Index(3),
+                    pkid: 77,
+                    digest: 123,
+                },
+            },
+            Record {
+                lsn: 12,
+                received_ms: 3,
+                entry: Entry::MessageId {
+                    session: SessionId::Key(u64::MAX - 5),
                     pkid: 77,
                     digest: 123,
                 },
@@ -341,6 +426,15 @@ pub(crate) mod tests {
             assert!(!plausible(bytes, &(r.lsn + 1..r.lsn + 2)));
             let back: Vec<Record> = parse(bytes).map(|x| x.to_owned()).collect();
             assert_eq!(back, vec![r.clone()]);
+            let ids: Vec<_> = identities(bytes).collect();
+            match r.entry {
+                Entry::MessageId {
+                    session,
+                    pkid,
+                    digest,
+                } => assert_eq!(ids, [(r.lsn, session, pkid, digest)]),
+                _ => assert!(ids.is_empty()),
+            }
         }
     }
 

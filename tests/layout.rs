@@ -15,6 +15,7 @@ const CORE: &[&str] = &[
     "deadletter.rs",
     "decode",
     "flush.rs",
+    "front",
     "record.rs",
     "tags.rs",
     "pipeline/backlog.rs",

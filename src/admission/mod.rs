@@ -13,10 +13,10 @@
 //! unacknowledged at the broker until the checkpoint frees segments. It
 //! says so at ERROR, with the numbers.
 //!
-//! - [`acks`]: the ordered queue that releases PUBACKs in arrival order.
-//! - [`sensors`]: the bound on distinct sensors (`limits.max_sensors`).
+//! The ordered queue that releases PUBACKs in arrival order is
+//! [`crate::front::acks`]; [`sensors`] is the bound on distinct sensors
+//! (`limits.max_sensors`).
 
-pub mod acks;
 pub mod sensors;
 pub mod sparkplug;
 
@@ -30,11 +30,11 @@ use crate::bucket::{Sample, Shape};
 use crate::clock::now_ms;
 use crate::deadletter;
 use crate::decode::Decoder;
-use crate::ingest::{AckToken, Acker, Message};
-use crate::spool::{EntryRef, RecordRef, Spool};
+use crate::front::acks::AckQueue;
+use crate::ingest::{AckToken, Acker, Disposition, Identity, Message, Void};
+use crate::spool::{EntryRef, RecordRef, SessionId, Spool};
 use crate::telemetry;
 use crate::telemetry::Reporter;
-use acks::AckQueue;
 pub use sensors::SensorLimit;
 
 use crate::flush::Feed;
@@ -84,6 +84,12 @@ pub struct Admission {
     spool: Spool,
     /// The LSN of the next record.
     next_lsn: u64,
+    /// The first LSN of this run: identities below it were recorded by an
+    /// earlier one.
+    run_start: u64,
+    /// Per session key, the LSN from which its records are what the broker
+    /// resent and newer, since it last resumed the session.
+    resumed_at: std::collections::HashMap<u64, u64>,
     /// The spool's tag, for dead-letter ids.
     tag: u32,
     /// A sample must fit in an empty bucket of this shape.
@@ -236,6 +242,8 @@ impl Admission {
             acker,
             spool,
             next_lsn: recovered.next_lsn,
+            run_start: recovered.next_lsn,
+            resumed_at: Default::default(),
             tag: recovered.tags.current(),
             shape: settings.shape(),
             feed,
@@ -399,11 +407,16 @@ impl Admission {
         let gate = self.sparkplug.as_ref().map_or(u64::MAX, |f| f.gate());
         let durable = self.spool.durable().min(gate);
         let acker = &mut self.acker;
-        acks.pop_ready(durable, |u| {
+        let released = acks.pop_ready(durable, |u| {
             if let Some(a) = u.ack {
                 acker.ack(a);
             }
         });
+        // The gauge is refreshed while messages wait; the last release
+        // leaves nothing waiting to refresh it.
+        if released > 0 && acks.is_empty() {
+            metrics::gauge!(telemetry::OLDEST_UNACKED_SECONDS).set(0.0);
+        }
     }
 
     /// Refreshes the spool and acknowledgement gauges.
@@ -525,10 +538,46 @@ impl Admission {
             ack: m.ack,
             received_ms: m.received_ms,
         };
-        if m.duplicate {
-            // Already spooled before a reconnect or restart: acknowledge it
-            // once everything before it is durable, store nothing.
-            metrics::counter!(telemetry::REDELIVERIES_SKIPPED).increment(1);
+        // Records of the session's identities that are not a message's
+        // samples: a redelivery's, where it arrived again, and those that
+        // void earlier ones (crate::front::window), which the connection
+        // waits to be durable before it subscribes.
+        let identity = match (m.disposition, m.id) {
+            (Disposition::Store, _) | (Disposition::Probe, _) | (_, None) => None,
+            (Disposition::Redelivery, Some(id)) => Some(id),
+            (Disposition::Void(Void::Reset), Some(id)) => Some(Identity {
+                digest: self.next_lsn,
+                ..id
+            }),
+            (Disposition::Void(Void::Settled), Some(id)) => Some(Identity {
+                digest: *self.resumed_at.get(&id.session).unwrap_or(&self.run_start),
+                ..id
+            }),
+            (Disposition::Resumed, Some(id)) => {
+                self.resumed_at.insert(id.session, self.next_lsn);
+                return;
+            }
+        };
+        if let Some(id) = identity {
+            RecordRef {
+                lsn: self.next_lsn,
+                received_ms: m.received_ms,
+                entry: EntryRef::MessageId {
+                    session: SessionId::Key(id.session),
+                    pkid: id.pkid,
+                    digest: id.digest,
+                },
+            }
+            .encode_into(&mut batch.bytes);
+            self.next_lsn += 1;
+        }
+        if m.disposition != Disposition::Store {
+            // A redelivery of what is spooled, palletd's own probe, or a
+            // void: acknowledged (or told) once everything before it is
+            // durable, nothing stored.
+            if m.disposition == Disposition::Redelivery {
+                metrics::counter!(telemetry::REDELIVERIES_SKIPPED).increment(1);
+            }
             acks.push(self.next_lsn, unacked);
             self.release(acks);
             return;
@@ -644,9 +693,15 @@ impl Admission {
         // has all its records in the spool, and its redelivery may be
         // skipped. (First, a redelivery of a message whose samples were cut
         // with the torn tail was taken as spooled, and its readings lost.)
-        if let (Some((pkid, digest)), Some(ack)) = (m.id, m.ack) {
-            let conn = ack.connection();
-            append(self.next_lsn, EntryRef::MessageId { conn, pkid, digest });
+        if let Some(id) = m.id {
+            append(
+                self.next_lsn,
+                EntryRef::MessageId {
+                    session: SessionId::Key(id.session),
+                    pkid: id.pkid,
+                    digest: id.digest,
+                },
+            );
             self.next_lsn += 1;
         }
         acks.push(self.next_lsn, unacked);

@@ -264,6 +264,9 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
             }
         }
     }
+    if let Some(m) = &mqtt {
+        spool.redelivery = m.redelivery();
+    }
     match (mqtt, mongodb) {
         (Some(mqtt), Some(mongodb)) if v.errors.is_empty() => Ok(Settings {
             mqtt,

@@ -13,8 +13,9 @@ pub struct MqttSettings {
     pub password: Option<Secret>,
     pub keep_alive: Duration,
     /// How many unacknowledged QoS 1/2 messages the broker sends before it
-    /// waits (Mosquitto: `max_inflight_messages`, default 20); sizes the
-    /// hand-off channel inside palletd.
+    /// waits (Mosquitto: `max_inflight_messages`, default 20): bounds what
+    /// it can resend ([`MqttSettings::redelivery`]); sizes the hand-off
+    /// channel inside palletd.
     pub max_inflight: usize,
     /// Largest MQTT packet the client accepts; a bigger one breaks the
     /// connection, so the broker's own limit should be at most this.
@@ -57,6 +58,24 @@ impl MqttSettings {
         match k {
             0 => self.client_id.clone(),
             k => format!("{}-{k}", self.client_id),
+        }
+    }
+
+    /// How many messages per session palletd keeps to recognise
+    /// redeliveries: twice the broker's in-flight window (MQTT 5: the
+    /// Receive Maximum palletd gives it; 3.1.1: `max_inflight`, which the
+    /// operator sets to the broker's), see [`crate::front::window`]; and
+    /// the session of each connection index under this configuration.
+    pub fn redelivery(&self) -> crate::front::window::Redelivery {
+        let broker = match self.protocol {
+            MqttProtocol::V311 => self.max_inflight,
+            MqttProtocol::V5 => usize::from(self.receive_maximum),
+        };
+        crate::front::window::Redelivery {
+            window: 2 * broker,
+            by_index: (0..self.connections.max(1))
+                .map(|k| crate::front::window::session_key(&self.client_id_of(k)))
+                .collect(),
         }
     }
 

@@ -322,6 +322,7 @@ impl Validator {
             compress: s.compress.unwrap_or(true),
             when_full,
             max_queued: spool::DEFAULT_MAX_QUEUED,
+            redelivery: Default::default(),
         }
     }
 

@@ -37,6 +37,11 @@ pub struct SpoolSettings {
     /// past them [`crate::spool::Spool::append`] waits. Counted against `max_size` too,
     /// so a slow disk cannot carry the spool past it.
     pub max_queued: usize,
+    /// How many message identities per MQTT session the spool keeps (the
+    /// broker's in-flight window), and which session each connection
+    /// index of an older spool's records meant: see
+    /// [`crate::front::window`].
+    pub redelivery: crate::front::window::Redelivery,
 }
 
 /// [`SpoolSettings::max_queued`] of `limits.max_memory`'s default.

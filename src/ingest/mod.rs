@@ -10,20 +10,25 @@
 //!
 //! Connections: `mqtt.connections` sessions, each its own event loop task,
 //! in-flight window, ordered PUBACKs ([`Acker`] per connection) and
-//! redelivery tables, all handing on to the one admission (one spool, one
-//! group commit); which session subscribes what, and how a changed
-//! configuration is undone at the broker, is in [`sessions`]. A
-//! connection that drops loses nothing: its session keeps its messages
+//! redelivery window, all handing on to the one admission (one spool, one
+//! group commit). What each session decides (what to subscribe and take
+//! off, what a received PUBLISH is, whether shared subscriptions are
+//! delivered, when a retiring session is done) is the sans-IO
+//! [`crate::front::session::Session`]; a connection's task feeds it the
+//! broker's packets and carries out its actions ([`session`]);
+//! `mqtt-sessions.json` records what each client id holds ([`sessions`]).
+//! A connection that drops loses nothing: its session keeps its messages
 //! and the others go on.
 //!
 //! Session: clean session off under each connection's client id, so the broker
 //! keeps unacknowledged messages across disconnects and restarts (MQTT 5:
 //! clean start off, the session kept `mqtt.session_expiry`). Plain
 //! subscriptions are made on the first connect of each run and after every
-//! CONNACK without a session, shared ones on every connect. A subscription
-//! an earlier configuration made is unsubscribed ([`sessions`]); what its
-//! session had queued still arrives, and goes to the dead letter as
-//! `unknown_topic` when no subscription matches it.
+//! CONNACK without a session, shared ones on every connect, once the
+//! broker is seen to deliver through them (the probe). A subscription an
+//! earlier configuration made is unsubscribed; what its session had
+//! queued still arrives, and goes to the dead letter as `unknown_topic`
+//! when no subscription matches it.
 //!
 //! Backpressure: the hand-off channel is bounded. When it is full, messages
 //! wait in a local queue while the event loop keeps being polled (so pings
@@ -42,15 +47,15 @@ use std::time::Duration;
 use rumqttc::{AsyncClient, ConnectionError, EventLoop, MqttOptions, Outgoing, Packet, QoS};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
-use std::collections::HashMap;
 use std::sync::Arc;
-
-use session::Session;
 
 use crate::config::{MqttProtocol, MqttSettings};
 use crate::decode::Subscription;
+pub use crate::front::plan::{self, Planned, Probe};
+pub use crate::front::session::{Disposition, Evidence, Session, Verdict, Void, PROBE_EVERY};
+use crate::front::window::{session_key, Windows};
 use crate::telemetry::Health;
 
 /// One received PUBLISH, as the admission sees it.
@@ -61,13 +66,23 @@ pub struct Message {
     /// `None` for QoS 0 (nothing to acknowledge).
     pub ack: Option<AckToken>,
     pub received_ms: i64,
-    /// Packet id and digest of topic and payload (QoS 1/2), spooled so that
-    /// a redelivery after a restart can be recognised.
-    pub id: Option<(u16, u64)>,
-    /// A redelivery of a message already spooled: acknowledge, store nothing.
-    pub duplicate: bool,
+    /// The identity of a QoS 1/2 message, spooled (as its last record) so
+    /// that a redelivery after a restart can be recognised.
+    pub id: Option<Identity>,
+    /// New (spool it), a redelivery of one already spooled, or palletd's
+    /// own probe: the last two are acknowledged in order, nothing stored.
+    pub disposition: Disposition,
     /// MQTT 5: the user properties and content type the decoder may read.
     pub props: Option<Box<crate::decode::Properties>>,
+}
+
+/// A QoS 1/2 message's identity: its session's key, its packet id there,
+/// the digest of its topic and payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    pub session: u64,
+    pub pkid: u16,
+    pub digest: u64,
 }
 
 impl Message {
@@ -85,96 +100,15 @@ impl Message {
     }
 }
 
-/// FNV-1a over topic and payload: a stable digest to recognise redeliveries.
-pub fn digest(topic: &str, payload: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in topic.as_bytes().iter().chain([0u8].iter()).chain(payload) {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-/// Recognises redeliveries of messages palletd already spooled.
-///
-/// A broker resends unacknowledged QoS 1/2 messages after a reconnect with
-/// the same packet id and the DUP flag (MQTT 3.1.1 §4.4). Acknowledgements
-/// can be lost on the way (rumqttc drops queued PUBACKs when the connection
-/// breaks, or palletd was killed right after spooling), so a resent message
-/// may already be in the spool. `previous` holds the packet ids and digests
-/// of messages received before the last (re)connect, including those
-/// recovered from the spool at start; a DUP message matching one of them is
-/// a redelivery. Without a kept session the broker resends nothing, and the
-/// memory is cleared.
-#[derive(Debug)]
-pub struct Redeliveries {
-    /// A digest per packet id (`0`: none), of messages received before the
-    /// last (re)connect, and since: two fixed tables of 512 KiB per
-    /// connection, whatever the traffic (packet ids cycle through all 65,535 values, so maps of
-    /// them grew to that size anyway, with their rehashing on top).
-    previous: Box<[u64]>,
-    current: Box<[u64]>,
-}
-
-/// The table's entry for a digest: never 0, which marks none.
-fn entry(digest: u64) -> u64 {
-    digest.max(1)
-}
-
-impl Redeliveries {
-    pub fn new(recovered: HashMap<u16, u64>) -> Self {
-        let mut previous = vec![0u64; 1 << 16].into_boxed_slice();
-        for (pkid, digest) in recovered {
-            previous[pkid as usize] = entry(digest);
-        }
-        Redeliveries {
-            previous,
-            current: vec![0u64; 1 << 16].into_boxed_slice(),
-        }
-    }
-
-    pub fn connected(&mut self, session_present: bool) {
-        for (p, c) in self.previous.iter_mut().zip(self.current.iter_mut()) {
-            if !session_present {
-                *p = 0;
-            } else if *c != 0 {
-                *p = *c;
-            }
-            *c = 0;
-        }
-    }
-
-    /// Whether this message was spooled before; remembers it if not.
-    pub fn is_redelivery(&mut self, pkid: u16, dup: bool, digest: u64) -> bool {
-        let (i, d) = (pkid as usize, entry(digest));
-        // A resend arrives with DUP and the packet id it had: after a
-        // reconnect (previous) or, from some brokers, within the connection
-        // when the PUBACK is late (current).
-        let redelivery = dup && (self.previous[i] == d || self.current[i] == d);
-        if redelivery {
-            self.previous[i] = 0;
-        }
-        // Remembered either way: it may be resent once more after another
-        // reconnect if this acknowledgement is lost too.
-        self.current[i] = d;
-        redelivery
-    }
-}
-
 /// What is needed to acknowledge a PUBLISH: which connection it came on,
-/// and its packet id there.
+/// and its packet id there; or, for a reset (the broker kept no session),
+/// that its record is durable and the connection may subscribe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AckToken {
     conn: u8,
     qos: QoS,
     pkid: u16,
-}
-
-impl AckToken {
-    /// The connection the message came on (its index).
-    pub fn connection(&self) -> u8 {
-        self.conn
-    }
+    reset: bool,
 }
 
 /// Sends acknowledgements without ever blocking, in order on each
@@ -191,7 +125,36 @@ pub struct Acker {
     waiting: Vec<std::collections::VecDeque<AckToken>>,
     /// Acknowledgements handed to each connection's event loop.
     acked: Arc<Counters>,
+    /// Resets made durable, told to each connection.
+    resets: Arc<Resets>,
     queued: usize,
+}
+
+/// Per connection index: resets whose record is durable, and the
+/// connection's wake-up.
+#[derive(Debug)]
+pub(crate) struct Resets {
+    done: Vec<std::sync::atomic::AtomicU32>,
+    wake: Vec<tokio::sync::Notify>,
+}
+
+impl Resets {
+    fn new() -> Self {
+        Resets {
+            done: (0..256).map(|_| Default::default()).collect(),
+            wake: (0..256).map(|_| Default::default()).collect(),
+        }
+    }
+
+    fn tell(&self, conn: usize) {
+        self.done[conn].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.wake[conn].notify_one();
+    }
+
+    /// Resets made durable since the last call.
+    fn take(&self, conn: usize) -> u32 {
+        self.done[conn].swap(0, std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// Per connection index: acknowledgements handed to its event loop (a
@@ -228,13 +191,16 @@ impl Acker {
             return true;
         };
         while let Some(token) = self.waiting[conn].front().copied() {
-            if !client.try_ack(token) {
+            if token.reset {
+                self.resets.tell(conn);
+            } else if client.try_ack(token) {
+                self.acked.add(conn);
+            } else {
                 // Full (or, at shutdown, closed): try again later.
                 return false;
             }
             self.waiting[conn].pop_front();
             self.queued -= 1;
-            self.acked.add(conn);
         }
         true
     }
@@ -259,7 +225,7 @@ impl Acker {
     pub fn publish_nowait(&self, topic: String, payload: Vec<u8>) -> bool {
         self.clients[0]
             .as_ref()
-            .is_some_and(|c| c.try_publish(topic, payload))
+            .is_some_and(|c| c.try_publish(topic, QoS::AtMostOnce, payload))
     }
 
     /// Acknowledgements not yet handed to the event loops.
@@ -289,15 +255,11 @@ impl Client {
         }
     }
 
-    /// Queues a QoS 0 PUBLISH; false if the request channel is full.
-    fn try_publish(&self, topic: String, payload: Vec<u8>) -> bool {
+    /// Queues a PUBLISH; false if the request channel is full.
+    fn try_publish(&self, topic: String, qos: QoS, payload: Vec<u8>) -> bool {
         match self {
-            Client::V311(c) => c
-                .try_publish(topic, QoS::AtMostOnce, false, payload)
-                .is_ok(),
-            Client::V5(c) => c
-                .try_publish(topic, v5::qos(QoS::AtMostOnce), false, payload)
-                .is_ok(),
+            Client::V311(c) => c.try_publish(topic, qos, false, payload).is_ok(),
+            Client::V5(c) => c.try_publish(topic, v5::qos(qos), false, payload).is_ok(),
         }
     }
 
@@ -369,6 +331,27 @@ struct Incoming {
 }
 
 impl Link {
+    /// The connection failed: the SUBSCRIBEs and UNSUBSCRIBEs the client
+    /// still held for it are not sent on the next one (rumqttc would send
+    /// them after the next CONNACK, before palletd read it); the session
+    /// decides again what to subscribe once it did.
+    fn forget_subscriptions(&mut self) {
+        match self {
+            Link::V311(l) => l.pending.retain(|r| {
+                !matches!(
+                    r,
+                    rumqttc::Request::Subscribe(_) | rumqttc::Request::Unsubscribe(_)
+                )
+            }),
+            Link::V5(l) => l.pending.retain(|r| {
+                !matches!(
+                    r,
+                    rumqttc::v5::Request::Subscribe(_) | rumqttc::v5::Request::Unsubscribe(_)
+                )
+            }),
+        }
+    }
+
     /// The next event; an error is the connection's failure, described.
     async fn poll(&mut self) -> Result<Event, String> {
         match self {
@@ -445,27 +428,30 @@ pub fn mqtt_options(mqtt: &MqttSettings, client_id: &str) -> Result<MqttOptions,
 }
 
 /// The MQTT sessions palletd opens (`mqtt.connections` of them, and any
-/// retiring: see [`sessions`]), not yet connected.
+/// retiring: see [`crate::front::plan`]), not yet connected.
 pub struct Connections {
     list: Vec<Connection>,
     acked: Arc<Counters>,
+    resets: Arc<Resets>,
     sessions: sessions::SessionsFile,
+    probe: Option<Probe>,
+    /// Messages kept per session to recognise redeliveries.
+    window: usize,
 }
 
 /// One MQTT client and its event loop, not yet connected.
 struct Connection {
-    plan: sessions::Planned,
+    plan: Planned,
     client: Client,
     eventloop: Link,
-    subscribe: Vec<(String, QoS)>,
-    /// Its shared subscriptions are of palletd's own group (no
-    /// `mqtt.share_group`): refused, it may go on unshared.
-    may_unshare: bool,
+    /// It holds a plain filter matching the probe's topic (see
+    /// [`crate::front::session::proves_sharing`]).
+    plain_probe_match: bool,
 }
 
 /// What every connection of a process shares.
 #[derive(Clone)]
-struct Shared {
+pub(crate) struct Shared {
     tx: mpsc::Sender<Message>,
     stop: CancellationToken,
     done: CancellationToken,
@@ -475,9 +461,47 @@ struct Shared {
     queue: Arc<crate::budget::Budget>,
     sessions: Arc<sessions::SessionsFile>,
     acked: Arc<Counters>,
-    /// The broker refused a shared subscription: the first connection
-    /// subscribes unshared and the others end.
-    single: CancellationToken,
+    resets: Arc<Resets>,
+    /// Whether the broker delivers through shared subscriptions.
+    verdict: Arc<tokio::sync::watch::Sender<Verdict>>,
+    /// The probe's topic, when subscriptions are shared.
+    probe_topic: Option<Arc<str>>,
+    /// Whether the shared group is palletd's own (it may go unshared).
+    own_group: bool,
+    /// Where a retired session's message identities are forgotten.
+    spool: crate::spool::Spool,
+}
+
+impl Shared {
+    /// The verdict on shared subscriptions moves on `evidence`
+    /// ([`Verdict::after`]), said once.
+    fn settle(&self, evidence: Evidence, why: &str) {
+        let mut to = Verdict::Unneeded;
+        let changed = self.verdict.send_if_modified(|v| match v.after(evidence) {
+            Some(next) => {
+                *v = next;
+                to = next;
+                true
+            }
+            None => false,
+        });
+        if !changed {
+            return;
+        }
+        self.health.set_shared(to, self.own_group);
+        match (to, self.own_group) {
+            (Verdict::Delivered, _) => {
+                info!(why, "The broker delivers through shared subscriptions: the connections share the messages.")
+            }
+            (_, true) => {
+                self.health.set_connections(1);
+                warn!(why, "The broker does not deliver through shared subscriptions ($share/...): palletd goes on with one connection, unshared, and retires the others. Set mqtt.connections = 1 to say so.")
+            }
+            (_, false) => {
+                error!(why, "The broker does not deliver through shared subscriptions ($share/...): nothing published to mqtt.share_group's filters reaches palletd. Use a broker with shared subscriptions (Mosquitto 2, EMQX, HiveMQ), or remove mqtt.share_group and run one instance.")
+            }
+        }
+    }
 }
 
 impl Connections {
@@ -490,10 +514,19 @@ impl Connections {
         spool_dir: &std::path::Path,
     ) -> Result<Self, String> {
         let before = sessions::SessionsFile::load(spool_dir, mqtt, subscriptions);
-        let plan = sessions::plan(mqtt, subscriptions, &before);
-        let sessions = sessions::SessionsFile::start(spool_dir, before, &plan);
+        let probe = plan::probe(mqtt, subscriptions);
+        let planned = plan::plan(mqtt, subscriptions, &before);
+        let plain_match = |client_id: &str, extra: &[(String, u8)]| -> bool {
+            let Some(p) = &probe else { return false };
+            before
+                .get(client_id)
+                .into_iter()
+                .flatten()
+                .chain(extra.iter().map(|(f, _)| f))
+                .any(|f| plan::unshared(f).is_none() && rumqttc::matches(&p.topic, f))
+        };
         let mut list = Vec::new();
-        for p in plan {
+        for p in &planned {
             let (client, eventloop) = match mqtt.protocol {
                 MqttProtocol::V311 => {
                     let mut opts = mqtt_options(mqtt, &p.client_id).map_err(|e| e.to_string())?;
@@ -510,23 +543,21 @@ impl Connections {
                     (Client::V5(c), Link::V5(l))
                 }
             };
-            let subscribe = p
-                .subscribe
-                .iter()
-                .map(|(f, q)| (f.clone(), qos(*q)))
-                .collect();
             list.push(Connection {
-                plan: p,
+                plain_probe_match: plain_match(&p.client_id, &p.subscribe),
+                plan: p.clone(),
                 client,
                 eventloop,
-                subscribe,
-                may_unshare: mqtt.share_group.is_none(),
             });
         }
+        let sessions = sessions::SessionsFile::start(spool_dir, before, &planned, probe.as_ref());
         Ok(Connections {
             list,
             acked: Arc::new(Counters::new()),
+            resets: Arc::new(Resets::new()),
             sessions,
+            probe,
+            window: mqtt.redelivery().window,
         })
     }
 
@@ -544,6 +575,7 @@ impl Connections {
             clients,
             waiting: (0..256).map(|_| Default::default()).collect(),
             acked: self.acked.clone(),
+            resets: self.resets.clone(),
             queued: 0,
         }
     }
@@ -553,6 +585,10 @@ impl Connections {
     /// (give up now). After `stop`, new messages are no longer handed on:
     /// they stay unacknowledged and the broker keeps them. Messages go to
     /// `tx`, their bytes held in `queue` until the admission takes them.
+    /// Each session's window starts from what `recovered` holds under its
+    /// client id's key; the windows of sessions palletd no longer has are
+    /// forgotten in `spool`.
+    #[allow(clippy::too_many_arguments)]
     pub fn spawn(
         self,
         tracker: &tokio_util::task::TaskTracker,
@@ -560,10 +596,24 @@ impl Connections {
         queue: Arc<crate::budget::Budget>,
         tokens: [CancellationToken; 3],
         health: Arc<Health>,
-        mut recovered: HashMap<(u8, u16), u64>,
+        recovered: &Windows,
+        spool: crate::spool::Spool,
     ) {
         let [stop, done, abort] = tokens;
         health.set_connections(self.count());
+        let verdict = Verdict::initial(self.probe.as_ref());
+        let own_group = self.probe.as_ref().is_some_and(|p| p.own_group);
+        health.set_shared(verdict, own_group);
+        let keys: Vec<u64> = self
+            .list
+            .iter()
+            .map(|c| session_key(&c.plan.client_id))
+            .collect();
+        for key in recovered.keys() {
+            if !keys.contains(&key) {
+                spool.forget_session(key);
+            }
+        }
         let shared = Shared {
             tx,
             stop,
@@ -573,136 +623,143 @@ impl Connections {
             queue,
             sessions: Arc::new(self.sessions),
             acked: self.acked,
-            single: CancellationToken::new(),
+            resets: self.resets,
+            verdict: Arc::new(tokio::sync::watch::Sender::new(verdict)),
+            probe_topic: self.probe.as_ref().map(|p| Arc::from(p.topic.as_str())),
+            own_group,
+            spool,
         };
         for c in self.list {
-            let index = c.plan.index as u8;
-            let mine = recovered
-                .extract_if(|(conn, _), _| *conn == index)
-                .map(|((_, pkid), d)| (pkid, d))
-                .collect();
-            tracker.spawn(c.run(shared.clone(), Redeliveries::new(mine)));
+            let seen = recovered.of(session_key(&c.plan.client_id));
+            let probing = c.plan.index == 0 && self.probe.is_some();
+            let session = Session::new(c.plan, self.probe.clone(), self.window, &seen, verdict);
+            let conn = session::Conn::new(session, c.plain_probe_match, probing);
+            tracker.spawn(run(conn, c.client, c.eventloop, shared.clone()));
         }
     }
 }
 
-impl Connection {
-    async fn run(self, shared: Shared, redeliveries: Redeliveries) {
-        let Connection {
-            plan,
-            client,
-            eventloop,
-            subscribe,
-            may_unshare,
-        } = self;
-        let mut session = Session::new(plan, subscribe, may_unshare, redeliveries);
-        // Shows the loop is alive while the broker is quiet (it polls
-        // only on traffic and keep-alive pings).
-        let mut beat = tokio::time::interval(Duration::from_secs(1));
-        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // rumqttc's poll is not cancel-safe while it connects: dropped
-        // between its CONNECT and its CONNACK (when another branch of the
-        // select fires), the next poll connects again and the broker sees
-        // two connections, the first CONNACK lost. So one poll runs to its
-        // end across the loop's turns; it owns the event loop meanwhile.
-        let mut link = Some(eventloop);
-        let mut polling: Option<Polling> = None;
-        // A connection other than the first ends when the broker takes no
-        // shared subscriptions (the first subscribes unshared instead).
-        let mut ends_if_single = session.index > 0 && !session.retiring;
-        loop {
-            let next = polling.get_or_insert_with(|| {
-                let mut l = link.take().expect("the event loop, between polls");
-                Box::pin(async move {
-                    let ev = l.poll().await;
-                    (l, ev)
-                })
-            });
-            // While messages wait in `overflow` the loop keeps polling (pings,
-            // PUBACKs) and hands them on as the channel makes room.
-            let event = tokio::select! {
-                _ = shared.abort.cancelled() => return,
-                permit = shared.tx.reserve(), if !session.overflow.is_empty() => {
-                    session.hand_on_waiting(permit, &shared.queue);
-                    continue;
-                }
-                _ = shared.done.cancelled(), if !session.disconnecting => {
-                    session.disconnecting = true;
-                    if !client.try_disconnect() {
-                        return;
-                    }
-                    continue;
-                }
-                _ = shared.single.cancelled(), if ends_if_single && !session.disconnecting => {
-                    ends_if_single = false;
-                    shared.health.drop_connection(session.index);
-                    session.disconnecting = true;
-                    if !client.try_disconnect() {
-                        return;
-                    }
-                    continue;
-                }
-                _ = beat.tick() => {
-                    shared.health.ingest_beat();
-                    if session.retired(&shared.acked) && !session.disconnecting {
-                        shared.sessions.retired(&session.client_id);
-                        info!(client_id = %session.client_id, "Retired an MQTT session the configuration no longer has: unsubscribed, and every message it held is spooled.");
-                        session.disconnecting = true;
-                        if !client.try_disconnect() {
-                            return;
-                        }
-                    }
-                    continue;
-                }
-                // Over its byte budget, the queue to the admission takes no
-                // more: reading from the broker waits (the broker keeps
-                // what it has not sent; QoS 1 waits in its window).
-                _ = shared.queue.room(), if shared.queue.over() => continue,
-                (l, ev) = next, if !shared.queue.over() => {
-                    link = Some(l);
-                    ev
-                }
-            };
-            polling = None;
-            shared.health.ingest_beat();
-            match event {
-                Ok(Event::ConnAck { session_present }) => {
-                    session.on_connack(session_present, &client, &shared.health)
-                }
-                Ok(Event::SubAck(codes)) => {
-                    if session.on_suback(&codes, &client, &shared.health) {
-                        if session.index == 0 {
-                            shared
-                                .sessions
-                                .subscribing(&session.client_id, &session.subscribe);
-                        }
-                        shared.single.cancel();
-                    }
-                }
-                Ok(Event::UnsubAck) => {
-                    if let Some(filter) = session.on_unsuback() {
-                        info!(client_id = %session.client_id, %filter, "Unsubscribed what the configuration no longer has.");
-                        shared.sessions.unsubscribed(&session.client_id, &filter);
-                    }
-                }
-                Ok(Event::Publish(p)) => {
-                    if !shared.stop.is_cancelled() {
-                        session.on_publish(p, &shared.queue, &shared.tx);
-                    }
-                }
-                Ok(Event::Disconnected) => {
-                    shared.health.set_broker_connected(session.index, false);
-                    info!(client_id = %session.client_id, "Disconnected from the MQTT broker.");
+/// One connection's event loop, until `done` or `abort`.
+async fn run(mut conn: session::Conn, client: Client, eventloop: Link, shared: Shared) {
+    // Shows the loop is alive while the broker is quiet (it polls only on
+    // traffic and keep-alive pings).
+    let mut beat = tokio::time::interval(Duration::from_secs(1));
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut probe_beat = tokio::time::interval(PROBE_EVERY / 2);
+    probe_beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut verdict = shared.verdict.subscribe();
+    // rumqttc's poll is not cancel-safe while it connects: dropped
+    // between its CONNECT and its CONNACK (when another branch of the
+    // select fires), the next poll connects again and the broker sees
+    // two connections, the first CONNACK lost. So one poll runs to its
+    // end across the loop's turns; it owns the event loop meanwhile.
+    let mut link = Some(eventloop);
+    let mut polling: Option<Polling> = None;
+    loop {
+        let next = polling.get_or_insert_with(|| {
+            let mut l = link.take().expect("the event loop, between polls");
+            Box::pin(async move {
+                let ev = l.poll().await;
+                (l, ev)
+            })
+        });
+        let probing = conn.probe.as_ref().is_some_and(|p| p.waiting());
+        // While messages wait in `overflow` the loop keeps polling (pings,
+        // PUBACKs) and hands them on as the channel makes room.
+        let event = tokio::select! {
+            _ = shared.abort.cancelled() => return,
+            permit = shared.tx.reserve(), if !conn.overflow.is_empty() => {
+                conn.hand_on_waiting(permit, &shared.queue);
+                continue;
+            }
+            _ = shared.done.cancelled(), if !conn.disconnecting => {
+                conn.disconnecting = true;
+                if !client.try_disconnect() {
                     return;
                 }
-                Ok(Event::Other) => {}
-                Err(e) => {
-                    if !session
-                        .on_error(&e, &shared.health, &shared.abort, &shared.done)
-                        .await
-                    {
+                continue;
+            }
+            changed = verdict.changed() => {
+                if changed.is_ok() {
+                    let v = *verdict.borrow_and_update();
+                    if v != Verdict::Pending {
+                        // Decided: the probe's clock stops.
+                        conn.probe = None;
+                    }
+                    let actions = conn.session.verdict(v);
+                    conn.apply(actions, &client, &shared);
+                }
+                continue;
+            }
+            _ = shared.resets.wake[conn.index()].notified() => {
+                for _ in 0..shared.resets.take(conn.index()) {
+                    let actions = conn.session.recorded();
+                    conn.apply(actions, &client, &shared);
+                }
+                continue;
+            }
+            _ = probe_beat.tick(), if probing => {
+                conn.probe_tick(&client, &shared);
+                continue;
+            }
+            _ = beat.tick() => {
+                shared.health.ingest_beat();
+                let acked = shared.acked.get(conn.index());
+                if !conn.disconnecting && conn.session.retired(acked, std::time::Instant::now()) {
+                    let s = &conn.session;
+                    shared.sessions.retired(&s.client_id);
+                    shared.spool.forget_session(s.key);
+                    info!(client_id = %s.client_id, "Retired an MQTT session the configuration no longer has: unsubscribed, and every message it held is spooled.");
+                    conn.disconnecting = true;
+                    if !client.try_disconnect() {
                         return;
                     }
+                }
+                continue;
+            }
+            // Over its byte budget, the queue to the admission takes no
+            // more: reading from the broker waits (the broker keeps
+            // what it has not sent; QoS 1 waits in its window).
+            _ = shared.queue.room(), if shared.queue.over() => continue,
+            (l, ev) = next, if !shared.queue.over() => {
+                link = Some(l);
+                ev
+            }
+        };
+        polling = None;
+        shared.health.ingest_beat();
+        match event {
+            Ok(Event::ConnAck { session_present }) => {
+                conn.on_connack(session_present, &client, &shared)
+            }
+            Ok(Event::SubAck(codes)) => {
+                let actions = conn.session.suback(&codes);
+                conn.apply(actions, &client, &shared);
+            }
+            Ok(Event::UnsubAck) => {
+                let actions = conn.session.unsuback();
+                conn.apply(actions, &client, &shared);
+            }
+            Ok(Event::Publish(p)) => {
+                if !shared.stop.is_cancelled() {
+                    conn.on_publish(p, &client, &shared);
+                }
+            }
+            Ok(Event::Disconnected) => {
+                shared.health.set_broker_connected(conn.index(), false);
+                info!(client_id = %conn.session.client_id, "Disconnected from the MQTT broker.");
+                return;
+            }
+            Ok(Event::Other) => {}
+            Err(e) => {
+                if let Some(l) = link.as_mut() {
+                    l.forget_subscriptions();
+                }
+                if !conn
+                    .on_error(&e, &shared.health, &shared.abort, &shared.done)
+                    .await
+                {
+                    return;
                 }
             }
         }
@@ -723,39 +780,5 @@ fn qos(q: u8) -> QoS {
         0 => QoS::AtMostOnce,
         2 => QoS::ExactlyOnce,
         _ => QoS::AtLeastOnce,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redeliveries_are_recognised_only_with_dup_and_a_kept_session() {
-        let mut r = Redeliveries::new(HashMap::from([(7, 70)]));
-        r.connected(true);
-        assert!(!r.is_redelivery(7, false, 70), "no DUP flag: a new message");
-        assert!(!r.is_redelivery(8, true, 80));
-        let mut r = Redeliveries::new(HashMap::from([(7, 70)]));
-        r.connected(true);
-        assert!(r.is_redelivery(7, true, 70));
-        assert!(
-            r.is_redelivery(7, true, 70),
-            "a resend within the connection is recognised too"
-        );
-        r.connected(true);
-        assert!(
-            r.is_redelivery(7, true, 70),
-            "and again after another reconnect"
-        );
-        assert!(!r.is_redelivery(9, true, 99), "first seen, even with DUP");
-        // Received in this connection, resent after a reconnect.
-        r.connected(true);
-        assert!(r.is_redelivery(9, true, 99));
-        // A new session: the broker resends nothing old.
-        r.is_redelivery(10, false, 100);
-        r.connected(false);
-        assert!(!r.is_redelivery(10, true, 100));
-        assert_ne!(digest("a", b"bc"), digest("ab", b"c"));
     }
 }

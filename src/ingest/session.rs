@@ -1,252 +1,226 @@
-//! One connection's MQTT session as its event loop keeps it: what the
-//! broker holds (subscriptions made, filters being taken off, whether a
-//! retiring session is done), the reconnect backoff, the messages waiting
-//! for room in the channel to the admission.
+//! One connection's event loop state around its [`Session`] (the
+//! decisions, [`crate::front::session`]): carries out the session's
+//! actions on the client, the sessions file and the health, keeps the
+//! reconnect backoff and the messages waiting for room in the channel to
+//! the admission.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use rumqttc::QoS;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::{digest, sessions, AckToken, Client, Counters, Incoming, Message, Redeliveries};
+use super::{qos, AckToken, Client, Identity, Incoming, Message, Shared};
 use crate::clock::now_ms;
+use crate::front::session::{
+    proves_sharing, Action, Disposition, Evidence, ProbeCheck, ProbeStep, Session,
+};
+use crate::front::window::{digest, RESET};
 use crate::retry::Backoff;
 use crate::telemetry::{self, Health};
 
-/// What the event loop keeps of its MQTT session: the broker's state as
-/// seen here, the reconnect backoff, the messages waiting for room.
-pub(super) struct Session {
-    pub(super) index: usize,
-    /// Whether a refused shared subscription may be made unshared.
-    pub(super) may_unshare: bool,
-    /// A session the configuration no longer has: unsubscribes and drains.
-    pub(super) retiring: bool,
-    pub(super) client_id: String,
-    pub(super) subscribe: Vec<(String, QoS)>,
-    /// Filters to take off the session once the new ones are subscribed.
-    pub(super) unsubscribe: Vec<String>,
-    /// UNSUBSCRIBEs sent, oldest first, waiting for their UNSUBACK.
-    pub(super) unsubscribing: std::collections::VecDeque<String>,
-    pub(super) redeliveries: Redeliveries,
+/// What the event loop keeps besides the session's decisions.
+pub(super) struct Conn {
+    pub(super) session: Session,
     pub(super) backoff: Backoff,
-    pub(super) down_since: Option<std::time::Instant>,
+    pub(super) down_since: Option<Instant>,
     pub(super) disconnecting: bool,
-    /// The broker acknowledged every subscription (a SUBACK) since this
-    /// process started.
-    pub(super) subscribed: bool,
     /// Messages the channel to the admission had no room for yet.
     pub(super) overflow: std::collections::VecDeque<Message>,
-    /// QoS 1/2 messages received (each is acknowledged once spooled).
-    pub(super) received: u64,
-    pub(super) last_publish: std::time::Instant,
+    /// The session holds a plain filter that matches the probe's topic: a
+    /// probe arriving here proves nothing.
+    pub(super) plain_probe_match: bool,
+    /// The probe's timing (the first connection, while it is pending).
+    pub(super) probe: Option<ProbeCheck>,
     /// `palletd_messages_received_total` of this connection.
     pub(super) messages: metrics::Counter,
 }
 
-impl Session {
-    /// A session for `plan`, subscribing `subscribe`.
-    pub(super) fn new(
-        plan: sessions::Planned,
-        subscribe: Vec<(String, QoS)>,
-        may_unshare: bool,
-        redeliveries: Redeliveries,
-    ) -> Session {
-        Session {
-            messages: metrics::counter!(telemetry::MESSAGES_RECEIVED, "connection" => plan.index.to_string()),
-            index: plan.index,
-            may_unshare,
-            retiring: plan.retiring,
-            client_id: plan.client_id,
-            subscribe,
-            unsubscribe: plan.unsubscribe,
-            unsubscribing: Default::default(),
-            redeliveries,
+impl Conn {
+    pub(super) fn new(session: Session, plain_probe_match: bool, probing: bool) -> Conn {
+        Conn {
+            messages: metrics::counter!(telemetry::MESSAGES_RECEIVED, "connection" => session.index.to_string()),
+            probe: probing.then(ProbeCheck::default),
+            session,
             backoff: Backoff::default(),
             down_since: None,
             disconnecting: false,
-            subscribed: false,
             overflow: Default::default(),
-            received: 0,
-            last_publish: std::time::Instant::now(),
+            plain_probe_match,
         }
     }
 
-    /// Connected: subscribes until the broker acknowledged it on this
-    /// process (the config may have changed since the session was made; a
-    /// link that dropped before the SUBACK may have lost the SUBSCRIBE),
-    /// whenever the broker kept no session, and on every connect when a
-    /// subscription is shared (see below). Plain ones not on every
-    /// reconnect: each subscribe re-sends retained messages. Then takes off
-    /// the filters an earlier configuration left (again after a reconnect
-    /// until the broker acknowledged it).
-    pub(super) fn on_connack(&mut self, session_present: bool, client: &Client, health: &Health) {
+    pub(super) fn index(&self) -> usize {
+        self.session.index
+    }
+
+    /// Connected (a CONNACK).
+    pub(super) fn on_connack(&mut self, session_present: bool, client: &Client, shared: &Shared) {
         self.backoff = Backoff::default();
-        self.redeliveries.connected(session_present);
-        if !self.retiring {
-            health.set_broker_connected(self.index, true);
+        let s = &self.session;
+        if !s.retiring() {
+            shared.health.set_broker_connected(s.index, true);
         }
         match self.down_since.take() {
             Some(t) => {
                 metrics::counter!(telemetry::BROKER_RECONNECTS).increment(1);
                 info!(
-                    client_id = %self.client_id,
+                    client_id = %s.client_id,
                     session_present,
                     after = ?Duration::from_secs(t.elapsed().as_secs()),
                     "Reconnected to the MQTT broker."
                 )
             }
             None => {
-                info!(client_id = %self.client_id, session_present, "Connected to the MQTT broker.")
+                info!(client_id = %s.client_id, session_present, "Connected to the MQTT broker.")
             }
         }
-        // Shared subscriptions are made again on every connect: Mosquitto
-        // 2.0 keeps a session's plain subscriptions across its restart but
-        // not its shared ones (and sends no retained messages to a shared
-        // subscription, so making one again costs nothing).
-        let shared = self.subscribe.iter().any(|(f, _)| unshared(f).is_some());
-        if self.retiring {
-            // Nothing to subscribe: counts as done.
-            self.subscribed = true;
-        } else if !session_present || !self.subscribed || shared {
-            health.set_subscribed(self.index, false);
-            if let Err(e) = client.try_subscribe(&self.subscribe) {
-                error!(error = %e, "Could not queue the subscriptions.");
-            }
-        } else {
-            // The broker kept the session and its subscriptions.
-            health.set_subscribed(self.index, true);
-        }
-        self.unsubscribing.clear();
-        for filter in &self.unsubscribe {
-            match client.try_unsubscribe(filter) {
-                Ok(()) => self.unsubscribing.push_back(filter.clone()),
-                Err(e) => error!(error = %e, %filter, "Could not queue an unsubscribe."),
-            }
-        }
+        let actions = self.session.connected(session_present, Instant::now());
+        self.apply(actions, client, shared);
     }
 
-    /// The broker answered the subscriptions. True when it refused a
-    /// shared subscription of palletd's own group (a broker without shared
-    /// subscriptions): the first connection then subscribes unshared, and
-    /// the caller ends the others.
-    pub(super) fn on_suback(
-        &mut self,
-        codes: &[Result<u8, String>],
-        client: &Client,
-        health: &Health,
-    ) -> bool {
-        let mut all = true;
-        let mut unshare = Vec::new();
-        for (i, (code, (filter, _))) in codes.iter().zip(&self.subscribe).enumerate() {
-            match code {
-                Ok(qos) => info!(client_id = %self.client_id, %filter, qos, "Subscribed."),
-                Err(reason) => {
-                    all = false;
-                    match unshared(filter).filter(|_| self.may_unshare) {
-                        Some(plain) => {
-                            error!(client_id = %self.client_id, %filter, %reason, "The broker refused a shared subscription (it has none, or its ACLs forbid it): palletd goes on with one connection, unshared. Set mqtt.connections = 1 to say so.");
-                            unshare.push((i, plain.to_string()));
-                        }
-                        None => {
-                            error!(client_id = %self.client_id, %filter, %reason, "The broker refused the subscription; check its ACLs.")
-                        }
+    /// Carries out what the session decided.
+    pub(super) fn apply(&mut self, actions: Vec<Action>, client: &Client, shared: &Shared) {
+        let (index, client_id) = (self.session.index, self.session.client_id.clone());
+        for a in actions {
+            match a {
+                Action::Hold(filters) => shared.sessions.subscribing(&client_id, &filters),
+                Action::Subscribe(filters) => {
+                    let filters: Vec<_> = filters.into_iter().map(|(f, q)| (f, qos(q))).collect();
+                    if let Err(e) = client.try_subscribe(&filters) {
+                        error!(error = %e, "Could not queue the subscriptions.");
                     }
+                }
+                Action::Unsubscribe(filter) => {
+                    if let Err(e) = client.try_unsubscribe(&filter) {
+                        error!(error = %e, %filter, "Could not queue an unsubscribe.");
+                    }
+                }
+                Action::Released(filter) => {
+                    info!(%client_id, %filter, "Unsubscribed what the configuration no longer has.");
+                    shared.sessions.unsubscribed(&client_id, &filter);
+                }
+                Action::Ready(yes) => shared.health.set_subscribed(index, yes),
+                Action::Granted { filter, qos } => info!(%client_id, %filter, qos, "Subscribed."),
+                Action::Refused { filter, reason } => {
+                    error!(%client_id, %filter, %reason, "The broker refused the subscription; check its ACLs.")
+                }
+                Action::ProbeReady => {
+                    if let Some(check) = &mut self.probe {
+                        let step = check.ready(Instant::now());
+                        probe_step(step, client, shared);
+                    }
+                }
+                Action::NotShared => shared.settle(
+                    Evidence::Refused,
+                    "the broker refused a shared subscription",
+                ),
+                Action::Void(void) => {
+                    // Told back once its record is durable.
+                    let token = AckToken {
+                        conn: index as u8,
+                        qos: rumqttc::QoS::AtMostOnce,
+                        pkid: RESET,
+                        reset: true,
+                    };
+                    self.hand_on(self.marker(Disposition::Void(void), Some(token)), shared);
+                }
+                Action::Resumed => self.hand_on(self.marker(Disposition::Resumed, None), shared),
+                Action::Leaves => {
+                    info!(%client_id, "Retiring this MQTT session: the broker does not deliver through shared subscriptions, so the first connection takes everything unshared.");
+                    shared.health.drop_connection(index);
+                    shared.health.set_broker_connected(index, false);
                 }
             }
         }
-        let fallback = !unshare.is_empty();
-        if fallback && self.index == 0 {
-            // The refused ones unshared, the rest as they were, all
-            // subscribed again (the ACL case is refused again).
-            for (i, plain) in unshare {
-                self.subscribe[i].0 = plain;
-            }
-            // A plain filter an earlier configuration left is wanted
-            // again: no longer taken off (an UNSUBSCRIBE already sent is
-            // answered before this SUBSCRIBE, so the broker ends up
-            // holding it).
-            let wanted = |f: &String| self.subscribe.iter().any(|(w, _)| w == f);
-            self.unsubscribe.retain(|f| !wanted(f));
-            if let Err(e) = client.try_subscribe(&self.subscribe) {
-                error!(error = %e, "Could not queue the subscriptions.");
-            }
-            return true;
+    }
+
+    /// A message for the admission that is no PUBLISH: a mark in the
+    /// session's records.
+    fn marker(&self, disposition: Disposition, ack: Option<AckToken>) -> Message {
+        Message {
+            topic: String::new(),
+            payload: bytes::Bytes::new(),
+            ack,
+            received_ms: now_ms(),
+            id: Some(Identity {
+                session: self.session.key,
+                pkid: RESET,
+                digest: 0,
+            }),
+            disposition,
+            props: None,
         }
-        health.set_subscribed(self.index, all);
-        self.subscribed = all;
-        fallback
     }
 
-    /// The broker answered the oldest UNSUBSCRIBE: the filter it took
-    /// off, to be forgotten in `mqtt-sessions.json`, unless a SUBSCRIBE
-    /// sent after it (the unshared fallback) put it back.
-    pub(super) fn on_unsuback(&mut self) -> Option<String> {
-        let filter = self.unsubscribing.pop_front()?;
-        self.unsubscribe.retain(|f| *f != filter);
-        let again = self.subscribe.iter().any(|(f, _)| *f == filter);
-        (!again).then_some(filter)
-    }
-
-    /// Retiring, and done: the broker took every filter off, and nothing
-    /// came for [`sessions::RETIRE_QUIET`] with everything received
-    /// acknowledged (the broker sends what it queued as the window frees).
-    pub(super) fn retired(&self, acked: &Counters) -> bool {
-        self.retiring
-            && self.down_since.is_none()
-            && self.subscribed
-            && self.unsubscribing.is_empty()
-            && acked.get(self.index) >= self.received
-            && self.last_publish.elapsed() >= sessions::RETIRE_QUIET
+    /// The probe's clock, on the first connection: it counts only while
+    /// palletd reads from the broker (its queue to the spool has room).
+    pub(super) fn probe_tick(&mut self, client: &Client, shared: &Shared) {
+        if let Some(check) = &mut self.probe {
+            let step = check.tick(Instant::now(), !shared.queue.over());
+            probe_step(step, client, shared);
+        }
     }
 
     /// A message for the admission, with its acknowledgement token and
-    /// whether it is a redelivery of one already spooled.
-    pub(super) fn on_publish(
-        &mut self,
-        p: Incoming,
-        queue: &crate::budget::Budget,
-        tx: &mpsc::Sender<Message>,
-    ) {
-        tracing::trace!(topic = %p.topic, pkid = p.pkid, "Message received.");
-        self.messages.increment(1);
-        self.last_publish = std::time::Instant::now();
-        let ack = (p.qos != QoS::AtMostOnce).then_some(AckToken {
-            conn: self.index as u8,
+    /// what it is (new, a redelivery, the probe).
+    pub(super) fn on_publish(&mut self, p: Incoming, client: &Client, shared: &Shared) {
+        tracing::trace!(topic = %p.topic.escape_debug(), pkid = p.pkid, "Message received.");
+        let is_probe = shared.probe_topic.as_deref() == Some(p.topic.as_str());
+        if !is_probe {
+            // palletd's own probe is not counted.
+            self.messages.increment(1);
+        }
+        if is_probe && proves_sharing(self.plain_probe_match) {
+            shared.settle(Evidence::ProbeBack, "a probe came back through the group");
+        }
+        let qos = p.qos as u8;
+        let d = if qos > 0 {
+            digest(&p.topic, &p.payload)
+        } else {
+            0
+        };
+        let (disposition, actions) =
+            self.session
+                .publish(qos, p.pkid, p.dup, d, is_probe, Instant::now());
+        self.apply(actions, client, shared);
+        let ack = (qos > 0).then_some(AckToken {
+            conn: self.session.index as u8,
             qos: p.qos,
             pkid: p.pkid,
+            reset: false,
         });
-        let (id, duplicate) = match ack {
-            Some(_) => {
-                self.received += 1;
-                let d = digest(&p.topic, &p.payload);
-                (
-                    Some((p.pkid, d)),
-                    self.redeliveries.is_redelivery(p.pkid, p.dup, d),
-                )
-            }
-            None => (None, false),
-        };
+        if ack.is_none() && disposition == Disposition::Probe {
+            return;
+        }
         let msg = Message {
             topic: p.topic,
             payload: p.payload,
             ack,
             received_ms: now_ms(),
-            id,
-            duplicate,
+            id: ack.map(|_| Identity {
+                session: self.session.key,
+                pkid: p.pkid,
+                digest: d,
+            }),
+            disposition,
             props: p.props,
         };
-        queue.add(msg.cost());
+        self.hand_on(msg, shared);
+    }
+
+    /// Hands a message to the admission, in order behind those waiting.
+    fn hand_on(&mut self, msg: Message, shared: &Shared) {
+        shared.queue.add(msg.cost());
         if !self.overflow.is_empty() {
             self.overflow.push_back(msg);
             return;
         }
-        match tx.try_send(msg) {
+        match shared.tx.try_send(msg) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(m)) => self.overflow.push_back(m),
             Err(mpsc::error::TrySendError::Closed(m)) => {
-                queue.sub(m.cost());
+                shared.queue.sub(m.cost());
                 debug!("Admission closed; message left to the broker.")
             }
         }
@@ -278,15 +252,20 @@ impl Session {
         abort: &CancellationToken,
         done: &CancellationToken,
     ) -> bool {
-        health.set_broker_connected(self.index, false);
+        self.session.disconnected();
+        if let Some(check) = &mut self.probe {
+            check.disconnected();
+        }
+        health.set_broker_connected(self.session.index, false);
         if self.disconnecting {
             return false;
         }
+        let client_id = &self.session.client_id;
         if self.down_since.is_none() {
-            self.down_since = Some(std::time::Instant::now());
-            warn!(client_id = %self.client_id, error = %e, "MQTT connection lost or refused; reconnecting with backoff.");
+            self.down_since = Some(Instant::now());
+            warn!(%client_id, error = %e, "MQTT connection lost or refused; reconnecting with backoff.");
         } else {
-            debug!(client_id = %self.client_id, error = %e, "MQTT reconnect failed.");
+            debug!(%client_id, error = %e, "MQTT reconnect failed.");
         }
         // The first seconds of an outage are retried at the first step's
         // pace: a broker that restarts is back within them, and a broker
@@ -304,66 +283,25 @@ impl Session {
     }
 }
 
+/// Publishes the probe, or gives it up.
+fn probe_step(step: ProbeStep, client: &Client, shared: &Shared) {
+    match step {
+        ProbeStep::Wait => {}
+        ProbeStep::Publish => {
+            if let Some(topic) = &shared.probe_topic {
+                // QoS 1: the broker routes it before it acknowledges.
+                if !client.try_publish(topic.to_string(), rumqttc::QoS::AtLeastOnce, Vec::new()) {
+                    debug!("The probe did not fit into the client's queue; sent again shortly.");
+                }
+            }
+        }
+        ProbeStep::GiveUp => shared.settle(
+            Evidence::ProbeLost,
+            "the probe published to its topic did not come back through the group",
+        ),
+    }
+}
+
 /// How long into an outage reconnects are tried every 50-100 ms before the
 /// backoff grows.
 const FAST_RECONNECT: Duration = Duration::from_secs(5);
-
-/// The filter of a shared subscription (`$share/<group>/<filter>`).
-pub(super) fn unshared(filter: &str) -> Option<&str> {
-    let rest = filter.strip_prefix("$share/")?;
-    rest.split_once('/').map(|(_, f)| f)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn session(filters: &[&str], may_unshare: bool) -> Session {
-        let plan = sessions::Planned {
-            index: 0,
-            client_id: "box".into(),
-            subscribe: Vec::new(),
-            unsubscribe: Vec::new(),
-            retiring: false,
-        };
-        let subscribe = filters
-            .iter()
-            .map(|f| (f.to_string(), QoS::AtLeastOnce))
-            .collect();
-        Session::new(
-            plan,
-            subscribe,
-            may_unshare,
-            Redeliveries::new(Default::default()),
-        )
-    }
-
-    #[test]
-    fn a_refused_shared_subscription_goes_on_unshared_on_the_first_connection() {
-        let (c, _link) =
-            rumqttc::AsyncClient::new(rumqttc::MqttOptions::new("t", "localhost", 1883), 10);
-        let client = Client::V311(c);
-        let health = Health::default();
-        let mut s = session(&["$share/box/s/+/data", "spBv1.0/#"], true);
-        assert!(s.on_suback(&[Err("Failure".into()), Ok(1)], &client, &health));
-        let filters: Vec<&str> = s.subscribe.iter().map(|f| f.0.as_str()).collect();
-        assert_eq!(filters, ["s/+/data", "spBv1.0/#"], "the Sparkplug one kept");
-        // Upgraded from one session: its plain filter was being taken off
-        // when the shared one was refused; it stays, in the file too.
-        let mut s = session(&["$share/box/s/+/data"], true);
-        s.unsubscribe = vec!["s/+/data".into(), "old/+".into()];
-        s.unsubscribing = s.unsubscribe.iter().cloned().collect();
-        assert!(s.on_suback(&[Err("Failure".into())], &client, &health));
-        assert_eq!(s.unsubscribe, ["old/+"], "not taken off at a reconnect");
-        assert_eq!(s.on_unsuback(), None, "subscribed again after it");
-        assert_eq!(s.on_unsuback().as_deref(), Some("old/+"));
-        assert_eq!(s.on_unsuback(), None);
-        // The operator's own group (several instances): never unshared.
-        let mut s = session(&["$share/g/s/+/data"], false);
-        assert!(!s.on_suback(&[Err("Failure".into())], &client, &health));
-        assert_eq!(s.subscribe[0].0, "$share/g/s/+/data");
-        assert!(!s.subscribed);
-        assert_eq!(unshared("$share/g/a/b/#"), Some("a/b/#"));
-        assert_eq!(unshared("a/b"), None);
-    }
-}

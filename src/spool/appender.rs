@@ -7,7 +7,9 @@
 //! puts it in place (or throws it away if the checkpoint deleted the
 //! segment meanwhile). With `spool.when_full = "drop_oldest"` it deletes the
 //! oldest segment when the spool is over its size, and says exactly what
-//! was lost.
+//! was lost. It keeps the MQTT sessions' redelivery windows from the
+//! identities it appends and writes them to `message-ids` before it
+//! deletes a segment ([`crate::front::window`]).
 //!
 //! # When the disk fails
 //! The durable LSN moves only past records that a successful sync covered,
@@ -35,10 +37,12 @@ use tracing::{error, info, warn};
 
 use super::checkpoint::{self, DurableFile};
 use super::damage::{self, Damage};
-use super::fs::{remove_if_there, AppendFile, Storage};
+use super::fs::{remove_if_there, replace, AppendFile, Storage};
 use super::scan::{Item, Scanner};
 use super::segment::{compressed_name, dir_bytes, list_segments, segment_name, FrameWriter};
 use super::{tombstone, Fsync, Shared, WhenFull};
+use crate::front::window::{self, Seen, Windows};
+use crate::record::SessionId;
 use crate::telemetry;
 
 /// Under load, group commits are at least this far apart.
@@ -64,6 +68,9 @@ pub(super) enum Command {
     Close,
     /// The compressor wrote segment `first` compressed into `tmp` (synced).
     Compressed { first: u64, tmp: PathBuf },
+    /// The broker can resend nothing more of the MQTT session with this
+    /// key (it was retired, or is no longer palletd's).
+    Forget(u64),
 }
 
 /// The segment being appended to.
@@ -151,6 +158,11 @@ pub(super) struct Appender {
     /// Closed segments to compress (`None`: `spool.compress` is off).
     pub compressor: Option<std::sync::mpsc::Sender<(u64, PathBuf)>>,
     durable_file: DurableFile,
+    /// The MQTT sessions' windows of durable message identities.
+    pub(super) windows: Windows,
+    /// Identities appended and not yet durable: (LSN, session key,
+    /// identity), in LSN order.
+    appended: VecDeque<(u64, u64, Seen)>,
 }
 
 /// Compresses the segments it is sent, one after another, and hands each
@@ -245,6 +257,7 @@ pub(super) struct Start {
     pub max_size: u64,
     pub when_full: WhenFull,
     pub compressor: Option<std::sync::mpsc::Sender<(u64, PathBuf)>>,
+    pub windows: Windows,
 }
 
 impl Appender {
@@ -264,6 +277,8 @@ impl Appender {
             when_full: s.when_full,
             compressor: s.compressor,
             durable_file: DurableFile::new(),
+            windows: s.windows,
+            appended: VecDeque::new(),
         }
     }
 
@@ -387,6 +402,12 @@ impl Appender {
     pub(super) fn take(&mut self, cmd: Command, closing: &mut bool) {
         match cmd {
             Command::Append { bytes, end } => {
+                for (lsn, session, pkid, digest) in crate::record::identities(&bytes) {
+                    // The admission writes every identity by its key.
+                    if let SessionId::Key(key) = session {
+                        self.appended.push_back((lsn, key, Seen { pkid, digest }));
+                    }
+                }
                 self.next_lsn = end;
                 self.staged.push_back((bytes, end));
                 if self.fsync == Fsync::Always {
@@ -401,6 +422,7 @@ impl Appender {
                 }
             }
             Command::Checkpoint => {}
+            Command::Forget(key) => self.windows.forget(key),
             Command::Close => *closing = true,
         }
     }
@@ -453,6 +475,13 @@ impl Appender {
                 self.shared.fsyncs.fetch_add(1, Ordering::Relaxed);
             }
             self.durable = s.end;
+        }
+        while let Some(&(lsn, key, seen)) = self.appended.front() {
+            if lsn >= self.durable {
+                break;
+            }
+            self.windows.record(key, lsn, seen);
+            self.appended.pop_front();
         }
         Ok(())
     }
@@ -514,16 +543,22 @@ impl Appender {
         // checkpoint: all its records are in MongoDB.
         let segments = list_segments(storage, &self.dir)?;
         let open = self.open.as_ref().map(|s| s.first);
-        for pair in segments.windows(2) {
-            let ((first, path), (next_first, _)) = (&pair[0], &pair[1]);
-            if *next_first <= lsn && Some(*first) != open {
-                remove_if_there(storage, path)?;
-            }
-        }
+        let closed: Vec<&PathBuf> = segments
+            .windows(2)
+            .filter(|pair| pair[1].0 <= lsn && Some(pair[0].0) != open)
+            .map(|pair| &pair[0].1)
+            .collect();
         // The open segment too, once everything in it is confirmed: else a
         // segment that grew past `spool.max_size` by itself would keep the
         // spool full for ever (no new append would ever rotate it away).
-        if lsn >= self.next_lsn && !self.pending() {
+        let all = lsn >= self.next_lsn && !self.pending() && self.open.is_some();
+        if !closed.is_empty() || all {
+            self.save_windows();
+        }
+        for path in closed {
+            remove_if_there(storage, path)?;
+        }
+        if all {
             if let Some(s) = self.open.take() {
                 remove_if_there(storage, &self.dir.join(segment_name(s.first)))?;
             }
@@ -535,6 +570,27 @@ impl Appender {
         self.checkpoint = lsn;
         self.shared.checkpoint.store(lsn, Ordering::Relaxed);
         self.recount()
+    }
+
+    /// Before segments are deleted: the durable identities the broker may
+    /// still resend go to `message-ids`. When that file cannot be written
+    /// (a full disk), the old one goes too, and the deletion that frees
+    /// the disk goes on: a stale file could hold a message the broker
+    /// since numbered anew (its redelivery skipped, lost); without one, a
+    /// redelivery from before may be stored twice, nothing is lost.
+    fn save_windows(&mut self) {
+        if !self.windows.dirty() {
+            return;
+        }
+        let storage = self.storage.clone();
+        let bytes = self.windows.encode();
+        match replace(storage.as_ref(), &self.dir, window::FILE_NAME, &bytes) {
+            Ok(()) => self.windows.saved(),
+            Err(e) => {
+                let _ = remove_if_there(storage.as_ref(), &self.dir.join(window::FILE_NAME));
+                warn!(error = %e, "Cannot save the MQTT sessions' last message ids before deleting confirmed spool segments; should palletd stop before it can, a message the broker resends may be stored twice.");
+            }
+        }
     }
 
     /// Puts a compressed segment in place of the plain one, unless the
@@ -572,6 +628,7 @@ impl Appender {
             // them missing (the pipeline counts them then).
             let c = census(self.storage.as_ref(), &path, first, upper, self.checkpoint)?;
             tombstone::write(self.storage.as_ref(), &self.dir, &c.sample_lsns)?;
+            self.save_windows();
             remove_if_there(self.storage.as_ref(), &path)?;
             self.recount()?;
             error!(

@@ -90,7 +90,7 @@ pub use reader::{Read, Reader};
 pub use recover::Recovery;
 
 pub use crate::config::spool::{Fsync, SpoolSettings, WhenFull, DEFAULT_MAX_QUEUED};
-pub use crate::record::{parse, Entry, EntryRef, Record, RecordRef};
+pub use crate::record::{parse, Entry, EntryRef, Record, RecordRef, SessionId};
 
 /// Numbers the appender keeps and the tasks read.
 #[derive(Debug)]
@@ -164,7 +164,12 @@ pub fn open_on(
     settings: &SpoolSettings,
     machine: &str,
 ) -> io::Result<(Spool, Recovery, AppenderThread)> {
-    let recovery = recover::recover(storage.as_ref(), &settings.dir, machine)?;
+    let recovery = recover::recover(
+        storage.as_ref(),
+        &settings.dir,
+        machine,
+        &settings.redelivery,
+    )?;
     if let Some(free) = storage.free_space(&settings.dir) {
         if free + recovery.bytes < settings.max_size {
             tracing::warn!(
@@ -222,6 +227,7 @@ fn start(
         max_size: settings.max_size,
         when_full: settings.when_full,
         compressor,
+        windows: recovery.windows.clone(),
     });
     let handle = std::thread::Builder::new()
         .name("palletd-spool".into())
@@ -348,6 +354,12 @@ impl Spool {
         self.shared.fsyncs.load(Ordering::Relaxed)
     }
 
+    /// The broker can resend nothing more of the MQTT session with this
+    /// key: its message identities are no longer kept. Never blocks.
+    pub fn forget_session(&self, key: u64) {
+        let _ = self.tx.try_send(Command::Forget(key));
+    }
+
     /// The pipeline counted these sample LSNs (in order) as lost: readers
     /// no longer report them missing.
     pub fn forget_lost(&self, lsns: &[u64]) -> io::Result<()> {
@@ -384,6 +396,7 @@ pub fn bench_read(dir: &Path) -> io::Result<(Duration, Duration, u64)> {
         compress: false,
         when_full: WhenFull::Stop,
         max_queued: DEFAULT_MAX_QUEUED,
+        redelivery: Default::default(),
     };
     let started = Instant::now();
     let (spool, _, thread) = open(&settings)?;
@@ -417,6 +430,7 @@ pub fn bench_append(
         compress: false,
         when_full: WhenFull::Stop,
         max_queued: DEFAULT_MAX_QUEUED,
+        redelivery: Default::default(),
     };
     let (spool, recovery, thread) = open(&settings)?;
     let started = Instant::now();

@@ -18,11 +18,14 @@
 //!   forms of a segment (the compressed one is complete: it is renamed into
 //!   place only once synced, so the plain one goes).
 //!
+//! The MQTT sessions' redelivery windows ([`crate::front::window`]) are
+//! read from the `message-ids` file, then from the identity records still
+//! in segments.
+//!
 //! The next LSN is above every LSN the spool ever handed out (the last
 //! record, the checkpoint, the durable LSN) and not below the clock in
 //! microseconds, so LSNs keep growing across a spool that was deleted.
 
-use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -30,11 +33,12 @@ use tracing::warn;
 
 use super::checkpoint;
 use super::damage::{self, Damage};
-use super::fs::{remove_if_there, Storage};
+use super::fs::{read_all, remove_if_there, Storage};
 use super::identity;
 use super::scan::{Item, Scanner};
 use super::segment::{dir_bytes, is_compressed, list_segments, segment_name};
-use crate::record::{parse, EntryRef};
+use crate::front::window::{self, Redelivery, Replay, Seen, Windows};
+use crate::record::{parse, EntryRef, SessionId};
 use crate::tags::Tags;
 
 /// What opening found.
@@ -52,9 +56,9 @@ pub struct Recovery {
     pub torn_bytes: u64,
     /// Records lost to damage found now (counted and logged).
     pub damaged: u64,
-    /// Latest message digest per (connection, packet id), for redelivery
-    /// detection (each MQTT connection numbers its packets on its own).
-    pub message_ids: HashMap<(u8, u16), u64>,
+    /// Each MQTT session's last messages, by session key, for
+    /// recognising the broker's redeliveries.
+    pub windows: Windows,
     /// The ids the spool's records were written under.
     pub tags: Tags,
     /// Segments before the last that are not compressed yet: (first LSN,
@@ -64,8 +68,14 @@ pub struct Recovery {
 
 /// Opens (or creates) the spool directory and recovers its state; the
 /// spool belongs to the box with fingerprint `machine`
-/// ([`identity::machine_fingerprint`]).
-pub fn recover(storage: &dyn Storage, dir: &Path, machine: &str) -> io::Result<Recovery> {
+/// ([`identity::machine_fingerprint`]); the sessions' windows are kept
+/// as `redelivery` says.
+pub fn recover(
+    storage: &dyn Storage,
+    dir: &Path,
+    machine: &str,
+    redelivery: &Redelivery,
+) -> io::Result<Recovery> {
     storage.create_dir_all(dir)?;
     let checkpoint = checkpoint::read(storage, dir);
     let durable = checkpoint::read_durable(storage, dir);
@@ -90,10 +100,11 @@ pub fn recover(storage: &dyn Storage, dir: &Path, machine: &str) -> io::Result<R
         bytes: 0,
         torn_bytes: 0,
         damaged: 0,
-        message_ids: HashMap::new(),
+        windows: Windows::new(redelivery.window),
         tags: Tags::new(0),
         uncompressed: Vec::new(),
     };
+    let mut replay = read_windows(storage, dir, redelivery.window);
     let mut last_lsn = None;
     // Records below this were acknowledged.
     let acknowledged = durable.max(checkpoint);
@@ -121,8 +132,19 @@ pub fn recover(storage: &dyn Storage, dir: &Path, machine: &str) -> io::Result<R
                         rec.records += 1;
                     }
                     let entry = parse(bytes).next().map(|r| r.entry);
-                    if let Some(EntryRef::MessageId { conn, pkid, digest }) = entry {
-                        rec.message_ids.insert((conn, pkid), digest);
+                    if let Some(EntryRef::MessageId {
+                        session,
+                        pkid,
+                        digest,
+                    }) = entry
+                    {
+                        let key = match session {
+                            SessionId::Key(k) => Some(k),
+                            SessionId::Index(i) => redelivery.by_index.get(i as usize).copied(),
+                        };
+                        if let Some(key) = key {
+                            replay.record(key, lsn, Seen { pkid, digest });
+                        }
                     }
                     if matches!(entry, Some(EntryRef::MessageId { .. })) || lsn < acknowledged {
                         keep = (at + bytes.len() as u64, rec.records, last_lsn);
@@ -167,6 +189,7 @@ pub fn recover(storage: &dyn Storage, dir: &Path, machine: &str) -> io::Result<R
         }
         rec.damaged += count(storage, dir, lost);
     }
+    rec.windows = replay.finish();
     let now_us = crate::clock::now_us();
     rec.next_lsn = last_lsn
         .map_or(0, |l| l + 1)
@@ -183,6 +206,26 @@ pub fn recover(storage: &dyn Storage, dir: &Path, machine: &str) -> io::Result<R
     )?;
     rec.bytes = dir_bytes(storage, dir)?;
     Ok(rec)
+}
+
+/// The windows' replay, from what the `message-ids` file carries (none
+/// when it is missing; a damaged one is said and left out: the broker's
+/// redeliveries of the messages it held may then be stored twice, none is
+/// lost).
+fn read_windows(storage: &dyn Storage, dir: &Path, cap: usize) -> Replay {
+    let said = |e: &dyn std::fmt::Display| warn!(error = %e, "Cannot read the MQTT sessions' last message ids; a message the broker resends from before this start may be stored twice.");
+    match read_all(storage, &dir.join(window::FILE_NAME)) {
+        Ok(bytes) => Replay::new(cap, &bytes).unwrap_or_else(|e| {
+            said(&e);
+            Replay::empty(cap)
+        }),
+        Err(e) => {
+            if e.kind() != io::ErrorKind::NotFound {
+                said(&e);
+            }
+            Replay::empty(cap)
+        }
+    }
 }
 
 /// Reports damage found (once) and returns the records it cost.

@@ -1,7 +1,6 @@
 //! The spool's tests: what it does with real files, and its properties
 //! over the simulated disk ([`super::sim`]) with faults and power cuts.
 
-use std::collections::HashMap;
 use std::fs::{self as stdfs, OpenOptions};
 
 use super::fs::Os;
@@ -12,12 +11,15 @@ use crate::record::tests::sample;
 /// The box the spools of these tests belong to.
 const BOX: &str = "test-box";
 
+/// The window the spools of these tests keep per session (the default).
+const WINDOW: usize = 40;
+
 fn os() -> Arc<dyn Storage> {
     fs::os()
 }
 
 fn recover(dir: &Path) -> io::Result<Recovery> {
-    recover::recover(&Os, dir, BOX)
+    recover::recover(&Os, dir, BOX, &Default::default())
 }
 
 /// A spool whose appends continue at `first` (the records' own LSNs).
@@ -43,6 +45,7 @@ fn start_with(
         compress,
         when_full,
         max_queued: DEFAULT_MAX_QUEUED,
+        redelivery: Default::default(),
     };
     start(os(), &settings, &rec).unwrap()
 }
@@ -343,54 +346,90 @@ fn checkpoint_deletes_whole_segments_below_it_and_survives_restart() {
 }
 
 #[test]
-fn message_ids_are_recovered() {
+fn message_ids_are_recovered_by_session_the_last_window_of_each() {
+    use crate::front::window::{Redelivery, Seen};
     let dir = tempfile::tempdir().unwrap();
     let base = recover(dir.path()).unwrap().next_lsn;
+    let id = |i: u64, session: SessionId, pkid: u16| Record {
+        lsn: base + i,
+        received_ms: 0,
+        entry: Entry::MessageId {
+            session,
+            pkid,
+            digest: u64::from(pkid) * 10 + i,
+        },
+    };
     let ids = [
-        Record {
-            lsn: base,
-            received_ms: 0,
-            entry: Entry::MessageId {
-                conn: 0,
-                pkid: 1,
-                digest: 10,
-            },
-        },
-        Record {
-            lsn: base + 1,
-            received_ms: 0,
-            entry: Entry::MessageId {
-                conn: 0,
-                pkid: 1,
-                digest: 11,
-            },
-        },
-        Record {
-            lsn: base + 2,
-            received_ms: 0,
-            entry: Entry::MessageId {
-                conn: 0,
-                pkid: 2,
-                digest: 20,
-            },
-        },
-        // Another connection's packet 1: its own.
-        Record {
-            lsn: base + 3,
-            received_ms: 0,
-            entry: Entry::MessageId {
-                conn: 2,
-                pkid: 1,
-                digest: 21,
-            },
-        },
+        // palletd 0.1's records: by connection index.
+        id(0, SessionId::Index(0), 1),
+        id(1, SessionId::Index(2), 1),
+        id(2, SessionId::Key(100), 2),
+        id(3, SessionId::Key(100), 3),
+        id(4, SessionId::Key(102), 4),
+        id(5, SessionId::Index(9), 5),
     ];
     write_all(dir.path(), &ids, 1 << 30);
+    let redelivery = Redelivery {
+        window: 2,
+        by_index: vec![100, 101, 102],
+    };
+    let rec = recover::recover(&Os, dir.path(), BOX, &redelivery).unwrap();
+    let seen = |pkid: u16, i: u64| Seen {
+        pkid,
+        digest: u64::from(pkid) * 10 + i,
+    };
+    // The last two of the first session (index 0 is its client id now).
+    assert_eq!(rec.windows.of(100), [seen(2, 2), seen(3, 3)]);
+    assert_eq!(rec.windows.of(102), [seen(1, 1), seen(4, 4)]);
+    assert_eq!(rec.windows.keys().len(), 2, "index 9 means no session now");
+}
+
+/// The identities the broker may still resend outlive the segments that
+/// held them: written to `message-ids` before the checkpoint deletes
+/// them, read back at the next start.
+#[test]
+fn message_ids_survive_the_deletion_of_their_segments() {
+    use crate::front::window::Seen;
+    let dir = tempfile::tempdir().unwrap();
+    let mut lsn = recover(dir.path()).unwrap().next_lsn;
+    let (spool, thread) = start_at(dir.path(), None, 1 << 30);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut spool = spool;
+        let mut bytes = Vec::new();
+        for pkid in 1..=50u16 {
+            Record {
+                lsn,
+                received_ms: 0,
+                entry: Entry::MessageId {
+                    session: SessionId::Key(7),
+                    pkid,
+                    digest: u64::from(pkid),
+                },
+            }
+            .encode_into(&mut bytes);
+            lsn += 1;
+        }
+        spool.append(bytes.into(), lsn).await.unwrap();
+        spool.wait_durable(lsn).await.unwrap();
+        // Everything is in MongoDB: the open segment goes too.
+        spool.checkpoint(lsn);
+        while !list_segments(&Os, dir.path()).unwrap().is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    });
+    thread.finish();
     let rec = recover(dir.path()).unwrap();
-    assert_eq!(
-        rec.message_ids,
-        HashMap::from([((0, 1), 11), ((0, 2), 20), ((2, 1), 21)])
-    );
+    let want: Vec<Seen> = (11..=50u16)
+        .map(|pkid| Seen {
+            pkid,
+            digest: u64::from(pkid),
+        })
+        .collect();
+    assert_eq!(rec.windows.of(7), want, "the last 40 (the default window)");
 }
 
 #[test]
@@ -487,7 +526,7 @@ struct Rig {
 impl Rig {
     fn open(sim: Sim, segment_size: u64) -> (Rig, Recovery) {
         let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-        let rec = recover::recover(storage.as_ref(), &sim_dir(), BOX).unwrap();
+        let rec = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default()).unwrap();
         let rig = Rig::at(sim, segment_size, &rec, BTreeMap::new());
         (rig, rec)
     }
@@ -508,6 +547,7 @@ impl Rig {
             max_size: u64::MAX,
             when_full: WhenFull::Stop,
             compressor: None,
+            windows: rec.windows.clone(),
         });
         // Nothing lies below the first record: checkpoints start there.
         let first = written.keys().next().copied().unwrap_or(rec.next_lsn);
@@ -537,7 +577,7 @@ impl Rig {
                     doc: vec![(self.next % 251) as u8; pad + 1],
                 },
                 false => Entry::MessageId {
-                    conn: (self.next % 3) as u8,
+                    session: SessionId::Key(self.next % 3),
                     pkid: (self.next % 65_535) as u16,
                     digest: self.next,
                 },
@@ -611,8 +651,12 @@ impl Rig {
 
     /// A power cut, recovery, and the checks: every acknowledged record not
     /// yet confirmed is back, intact, in order; nothing else is invented;
-    /// no damage is reported (nothing rotted). Then palletd runs on.
-    fn crash_and_check(self) -> Result<Rig, TestCaseError> {
+    /// no damage is reported (nothing rotted); each session's recovered
+    /// window is identities appended under it, in order, and (`whole`: the
+    /// disk worked when segments were last deleted) exactly the window of
+    /// durable identities the appender held, whether their segments were
+    /// deleted or not. Then palletd runs on.
+    fn crash_and_check(self, whole: bool) -> Result<Rig, TestCaseError> {
         let Rig {
             sim,
             app,
@@ -622,10 +666,11 @@ impl Rig {
             mut written,
             ..
         } = self;
+        let held = app.windows.clone();
         drop(app);
         sim.crash();
         let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-        let rec = recover::recover(storage.as_ref(), &sim_dir(), BOX).unwrap();
+        let rec = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default()).unwrap();
         prop_assert_eq!(rec.damaged, 0, "a power cut is not damage");
         prop_assert!(
             rec.checkpoint <= confirmed,
@@ -656,6 +701,31 @@ impl Rig {
         }
         // What was not acknowledged and did not survive is gone for good.
         written.retain(|lsn, _| *lsn < acked || back.contains(lsn));
+        for key in 0..3u64 {
+            let ids: Vec<crate::front::window::Seen> = written
+                .values()
+                .filter_map(|r| match r.entry {
+                    Entry::MessageId {
+                        session: SessionId::Key(k),
+                        pkid,
+                        digest,
+                    } if k == key => Some(crate::front::window::Seen { pkid, digest }),
+                    _ => None,
+                })
+                .collect();
+            let got = rec.windows.of(key);
+            let mut rest = ids.iter();
+            prop_assert!(
+                got.iter().all(|g| rest.any(|i| i == g)),
+                "session {}: recovered {:?}, not among those appended",
+                key,
+                got
+            );
+            prop_assert!(got.len() <= WINDOW);
+            if whole {
+                prop_assert_eq!(got, held.of(key), "session {}'s window", key);
+            }
+        }
         let mut rig = Rig::at(sim, segment_size, &rec, written);
         rig.confirmed = confirmed.max(rec.checkpoint);
         Ok(rig)
@@ -723,11 +793,15 @@ proptest! {
 
     /// No acknowledged record is lost to EIO, short writes, a failed fsync
     /// that drops its data (the next one "succeeds"), commands of a batch
-    /// after a failed one, or a power cut tearing any block. Mutants this
-    /// kills (each tried): trusting the sync after a failed one (records
-    /// acknowledged without being on disk), dropping the appends staged
-    /// behind a failed write, writing on after a short write without
-    /// cutting the file back (a torn record below the durable LSN).
+    /// after a failed one, or a power cut tearing any block, and the
+    /// sessions' windows outlive the segments. Mutants this kills (each
+    /// tried): trusting the sync after a failed one (records acknowledged
+    /// without being on disk), dropping the appends staged behind a failed
+    /// write, writing on after a short write without cutting the file back
+    /// (a torn record below the durable LSN), keeping identities in the
+    /// windows before they are durable (a crash then recovers identities
+    /// of records it lost), deleting segments without saving the windows
+    /// first.
     #[test]
     fn acknowledged_records_survive_write_and_sync_faults_and_power_cuts(
         seed in any::<u64>(),
@@ -748,14 +822,20 @@ proptest! {
                     rig.checkpoint(rig.confirmed + span * pct as u64 / 100);
                 }
                 Op::Compress => rig.compress(),
-                Op::Crash => rig = rig.crash_and_check()?,
+                Op::Crash => rig = rig.crash_and_check(false)?,
             }
         }
         // The disk heals: what waits becomes durable, and survives.
         rig.sim.set_faults(Faults::default());
         prop_assert!(rig.commit(), "writes work again once the disk does");
         prop_assert_eq!(rig.acked, rig.next);
-        rig.crash_and_check()?;
+        let mut rig = rig.crash_and_check(false)?;
+        // Everything confirmed: every segment goes, and the windows with
+        // them into their file.
+        rig.append(1, 0);
+        prop_assert!(rig.commit());
+        rig.checkpoint(rig.next);
+        rig.crash_and_check(true)?;
     }
 
     /// A reader following the appender returns every record once, in
@@ -799,7 +879,7 @@ proptest! {
                     if rig.commit() {
                         rig.app.close();
                         let storage = rig.storage();
-                        let rec = recover::recover(storage.as_ref(), &sim_dir(), BOX).unwrap();
+                        let rec = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default()).unwrap();
                         let written = std::mem::take(&mut rig.written);
                         rig = Rig::at(rig.sim.clone(), rig.segment_size, &rec, written);
                     }
@@ -911,7 +991,7 @@ proptest! {
             rig.sim.flip(path, offset, bit);
         }
         let got = if at_start {
-            let r = recover::recover(storage.as_ref(), &sim_dir(), BOX).unwrap();
+            let r = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default()).unwrap();
             let got = rig.read_all(r.checkpoint);
             prop_assert_eq!(r.damaged, counted(&rig.sim));
             got
@@ -928,7 +1008,7 @@ proptest! {
         }
         prop_assert_eq!(counted(&rig.sim), lost.len() as u64, "every lost record counted, once");
         // And again: nothing is counted twice.
-        let again = recover::recover(storage.as_ref(), &sim_dir(), BOX).unwrap();
+        let again = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default()).unwrap();
         prop_assert_eq!(again.damaged, 0);
         prop_assert_eq!(rig.read_all(again.checkpoint).len(), got.len());
     }
@@ -1012,7 +1092,8 @@ fn a_spool_copied_to_another_box_takes_a_new_id_and_keeps_the_old_one_for_its_re
     assert!(rig.commit());
     rig.app.close();
     let storage = rig.storage();
-    let on_b = recover::recover(storage.as_ref(), &sim_dir(), "box-b").unwrap();
+    let on_b =
+        recover::recover(storage.as_ref(), &sim_dir(), "box-b", &Default::default()).unwrap();
     let new = on_b.tags.current();
     assert_ne!(new, old, "a new id on the other box");
     assert_eq!(on_b.tags.previous(), &[(old, on_b.next_lsn)]);
@@ -1020,7 +1101,8 @@ fn a_spool_copied_to_another_box_takes_a_new_id_and_keeps_the_old_one_for_its_re
     assert_eq!(on_b.tags.of(first), old, "its records keep the old id");
     assert_eq!(on_b.tags.of(on_b.next_lsn), new);
     // The same box again: nothing changes.
-    let again = recover::recover(storage.as_ref(), &sim_dir(), "box-b").unwrap();
+    let again =
+        recover::recover(storage.as_ref(), &sim_dir(), "box-b", &Default::default()).unwrap();
     assert_eq!(again.tags, on_b.tags);
     // Once the checkpoint passed its records, the old id goes.
     let mut rig = Rig::at(sim.clone(), 4096, &again, BTreeMap::new());
@@ -1028,7 +1110,8 @@ fn a_spool_copied_to_another_box_takes_a_new_id_and_keeps_the_old_one_for_its_re
     assert!(rig.commit());
     rig.checkpoint(rig.acked);
     rig.app.close();
-    let later = recover::recover(storage.as_ref(), &sim_dir(), "box-b").unwrap();
+    let later =
+        recover::recover(storage.as_ref(), &sim_dir(), "box-b", &Default::default()).unwrap();
     assert_eq!(later.tags.current(), new);
     assert!(later.tags.previous().is_empty());
 }
@@ -1044,12 +1127,12 @@ fn an_unreadable_spool_id_is_restored_from_its_copy_and_never_becomes_zero() {
     let storage = rig.storage();
     let path = sim_dir().join("spool.id");
     sim.flip(&path, 25, 1);
-    let back = recover::recover(storage.as_ref(), &sim_dir(), BOX).unwrap();
+    let back = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default()).unwrap();
     assert_eq!(back.tags.current(), id, "from spool.id.copy");
     // Both gone bad: a new id (never 0), said at ERROR.
     sim.flip(&path, 25, 1);
     sim.flip(&sim_dir().join("spool.id.copy"), 25, 1);
-    let fresh = recover::recover(storage.as_ref(), &sim_dir(), BOX).unwrap();
+    let fresh = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default()).unwrap();
     assert_ne!(fresh.tags.current(), id);
     assert_ne!(fresh.tags.current(), 0);
 }
@@ -1134,7 +1217,7 @@ fn a_torn_write_takes_the_whole_message_it_tore_with_it() {
             lsn: first + 2,
             received_ms: 0,
             entry: Entry::MessageId {
-                conn: 0,
+                session: SessionId::Key(5),
                 pkid,
                 digest: 7,
             },
@@ -1161,8 +1244,8 @@ fn a_torn_write_takes_the_whole_message_it_tore_with_it() {
         drop(f);
         let rec = recover(dir.path()).unwrap();
         assert_eq!(
-            rec.message_ids,
-            HashMap::from([((0, 1), 7)]),
+            rec.windows.of(5),
+            [crate::front::window::Seen { pkid: 1, digest: 7 }],
             "tear in {tear_in}"
         );
         let got = Reader::new(os(), dir.path().to_path_buf(), 0)
@@ -1189,6 +1272,7 @@ async fn appends_waiting_for_the_disk_count_against_the_size_and_are_bounded_in_
         compress: false,
         when_full: WhenFull::Stop,
         max_queued: 256 * 1024,
+        redelivery: Default::default(),
     };
     let (spool, rec, thread) = open_on(Arc::new(sim.clone()), &settings, BOX).unwrap();
     sim.set_faults(Faults {

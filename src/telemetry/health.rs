@@ -1,10 +1,18 @@
 //! [`Health`]: the few facts readiness, the watchdog and the STATUS line
 //! need, written by the parts as plain atomics (no lock on the data path).
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
 
 use crate::clock::now_ms;
+use crate::front::session::Verdict;
+
+const VERDICTS: [Verdict; 4] = [
+    Verdict::Unneeded,
+    Verdict::Pending,
+    Verdict::Delivered,
+    Verdict::NotDelivered,
+];
 
 /// Facts about the pipeline's progress, shared as atomics.
 #[derive(Debug, Default)]
@@ -15,6 +23,10 @@ pub struct Health {
     broker_connected: AtomicU64,
     /// The connections whose subscriptions the broker acknowledged.
     subscribed: AtomicU64,
+    /// Whether the broker delivers through shared subscriptions
+    /// ([`Verdict`] as a number), and whether the group is palletd's own.
+    shared: AtomicU8,
+    shared_own: AtomicBool,
     database_reachable: AtomicBool,
     /// When the broker loop last returned from a poll (ms since epoch).
     ingest_beat_ms: AtomicI64,
@@ -131,6 +143,51 @@ impl Health {
     /// persistent session that the broker kept counts as subscribed).
     pub fn set_subscribed(&self, k: usize, yes: bool) {
         set_bit(&self.subscribed, k, yes);
+    }
+
+    /// Whether the broker delivers through shared subscriptions, as seen
+    /// so far; `own_group`: the group is palletd's own (without one it
+    /// goes on unshared), else `mqtt.share_group`.
+    pub fn set_shared(&self, verdict: Verdict, own_group: bool) {
+        let at = VERDICTS.iter().position(|v| *v == verdict).unwrap_or(0);
+        self.shared.store(at as u8, Ordering::Relaxed);
+        self.shared_own.store(own_group, Ordering::Relaxed);
+        for v in VERDICTS {
+            metrics::gauge!(super::BROKER_SHARED, "state" => v.label()).set(if v == verdict {
+                1.0
+            } else {
+                0.0
+            });
+        }
+    }
+
+    /// (Verdict, own group).
+    pub fn shared(&self) -> (Verdict, bool) {
+        let at = self.shared.load(Ordering::Relaxed) as usize;
+        (
+            VERDICTS.get(at).copied().unwrap_or(Verdict::Unneeded),
+            self.shared_own.load(Ordering::Relaxed),
+        )
+    }
+
+    /// What the status page says of shared subscriptions, if anything,
+    /// and whether that is well.
+    pub fn shared_note(&self) -> Option<(&'static str, bool)> {
+        match self.shared() {
+            (Verdict::Unneeded, _) => None,
+            (Verdict::Pending, _) => {
+                Some(("verifying that the broker delivers through $share", true))
+            }
+            (Verdict::Delivered, _) => Some(("delivered by the broker (verified)", true)),
+            (Verdict::NotDelivered, true) => Some((
+                "NOT delivered by the broker: one connection, unshared",
+                false,
+            )),
+            (Verdict::NotDelivered, false) => Some((
+                "NOT delivered by the broker: mqtt.share_group receives nothing",
+                false,
+            )),
+        }
     }
 
     /// Every connection kept is subscribed.
@@ -289,6 +346,9 @@ impl Health {
         }
         if !self.broker_connected() {
             return Err("not connected to the MQTT broker (on every connection)");
+        }
+        if self.shared() == (Verdict::NotDelivered, false) {
+            return Err("the broker does not deliver through shared subscriptions (mqtt.share_group): nothing reaches palletd");
         }
         if !self.subscribed() {
             return Err("waiting for the broker to acknowledge the subscriptions");

@@ -79,6 +79,7 @@ async fn status_page(
             .ready(s.flush_bound)
             .map(|()| s.health.backlog_note()),
         broker_connected: s.health.broker_connected(),
+        shared: s.health.shared_note(),
         database_reachable: s.health.database_reachable(),
         quiet: s.health.quiet(),
     };

@@ -62,6 +62,9 @@ pub const OLDEST_UNACKED_SECONDS: &str = "palletd_oldest_unacked_age_seconds";
 pub const BROKER_RECONNECTS: &str = "palletd_broker_reconnects_total";
 pub const BROKER_CONNECTED: &str = "palletd_broker_connected";
 pub const BROKER_CONNECTIONS_UP: &str = "palletd_broker_connections_up";
+/// 1 for the state shared subscriptions are in: `unused`, `verifying`,
+/// `delivered`, `not_delivered` (then one connection, unshared).
+pub const BROKER_SHARED: &str = "palletd_broker_shared_subscriptions";
 /// 1 while `/readyz` answers 200.
 pub const READY: &str = "palletd_ready";
 /// `spool.max_size`, for an alert on the spool filling up.
@@ -203,6 +206,10 @@ pub fn describe() {
     describe_gauge!(
         BROKER_CONNECTIONS_UP,
         "MQTT connections up, of mqtt.connections."
+    );
+    describe_gauge!(
+        BROKER_SHARED,
+        "1 for the state of shared subscriptions (label state): unused, verifying, delivered (a probe came back through the group), not_delivered (palletd went on with one connection, unshared; with mqtt.share_group nothing reaches it)."
     );
     describe_gauge!(
         READY,

@@ -294,6 +294,9 @@ pub struct Facts<'a> {
     /// `Ok` when ready, else why not.
     pub ready: Result<Option<String>, &'static str>,
     pub broker_connected: bool,
+    /// Whether the broker delivers through shared subscriptions (none:
+    /// nothing is shared), and whether that is as it should be.
+    pub shared: Option<(&'static str, bool)>,
     pub database_reachable: bool,
     /// (sensor, last reading ms), the longest quiet first.
     pub quiet: Vec<(String, i64)>,
@@ -379,6 +382,13 @@ pub fn render(facts: &Facts, now: &Figures, history: &History, now_ms: i64) -> S
         }
     };
     let (broker_class, broker_text) = yes_no(facts.broker_connected);
+    let shared_row = facts.shared.map_or(String::new(), |(text, good)| {
+        format!(
+            "<tr><th>Shared subscriptions</th><td id=\"shared\" class=\"{}\">{}</td></tr>\n",
+            if good { "ok" } else { "bad" },
+            escape(text)
+        )
+    });
     let (db_class, db_text) = if facts.database_reachable {
         ("ok", "reachable")
     } else {
@@ -407,7 +417,7 @@ figure {{ margin: 0; }} figcaption {{ font-size: .9em; }} .note {{ color: #666; 
 <p id="ready" class="{ready_class}">{}</p>
 <table>
 <tr><th>MQTT broker</th><td id="broker" class="{broker_class}">{broker_text}</td></tr>
-<tr><th>Database</th><td id="database" class="{db_class}">{db_text}</td></tr>
+{shared_row}<tr><th>Database</th><td id="database" class="{db_class}">{db_text}</td></tr>
 <tr><th>Readings stored per second (last minute)</th><td id="rate" class="n">{}</td></tr>
 <tr><th>Readings stored since start</th><td id="stored" class="n">{stored:.0}</td></tr>
 <tr><th>Backlog (readings behind)</th><td id="backlog" class="n">{:.0}</td></tr>
@@ -559,6 +569,7 @@ mod tests {
                 version: "1",
                 ready: Ok(None),
                 broker_connected: true,
+                shared: None,
                 database_reachable: true,
                 quiet: vec![],
             },
@@ -606,6 +617,10 @@ mod tests {
             version: "1.0 (abc)",
             ready: Err("database unreachable"),
             broker_connected: true,
+            shared: Some((
+                "NOT delivered by the broker: one connection, unshared",
+                false,
+            )),
             database_reachable: false,
             quiet: vec![("s<1>".into(), t0)],
         };

@@ -1,0 +1,573 @@
+//! What the broker can still resend: each MQTT session's redelivery
+//! window ([`Window`]), and the same windows as the spool keeps them
+//! across restarts ([`Windows`], with the file they are carried in).
+//!
+//! # Why a window is exact
+//! A broker resends, with the DUP flag and the packet id it had, only a
+//! QoS 1/2 message it sent on that session and got no PUBACK for
+//! (MQTT 3.1.1 §4.4; Mosquitto measured: it never hands a member's
+//! unacknowledged message to another member of a shared group, see
+//! `bench/probes/shared_redispatch.py`). What bounds which:
+//! - it holds at most its in-flight window `W` of them at once (MQTT 5:
+//!   the client's Receive Maximum, which it must respect);
+//! - a resumed session gets its unacknowledged messages first, in order;
+//! - palletd sends PUBACKs in the order the PUBLISHes arrived, and the
+//!   MQTT client drops the PUBACKs it had not written when a connection
+//!   dies, so on one connection the PUBACKs the broker got are a prefix
+//!   of those for that connection's messages. One released while the
+//!   link is down goes out on the next connection, ahead of the resent
+//!   messages' PUBACKs: it can free a place in the window for a message
+//!   the one not acknowledged was not yet resent behind.
+//!
+//! So a message the broker may still resend was last received on a
+//! connection after which nothing came (it would have been resent
+//! first), and on that connection at most `W - 1` messages came after it
+//! while it was in flight, and at most `W` more through places freed by
+//! PUBACKs carried over from the connection before. It is among the last
+//! `2W` distinct messages palletd received on the session, counting a
+//! redelivery where it arrived last. A DUP is a redelivery iff the
+//! latest message of that window with its packet id has its digest (a
+//! packet id is reused only after its PUBACK arrived, so an older one with
+//! that id is acknowledged). Never older: a message outside the window was
+//! acknowledged beyond doubt, and a new message that looks like it (the
+//! same packet id after the ids wrapped, the same topic and payload, its
+//! first sending lost with a connection) is new. The model in
+//! `src/front/tests.rs` plays this out, PUBACKs carried over included (a
+//! window of `W` there stores a redelivery twice).
+//!
+//! What stays a heuristic: a broker that reuses a packet id as soon as its
+//! PUBACK arrives (rather than counting up, as Mosquitto, EMQX, VerneMQ
+//! and aedes do) may send a new message under the id of one still in the
+//! window; if its first sending is lost with the connection and its topic
+//! and payload equal that one's, it is taken for a redelivery.
+//!
+//! # Keeping windows across restarts
+//! Each message's identity (session key, packet id, digest) is its last
+//! record in the spool, so a message whose identity is recovered is whole
+//! there; a redelivery's identity is recorded again where it arrived. A
+//! record with packet id [`RESET`], which no QoS 1/2 message has, voids
+//! the session's identities below the LSN its digest field holds: its
+//! own LSN after a CONNACK without a session (the broker forgot it and
+//! resends nothing from before), the first LSN of the run once the broker
+//! resent what it held from before it ([`Window`]: the others are
+//! acknowledged). The spool keeps each session's window of the durable
+//! identities ([`Windows`]: what a crash would leave) and, before it
+//! deletes a segment (confirmed by the database, or dropped when full),
+//! writes them to the file `message-ids` ([`Windows::encode`]). Recovery
+//! goes through the file's entries and the records still in segments in
+//! LSN order ([`Replay`]).
+
+use std::collections::{HashMap, VecDeque};
+
+/// FNV-1a, 64 bits: stable across versions and machines (spools keep it).
+fn fnv(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in parts.iter().flat_map(|p| p.iter()) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// A digest of topic and payload: what tells a message from another one
+/// with the same packet id.
+pub fn digest(topic: &str, payload: &[u8]) -> u64 {
+    fnv(&[topic.as_bytes(), &[0], payload])
+}
+
+/// The key a session's messages are recorded under in the spool: a digest
+/// of its client id (the broker keeps the session under that id, whatever
+/// connection index palletd gives it this run).
+pub fn session_key(client_id: &str) -> u64 {
+    fnv(&[client_id.as_bytes()])
+}
+
+/// The packet id of an identity record that voids the session's
+/// identities below the LSN in its digest field: no QoS 1/2 message has
+/// it.
+pub const RESET: u16 = 0;
+
+/// A QoS 1/2 message as the window keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    pub pkid: u16,
+    pub digest: u64,
+}
+
+/// One session's redelivery window: the last `cap` distinct QoS 1/2
+/// messages it received, a redelivery where it arrived last (a packet id
+/// taken in again replaces the entry it had: the same message again, or
+/// the older one was acknowledged before its id was reused).
+///
+/// When a session is resumed, what the window holds is *provisional*
+/// ([`Window::resume`]; what a start recovered is, too): the broker resends
+/// a resumed session's unacknowledged messages at once, before anything
+/// else it writes on that connection, so a message it still holds comes
+/// back before the session's first message without DUP and before the
+/// answer to palletd's next SUBSCRIBE or UNSUBSCRIBE. One that does is
+/// confirmed (taken in again); the first of those ends the others
+/// ([`Window::settle`]). Without that, identities of a session the broker
+/// has since forgotten (it restarted without persistence, and palletd
+/// died, or the link dropped, before it read the CONNACK that said so)
+/// could stand for the new session's messages under the same packet ids.
+#[derive(Debug, Clone)]
+pub struct Window {
+    cap: usize,
+    /// (sequence, packet id), oldest first; an entry whose packet id was
+    /// taken in again since is stale and skipped.
+    order: VecDeque<(u64, u16)>,
+    /// Per packet id, the entry: (sequence, digest, LSN of its record).
+    latest: HashMap<u16, (u64, u64, u64)>,
+    next: u64,
+    /// Sequences below this are provisional (recovered, not confirmed).
+    provisional: u64,
+}
+
+impl Window {
+    /// A window of the last `cap` messages (at least one), holding
+    /// `recovered` (oldest first), provisionally.
+    pub fn new(cap: usize, recovered: &[Seen]) -> Window {
+        let mut w = Window::empty(cap);
+        for s in recovered {
+            w.push(*s);
+        }
+        w.provisional = w.next;
+        w
+    }
+
+    fn empty(cap: usize) -> Window {
+        Window {
+            cap: cap.max(1),
+            order: VecDeque::new(),
+            latest: HashMap::new(),
+            next: 0,
+            provisional: 0,
+        }
+    }
+
+    /// Whether a DUP message with this identity is a redelivery of one the
+    /// window holds.
+    pub fn holds(&self, seen: Seen) -> bool {
+        self.latest
+            .get(&seen.pkid)
+            .is_some_and(|(_, d, _)| *d == seen.digest)
+    }
+
+    /// The session is resumed: everything held is provisional until the
+    /// broker's resends are through.
+    pub fn resume(&mut self) {
+        self.provisional = self.next;
+    }
+
+    /// A DUP message received: a redelivery of one the window holds (it
+    /// moves to where it arrived last, confirmed if it was provisional),
+    /// or new.
+    pub fn redelivered(&mut self, seen: Seen) -> bool {
+        let again = self.holds(seen);
+        self.push(seen);
+        again
+    }
+
+    /// A message without DUP: new, and every resent one came before it.
+    pub fn arrived(&mut self, seen: Seen) {
+        self.settle();
+        self.push(seen);
+    }
+
+    /// The broker has resent what it held of the session before this run
+    /// (it wrote something after the resent messages): recovered messages
+    /// not resent by now never will be.
+    pub fn settle(&mut self) {
+        if self.provisional > 0 {
+            let p = self.provisional;
+            self.latest.retain(|_, (seq, _, _)| *seq >= p);
+            self.compact();
+            self.provisional = 0;
+        }
+    }
+
+    /// Takes a message in.
+    pub fn push(&mut self, seen: Seen) {
+        self.push_at(seen, 0);
+    }
+
+    /// Takes in a message whose identity record has LSN `lsn`: the oldest
+    /// leaves when the window is full.
+    fn push_at(&mut self, seen: Seen, lsn: u64) {
+        let seq = self.next;
+        self.next += 1;
+        self.order.push_back((seq, seen.pkid));
+        self.latest.insert(seen.pkid, (seq, seen.digest, lsn));
+        while self.latest.len() > self.cap {
+            if let Some((old, pkid)) = self.order.pop_front() {
+                if self.latest.get(&pkid).is_some_and(|e| e.0 == old) {
+                    self.latest.remove(&pkid);
+                }
+            }
+        }
+        if self.order.len() > 2 * self.cap + 16 {
+            self.compact();
+        }
+    }
+
+    /// Drops the stale entries of `order`.
+    fn compact(&mut self) {
+        let latest = &self.latest;
+        self.order
+            .retain(|(seq, pkid)| latest.get(pkid).is_some_and(|e| e.0 == *seq));
+    }
+
+    /// The entries, oldest first: (LSN of the record, identity).
+    fn entries(&self) -> impl Iterator<Item = (u64, Seen)> + '_ {
+        self.order.iter().filter_map(|(seq, pkid)| {
+            let (s, digest, lsn) = self.latest.get(pkid)?;
+            (s == seq).then_some((
+                *lsn,
+                Seen {
+                    pkid: *pkid,
+                    digest: *digest,
+                },
+            ))
+        })
+    }
+
+    /// Drops the entries whose record lies below `lsn`.
+    fn void_below(&mut self, lsn: u64) {
+        self.latest.retain(|_, (_, _, l)| *l >= lsn);
+        self.compact();
+    }
+
+    /// The broker kept no session: it resends nothing.
+    pub fn clear(&mut self) {
+        self.order.clear();
+        self.latest.clear();
+        self.provisional = 0;
+    }
+
+    pub fn len(&self) -> usize {
+        self.latest.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.latest.is_empty()
+    }
+}
+
+/// The name of the file the windows are carried in.
+pub const FILE_NAME: &str = "message-ids";
+
+const MAGIC: &[u8; 4] = b"PMI1";
+/// key, LSN, packet id, digest.
+const ENTRY: usize = 8 + 8 + 2 + 8;
+
+/// The file could not be read back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the message-ids file is damaged ({0})")]
+pub struct Damaged(&'static str);
+
+/// Every session's window as the spool keeps it: of the identities that
+/// are durable, the last `cap` distinct ones of each session, with the
+/// LSNs of their records (what a crash would leave).
+#[derive(Debug, Clone)]
+pub struct Windows {
+    cap: usize,
+    sessions: HashMap<u64, Kept>,
+    /// Changed since the file last took everything.
+    dirty: bool,
+}
+
+/// One session's window, and the LSN of its newest record (an identity
+/// or a void): older ones are known already.
+#[derive(Debug, Clone)]
+struct Kept {
+    last: Option<u64>,
+    window: Window,
+}
+
+impl Windows {
+    pub fn new(cap: usize) -> Windows {
+        Windows {
+            cap: cap.max(1),
+            sessions: HashMap::new(),
+            dirty: false,
+        }
+    }
+
+    /// The record at `lsn` of session `key`'s identity `seen`, durable
+    /// (packet id [`RESET`]: those below the LSN in `seen.digest` are
+    /// void). One at or below the session's newest is known already.
+    pub fn record(&mut self, key: u64, lsn: u64, seen: Seen) {
+        let cap = self.cap;
+        let k = self.sessions.entry(key).or_insert_with(|| Kept {
+            last: None,
+            window: Window::empty(cap),
+        });
+        if k.last.is_some_and(|l| l >= lsn) {
+            return;
+        }
+        k.last = Some(lsn);
+        self.dirty = true;
+        match seen.pkid {
+            RESET => k.window.void_below(seen.digest),
+            _ => k.window.push_at(seen, lsn),
+        }
+    }
+
+    /// A session the broker can resend nothing of (retired, or no longer
+    /// palletd's).
+    pub fn forget(&mut self, key: u64) {
+        if self.sessions.remove(&key).is_some() {
+            self.dirty = true;
+        }
+    }
+
+    /// Whether anything changed since the file last took everything
+    /// ([`Windows::saved`]).
+    pub fn dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// The file now holds what [`Windows::encode`] gave.
+    pub fn saved(&mut self) {
+        self.dirty = false;
+    }
+
+    /// Session `key`'s window, oldest first.
+    pub fn of(&self, key: u64) -> Vec<Seen> {
+        self.sessions
+            .get(&key)
+            .map(|k| k.window.entries().map(|(_, s)| s).collect())
+            .unwrap_or_default()
+    }
+
+    /// The session keys held.
+    pub fn keys(&self) -> Vec<u64> {
+        self.sessions.keys().copied().collect()
+    }
+
+    /// The file's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + ENTRY * self.cap * self.sessions.len() + 4);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&[0u8; 4]);
+        let mut n = 0u32;
+        let mut keys = self.keys();
+        keys.sort_unstable();
+        for key in keys {
+            for (lsn, s) in self.sessions[&key].window.entries() {
+                out.extend_from_slice(&key.to_le_bytes());
+                out.extend_from_slice(&lsn.to_le_bytes());
+                out.extend_from_slice(&s.pkid.to_le_bytes());
+                out.extend_from_slice(&s.digest.to_le_bytes());
+                n += 1;
+            }
+        }
+        out[4..8].copy_from_slice(&n.to_le_bytes());
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+}
+
+/// Rebuilds the windows at a start: the file's entries and the identity
+/// records still in the spool's segments, merged in LSN order as the
+/// segments are scanned (a void then drops exactly what came before it).
+#[derive(Debug)]
+pub struct Replay {
+    windows: Windows,
+    /// The file's entries not yet taken, by LSN: (LSN, key, identity).
+    file: VecDeque<(u64, u64, Seen)>,
+}
+
+impl Replay {
+    /// Starts without a file.
+    pub fn empty(cap: usize) -> Replay {
+        Replay {
+            windows: Windows::new(cap),
+            file: VecDeque::new(),
+        }
+    }
+
+    /// Starts from the bytes of a file written by [`Windows::encode`].
+    pub fn new(cap: usize, bytes: &[u8]) -> Result<Replay, Damaged> {
+        if bytes.len() < 12 || &bytes[..4] != MAGIC {
+            return Err(Damaged("not a message-ids file"));
+        }
+        let (body, crc) = bytes.split_at(bytes.len() - 4);
+        if crc32fast::hash(body).to_le_bytes() != crc {
+            return Err(Damaged("checksum"));
+        }
+        let n = u32::from_le_bytes([body[4], body[5], body[6], body[7]]) as usize;
+        let raw = &body[8..];
+        if raw.len() != n * ENTRY {
+            return Err(Damaged("length"));
+        }
+        let mut entries = Vec::with_capacity(n);
+        for e in raw.chunks_exact(ENTRY) {
+            let u64_at = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().unwrap_or([0; 8]));
+            let seen = Seen {
+                pkid: u16::from_le_bytes([e[16], e[17]]),
+                digest: u64_at(18),
+            };
+            entries.push((u64_at(8), u64_at(0), seen));
+        }
+        entries.sort_unstable_by_key(|e| e.0);
+        let mut r = Replay::empty(cap);
+        r.file = entries.into();
+        Ok(r)
+    }
+
+    /// An identity record of the spool, in LSN order.
+    pub fn record(&mut self, key: u64, lsn: u64, seen: Seen) {
+        self.file_until(lsn);
+        if self.file.front().is_some_and(|e| e.0 == lsn) {
+            self.file.pop_front();
+        }
+        self.windows.record(key, lsn, seen);
+    }
+
+    fn file_until(&mut self, lsn: u64) {
+        while self.file.front().is_some_and(|e| e.0 < lsn) {
+            if let Some((l, key, seen)) = self.file.pop_front() {
+                self.windows.record(key, l, seen);
+            }
+        }
+    }
+
+    /// The windows, once every segment was scanned. They count as not yet
+    /// in the file: what came from segments is only there, and goes to
+    /// the file before those are deleted.
+    pub fn finish(mut self) -> Windows {
+        self.file_until(u64::MAX);
+        self.windows
+    }
+}
+
+/// How the spool keeps the windows: how many messages per session, and
+/// which session each connection index of an older spool's records meant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redelivery {
+    /// Messages kept per session: twice the broker's in-flight window
+    /// (`mqtt.max_inflight` for MQTT 3.1.1, where the broker does not say
+    /// it; `mqtt.receive_maximum` for MQTT 5, which the broker must
+    /// respect).
+    pub window: usize,
+    /// Session keys by connection index, for the records of palletd 0.1
+    /// (keyed by the index of the connection they came on): each index
+    /// is taken to mean the client id it has under this configuration.
+    pub by_index: Vec<u64>,
+}
+
+impl Default for Redelivery {
+    fn default() -> Self {
+        Redelivery {
+            window: 40,
+            by_index: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(pkid: u16, digest: u64) -> Seen {
+        Seen { pkid, digest }
+    }
+
+    #[test]
+    fn a_window_holds_the_latest_message_of_each_packet_id_among_the_last_cap() {
+        let mut w = Window::new(3, &[seen(1, 10), seen(2, 20)]);
+        assert!(w.holds(seen(1, 10)) && w.holds(seen(2, 20)));
+        assert!(!w.holds(seen(1, 11)), "another message under that id");
+        // A packet id used again: the older message was acknowledged.
+        w.push(seen(1, 12));
+        assert!(!w.holds(seen(1, 10)) && w.holds(seen(1, 12)));
+        assert_eq!(w.len(), 2, "one entry per packet id");
+        w.push(seen(3, 30));
+        w.push(seen(4, 40));
+        assert_eq!(w.len(), 3);
+        assert!(!w.holds(seen(2, 20)), "out of the window");
+        assert!(w.holds(seen(1, 12)) && w.holds(seen(3, 30)));
+        w.push(seen(5, 50));
+        assert!(!w.holds(seen(1, 12)), "out of the window");
+        // A redelivery moves to where it arrived last.
+        assert!(w.redelivered(seen(3, 30)));
+        w.push(seen(6, 60));
+        assert!(w.holds(seen(3, 30)) && !w.holds(seen(4, 40)));
+        w.clear();
+        assert!(w.is_empty() && !w.holds(seen(5, 50)));
+        // Recovered: confirmed by a redelivery, else ended by the first
+        // new message.
+        let mut w = Window::new(4, &[seen(1, 10), seen(2, 20)]);
+        assert!(w.redelivered(seen(2, 20)));
+        assert!(!w.redelivered(seen(3, 30)), "new, sent first with DUP");
+        w.arrived(seen(4, 40));
+        assert!(!w.holds(seen(1, 10)), "not resent before a new one: gone");
+        assert!(w.holds(seen(2, 20)) && w.holds(seen(3, 30)));
+        assert!(w.redelivered(seen(2, 20)), "and again after a reconnect");
+        // The same message again and again does not grow it.
+        for _ in 0..1000 {
+            w.redelivered(seen(2, 20));
+        }
+        assert!(w.order.len() <= 2 * 4 + 16);
+        assert_ne!(digest("a", b"bc"), digest("ab", b"c"));
+        assert_ne!(session_key("box-1"), session_key("box-2"));
+    }
+
+    #[test]
+    fn windows_carry_the_durable_identities_through_their_file() {
+        let mut w = Windows::new(2);
+        w.record(7, 10, seen(1, 100));
+        w.record(7, 11, seen(2, 200));
+        w.record(7, 12, seen(3, 300));
+        w.record(9, 13, seen(1, 900));
+        w.record(9, 13, seen(5, 5)); // known already
+        assert_eq!(w.of(7), [seen(2, 200), seen(3, 300)]);
+        assert!(w.dirty());
+        let bytes = w.encode();
+        w.saved();
+        assert!(!w.dirty());
+        let back = Replay::new(2, &bytes).unwrap().finish();
+        assert_eq!(back.of(7), [seen(2, 200), seen(3, 300)]);
+        assert_eq!(back.of(9), [seen(1, 900)]);
+        // The segments then add what the file did not have.
+        let mut replay = Replay::new(2, &bytes).unwrap();
+        replay.record(7, 12, seen(3, 300));
+        replay.record(7, 14, seen(4, 400));
+        let back = replay.finish();
+        assert_eq!(back.of(7), [seen(3, 300), seen(4, 400)]);
+        let mut damaged = bytes.clone();
+        damaged[12] ^= 1;
+        assert_eq!(
+            Replay::new(2, &damaged).map(|_| ()),
+            Err(Damaged("checksum"))
+        );
+        w.forget(7);
+        assert!(w.dirty() && w.of(7).is_empty());
+    }
+
+    #[test]
+    fn a_void_drops_what_lies_below_its_boundary_in_lsn_order() {
+        let mut w = Windows::new(4);
+        w.record(7, 10, seen(1, 100));
+        w.record(7, 12, seen(2, 200));
+        let file = w.encode();
+        // The segments still hold a reset at 11 (between the two) and a
+        // message after it: replayed in LSN order with the file's entries.
+        let mut replay = Replay::new(4, &file).unwrap();
+        replay.record(7, 11, seen(RESET, 11));
+        replay.record(7, 12, seen(2, 200));
+        replay.record(7, 14, seen(3, 300));
+        assert_eq!(replay.finish().of(7), [seen(2, 200), seen(3, 300)]);
+        // A run that started at 14 settles: the broker resent 2, recorded
+        // again at 16; 1 is void.
+        w.record(7, 16, seen(2, 200));
+        w.record(7, 17, seen(RESET, 14));
+        assert_eq!(w.of(7), [seen(2, 200)]);
+        w.record(7, 18, seen(RESET, 18));
+        assert!(w.of(7).is_empty());
+        w.record(7, 17, seen(9, 9));
+        assert!(w.of(7).is_empty(), "older than the reset");
+    }
+}
