@@ -25,20 +25,13 @@ fn per_connection(p: &Palletd, n: usize) -> Vec<f64> {
         .collect()
 }
 
-async fn all_up(p: &Palletd, n: f64) {
-    p.wait_until(Duration::from_secs(30), "every connection up", |p| {
-        p.metric("palletd_broker_connections_up", None) == n
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_connections_share_the_messages_and_sigkills_lose_and_duplicate_nothing() {
     let mut stack = Stack::start("conn-kill", |c| {
         c.set("mqtt.connections", 4).max_delay("300ms")
     })
     .await;
-    all_up(&stack.palletd, 4.0).await;
+    stack.palletd.connections_up(4.0).await;
     let first = Publisher::connect(&stack.broker, "pub-conn-kill-0").await;
     let warmup = publish_steadily_from(first, 20, 400.0, 0..400).await;
     stack.wait_stored(400).await;
@@ -65,10 +58,10 @@ async fn four_connections_share_the_messages_and_sigkills_lose_and_duplicate_not
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_with_four_connections_loses_and_duplicates_nothing() {
     let mut stack = Stack::start("conn-restart", |c| c.set("mqtt.connections", 4)).await;
-    all_up(&stack.palletd, 4.0).await;
+    stack.palletd.connections_up(4.0).await;
     // Every connection comes back on its own.
     let sent = stack.publish_through_a_broker_restart(4.0).await;
-    all_up(&stack.palletd, 4.0).await;
+    stack.palletd.connections_up(4.0).await;
     assert_exactly_once(
         &stack.client,
         "conn-restart",
@@ -93,12 +86,12 @@ async fn one_connection_cut_while_the_others_run_loses_nothing() {
         c.set("mqtt.connections", 4).set("mqtt.url", url.as_str())
     })
     .await;
-    all_up(&stack.palletd, 4.0).await;
+    stack.palletd.connections_up(4.0).await;
     let stream = tokio::spawn(publish_steadily(stack.publisher().await, 10, 200.0, 3000));
     stack.wait_stored(200).await;
     assert!(proxy.cut_one(), "a connection to cut");
     // The other three stay up and go on storing while the fourth is away.
-    all_up(&stack.palletd, 3.0).await;
+    stack.palletd.connections_up(3.0).await;
     let before = stack.stored().await;
     stack.wait_stored(before + 300).await;
     assert_eq!(
@@ -108,7 +101,7 @@ async fn one_connection_cut_while_the_others_run_loses_nothing() {
     let (status, why) = stack.palletd.readyz();
     assert_eq!(status, 503, "{why}");
     proxy.restore();
-    all_up(&stack.palletd, 4.0).await;
+    stack.palletd.connections_up(4.0).await;
     let sent = stream.await.unwrap();
     assert_exactly_once(&stack.client, "conn-cut", &sent, Duration::from_secs(120)).await;
     stack.all_acknowledged().await;
@@ -118,14 +111,14 @@ async fn one_connection_cut_while_the_others_run_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fewer_connections_retire_the_sessions_left_over_with_their_messages() {
     let mut stack = Stack::start("conn-retire", |c| c.set("mqtt.connections", 4)).await;
-    all_up(&stack.palletd, 4.0).await;
+    stack.palletd.connections_up(4.0).await;
     stack.stop();
     // While palletd is down the broker queues for all four sessions.
     let queued = publish_steadily(stack.publisher().await, 10, 500.0, 400).await;
     stack.config = stack.config.clone().set("mqtt.connections", 2);
     stack.palletd = Palletd::start(&stack.config);
     stack.palletd.ready().await;
-    all_up(&stack.palletd, 2.0).await;
+    stack.palletd.connections_up(2.0).await;
     let sessions = stack.config.settings().spool.dir.join("mqtt-sessions.json");
     stack
         .palletd

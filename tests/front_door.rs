@@ -41,11 +41,16 @@ async fn all_spooled(p: &Palletd, n: f64) {
     .await;
 }
 
-async fn connections_up(p: &Palletd, n: f64) {
-    p.wait_until(Duration::from_secs(30), "every connection up", |p| {
-        p.metric("palletd_broker_connections_up", None) == n
+/// A broker, a database and palletd (one connection, readings written
+/// within 1 s) reaching the broker through a proxy.
+async fn behind_a_proxy(name: &str) -> (Stack, Proxy) {
+    let broker = Broker::start();
+    let proxy = proxy(&broker).await;
+    let stack = Stack::on(broker, Database::start(), name, |c| {
+        via(c, &proxy).one_stream().max_delay("1s")
     })
     .await;
+    (stack, proxy)
 }
 
 /// A PUBACK lost with a dying connection after its readings reached the
@@ -54,12 +59,7 @@ async fn connections_up(p: &Palletd, n: f64) {
 /// identities kept beside the spool (`message-ids`), not stored again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_acknowledgements_then_a_restart_after_the_writes_store_nothing_twice() {
-    let broker = Broker::start();
-    let proxy = proxy(&broker).await;
-    let mut stack = Stack::on(broker, Database::start(), "lostack", |c| {
-        via(c, &proxy).one_stream().max_delay("1s")
-    })
-    .await;
+    let (mut stack, proxy) = behind_a_proxy("lostack").await;
     // From here on what palletd sends (its PUBACKs) is lost.
     proxy.lose(true, false);
     let first = publish_steadily(stack.publisher().await, 10, 500.0, 100).await;
@@ -102,18 +102,10 @@ async fn redeliveries_to_retiring_sessions_are_recognised_by_their_client_id() {
     );
     let mut palletd = Palletd::start(&config);
     palletd.subscribed().await;
-    connections_up(&palletd, 4.0).await;
+    palletd.connections_up(4.0).await;
     proxy.lose(true, false);
-    let mut publisher = Publisher::connect(&broker, "pub-retiredup").await;
-    let mut sent = Vec::new();
-    for seq in 0..400 {
-        let sensor = format!("f{:02}", seq % 10);
-        publisher
-            .json(&sensor, serde_json::json!({ "seq": seq, "temp": 20.5 }))
-            .await;
-        sent.push((sensor, seq));
-    }
-    publisher.flush().await;
+    let publisher = Publisher::connect(&broker, "pub-retiredup").await;
+    let mut sent = publish_steadily_from(publisher, 10, 2000.0, 0..400).await;
     all_spooled(&palletd, 400.0).await;
     let per: Vec<f64> = (0..4)
         .map(|k| {
@@ -140,14 +132,8 @@ async fn redeliveries_to_retiring_sessions_are_recognised_by_their_client_id() {
             !text.contains("retiredup-2") && !text.contains("retiredup-3")
         })
         .await;
-    for seq in 400..440 {
-        let sensor = format!("f{:02}", seq % 10);
-        publisher
-            .json(&sensor, serde_json::json!({ "seq": seq, "temp": 20.5 }))
-            .await;
-        sent.push((sensor, seq));
-    }
-    publisher.flush().await;
+    let publisher = Publisher::connect(&broker, "pub-retiredup").await;
+    sent.extend(publish_steadily_from(publisher, 10, 2000.0, 400..440).await);
     let client = db.client().await;
     assert_exactly_once(&client, "retiredup", &sent, Duration::from_secs(60)).await;
     let retired: f64 = ["64", "65"]
@@ -172,12 +158,7 @@ async fn redeliveries_to_retiring_sessions_are_recognised_by_their_client_id() {
 /// stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_constant_sensor_loses_nothing_when_packet_ids_wrap() {
-    let broker = Broker::start();
-    let proxy = proxy(&broker).await;
-    let mut stack = Stack::on(broker, Database::start(), "wrap", |c| {
-        via(c, &proxy).one_stream().max_delay("1s")
-    })
-    .await;
+    let (mut stack, proxy) = behind_a_proxy("wrap").await;
     let mut publisher = stack.publisher().await;
     const BEFORE: usize = 65_540;
     for i in 0..BEFORE {
@@ -318,7 +299,7 @@ async fn a_broker_without_shared_subscriptions_gets_one_unshared_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mosquitto_is_seen_to_deliver_through_the_shared_group() {
     let mut stack = Stack::start("delivered", |c| c).await;
-    connections_up(&stack.palletd, 4.0).await;
+    stack.palletd.connections_up(4.0).await;
     assert_eq!(
         stack.palletd.metric(
             "palletd_broker_shared_subscriptions",
@@ -350,7 +331,7 @@ async fn sessions_retired_while_the_spool_is_full_strand_and_double_nothing() {
             .set("spool.compress", false)
     })
     .await;
-    connections_up(&stack.palletd, 4.0).await;
+    stack.palletd.connections_up(4.0).await;
     stack.stop();
     // While palletd is down the broker queues for all four sessions.
     let sent = publish_steadily(stack.publisher().await, 10, 2000.0, 2000).await;

@@ -143,6 +143,14 @@ impl Palletd {
         .await;
     }
 
+    /// Polls until exactly `n` MQTT connections are up.
+    pub async fn connections_up(&self, n: f64) {
+        self.wait_until(Duration::from_secs(30), "every connection up", |p| {
+            p.metric("palletd_broker_connections_up", None) == n
+        })
+        .await;
+    }
+
     /// Polls until a metric reaches `at_least`.
     pub async fn wait_metric(&self, name: &str, at_least: f64) {
         self.wait_until(
