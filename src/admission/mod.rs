@@ -84,8 +84,9 @@ pub struct Admission {
     spool: Spool,
     /// The LSN of the next record.
     next_lsn: u64,
-    /// The first LSN of this run: identities below it were recorded by an
-    /// earlier one.
+    /// The first LSN of this run: what a settling voids below when no
+    /// resume of its session was told first (the ingest always tells it
+    /// first; this only keeps a void from reaching into this run).
     run_start: u64,
     /// Per session key, the LSN from which its records are what the broker
     /// resent and newer, since it last resumed the session.

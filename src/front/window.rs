@@ -48,14 +48,14 @@
 //! record with packet id [`RESET`], which no QoS 1/2 message has, voids
 //! the session's identities below the LSN its digest field holds: its
 //! own LSN after a CONNACK without a session (the broker forgot it and
-//! resends nothing from before), the first LSN of the run once the broker
-//! resent what it held from before it ([`Window`]: the others are
-//! acknowledged). The spool keeps each session's window of the durable
-//! identities ([`Windows`]: what a crash would leave) and, before it
-//! deletes a segment (confirmed by the database, or dropped when full),
-//! writes them to the file `message-ids` ([`Windows::encode`]). Recovery
-//! goes through the file's entries and the records still in segments in
-//! LSN order ([`Replay`]).
+//! resends nothing from before); where the session was last resumed, once
+//! the broker resent what it held (those it resent were recorded again
+//! since; the others are acknowledged, see [`Window`]). The spool keeps
+//! each session's window of the durable identities ([`Windows`]: what a
+//! crash would leave) and, before it deletes a segment (confirmed by the
+//! database, or dropped when full), writes them to the file `message-ids`
+//! ([`Windows::encode`]). Recovery goes through the file's entries and
+//! the records still in segments in LSN order ([`Replay`]).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -174,8 +174,8 @@ impl Window {
         self.push(seen);
     }
 
-    /// The broker has resent what it held of the session before this run
-    /// (it wrote something after the resent messages): recovered messages
+    /// The broker has resent what it held when it resumed the session (it
+    /// wrote something after the resent messages): provisional messages
     /// not resent by now never will be.
     pub fn settle(&mut self) {
         if self.provisional > 0 {
