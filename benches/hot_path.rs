@@ -110,6 +110,56 @@ fn decode(c: &mut Criterion) {
     g.finish();
 }
 
+/// Decoding in bytes per second: flat JSON (the same payloads as
+/// `decode`), and nested JSON through the flattening path as Tasmota and
+/// Shelly send it (their presets' subscriptions).
+fn decode_bytes(c: &mut Criterion) {
+    let text = format!(
+        "{}\n{}{}",
+        palletd::config::EXAMPLE,
+        palletd::config::presets::preset("tasmota").unwrap(),
+        palletd::config::presets::preset("shelly").unwrap()
+    );
+    let settings = palletd::config::parse(&text, None).expect("example config with presets");
+    let mut d = Decoder::new(settings.subscriptions.clone(), settings.decode_limits());
+    // Tasmota's local time in its preset's zone (CET in winter).
+    let local = chrono::DateTime::from_timestamp_millis(NOW - 1000 + 3_600_000)
+        .unwrap()
+        .format("%Y-%m-%dT%H:%M:%S");
+    let tasmota = format!(
+        r#"{{"Time":"{local}","ENERGY":{{"TotalStartTime":"2020-12-27T10:51:14","Total":12.003,"Yesterday":0.412,"Today":0.003,"Period":0,"Power":12,"ApparentPower":14,"ReactivePower":6,"Factor":0.85,"Voltage":229,"Current":0.061}},"AM2301":{{"Temperature":24.6,"Humidity":58.2}},"TempUnit":"C"}}"#
+    );
+    let shelly = format!(
+        r#"{{"src":"shellyplusht-b8d61a8b17cc","dst":"shellyplusht-b8d61a8b17cc/events","method":"NotifyFullStatus","params":{{"ts":{},"ble":{{}},"cloud":{{"connected":false}},"devicepower:0":{{"id":0,"battery":{{"V":0.43,"percent":0}},"external":{{"present":true}}}},"ht_ui":{{}},"humidity:0":{{"id":0,"rh":42.2}},"mqtt":{{"connected":true}},"sys":{{"mac":"B8D61A8B17CC","restart_required":false,"time":null,"unixtime":null,"uptime":3,"ram_size":235300,"ram_free":164244,"fs_size":458752,"fs_free":118784,"cfg_rev":10,"kvs_rev":0,"webhook_rev":0,"available_updates":{{}},"wakeup_reason":{{"boot":"deepsleep_wake","cause":"status_update"}},"wakeup_period":600}},"temperature:0":{{"id":0,"tC":19.8,"tF":67.6}},"wifi":{{"sta_ip":"192.168.3.183","status":"got ip","ssid":"winos","rssi":-57}}}}}}"#,
+        (NOW - 1000) as f64 / 1e3
+    );
+    let one = payload(7);
+    let array = format!("[{}]", (0..10).map(payload).collect::<Vec<_>>().join(","));
+    let cases: [(&str, &str, &str); 4] = [
+        ("flat json object", "sensors/s00042/telemetry", &one),
+        ("flat json array of 10", "sensors/s00042/telemetry", &array),
+        ("tasmota SENSOR, nested", "tele/plug1/SENSOR", &tasmota),
+        (
+            "shelly NotifyFullStatus, nested",
+            "shellyplusht-b8d61a8b17cc/events/rpc",
+            &shelly,
+        ),
+    ];
+    let mut g = c.benchmark_group("decode bytes");
+    for (name, topic, payload) in cases {
+        let out = d.decode(topic, payload.as_bytes(), NOW);
+        assert!(
+            out.errors.is_empty() && !out.readings.is_empty(),
+            "{name}: {out:?}"
+        );
+        g.throughput(Throughput::Bytes(payload.len() as u64));
+        g.bench_function(name, |b| {
+            b.iter(|| d.decode(black_box(topic), black_box(payload.as_bytes()), NOW))
+        });
+    }
+    g.finish();
+}
+
 /// The worst shapes found for each decoder, per byte, beside an ordinary
 /// payload of about the same size (criterion prints each one's bytes/s:
 /// work linear in the bytes shows as rates of the same order).
@@ -256,5 +306,5 @@ fn statements(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode, hostile, statements);
+criterion_group!(benches, decode, decode_bytes, hostile, statements);
 criterion_main!(benches);

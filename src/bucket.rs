@@ -116,6 +116,29 @@ impl<'a> SampleRef<'a> {
         self.bytes() + self.nums().map(|(name, _)| summary_cost(name)).sum::<u32>()
     }
 
+    /// The units its payload gave (`{field: unit}`), if any.
+    pub fn units(&self) -> Option<&'a RawDocument> {
+        match self.doc.get(UNITS) {
+            Ok(Some(bson::RawBsonRef::Document(units))) => Some(units),
+            _ => None,
+        }
+    }
+
+    /// Its document as stored: without the units, which a bucket keeps
+    /// once ([`UNITS`]).
+    pub fn stored_doc(&self) -> RawDocumentBuf {
+        if self.units().is_none() {
+            return self.doc.to_raw_document_buf();
+        }
+        let mut out = RawDocumentBuf::new();
+        for (name, value) in self.doc.iter().flatten() {
+            if name != UNITS {
+                out.append(name, value.to_raw_bson());
+            }
+        }
+        out
+    }
+
     /// The numeric fields, for the rollups.
     pub fn nums(&self) -> impl Iterator<Item = (&'a str, f64)> {
         self.doc.iter().filter_map(|f| match f.ok()? {
@@ -200,6 +223,13 @@ fn ts_of(doc: &RawDocument) -> Option<i64> {
     })
 }
 
+/// Where a sample's document carries the units its payload gave, as
+/// `{field: unit}` (its last field; palletd's own, as every name starting
+/// with `_`). A statement sets them on the bucket as `units.<field>` and
+/// pushes the sample without them; they count against `bucket.max_bytes`
+/// with the sample (a few bytes too many, never too few).
+pub const UNITS: &str = "_units";
+
 /// One sample, owned.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
@@ -220,6 +250,13 @@ impl Sample {
                 FieldValue::Date(t) => doc.append(name, bson::DateTime::from_millis(*t)),
                 FieldValue::Int(i) => doc.append(name, *i),
             }
+        }
+        if !reading.units.is_empty() {
+            let mut units = RawDocumentBuf::new();
+            for (name, unit) in &reading.units {
+                units.append(name, unit.as_str());
+            }
+            doc.append(UNITS, units);
         }
         Sample {
             ts_ms: reading.ts_ms,
@@ -665,8 +702,16 @@ impl Statement {
         let mut last_lsn = 0;
         // Summaries per numeric field, in order of first appearance.
         let mut fields: Vec<(&str, FieldSummary)> = Vec::new();
+        // The units the samples gave, the latest of each field.
+        let mut units: Vec<(&str, bson::RawBsonRef<'_>)> = Vec::new();
         for s in self.range.clone().map(|i| samples.get(i)) {
-            each.push(RawBson::Document(s.doc.to_raw_document_buf()));
+            each.push(RawBson::Document(s.stored_doc()));
+            for (name, unit) in s.units().into_iter().flat_map(|u| u.iter().flatten()) {
+                match units.iter_mut().find(|u| u.0 == name) {
+                    Some(u) => u.1 = unit,
+                    None => units.push((name, unit)),
+                }
+            }
             min_ts = min_ts.min(s.ts_ms);
             max_ts = max_ts.max(s.ts_ms);
             first_lsn = first_lsn.min(s.lsn);
@@ -694,13 +739,20 @@ impl Statement {
             lsns_field(self.tag),
             rawdoc! { "$each": [first_lsn as i64, last_lsn as i64] },
         );
-        let u = rawdoc! {
+        let mut u = rawdoc! {
             "$push": push,
             "$inc": inc,
             "$min": min,
             "$max": max,
             "$setOnInsert": on_insert,
         };
+        if !units.is_empty() {
+            let mut set = RawDocumentBuf::new();
+            for (name, unit) in units {
+                set.append(format!("units.{name}"), unit.to_raw_bson());
+            }
+            u.append("$set", set);
+        }
         rawdoc! { "q": q, "u": u, "upsert": true }
     }
 }
@@ -1234,6 +1286,61 @@ mod tests {
             routed.get_document("q").unwrap().get("_id"),
             direct.get_document("q").unwrap().get("_id")
         );
+    }
+
+    /// Units ride in a sample's document to the statement, which sets
+    /// them on the bucket once (the latest of each field) and pushes the
+    /// samples without them.
+    #[test]
+    fn units_are_set_once_per_bucket_not_pushed_per_sample() {
+        let reading = |ts: i64, unit: &str| Reading {
+            sensor: "s".into(),
+            ts_ms: ts,
+            fields: vec![
+                ("temp".into(), FieldValue::Num(1.0)),
+                ("hum".into(), FieldValue::Num(2.0)),
+            ],
+            index: 0,
+            units: vec![("temp".into(), unit.into()), ("hum".into(), "%RH".into())],
+        };
+        let samples: Samples = [
+            Sample::encode(&reading(1, "Cel"), 1),
+            Sample::encode(&reading(2, "K"), 2),
+        ]
+        .iter()
+        .map(Sample::as_ref)
+        .collect();
+        let st = Statement {
+            start_ms: 0,
+            range: 0..2,
+            bytes: samples.bytes() as u32,
+            base: None,
+            tag: 1,
+            seq: 0,
+            leaves: false,
+        };
+        let d =
+            bson::Document::try_from(st.to_bson("s", &samples, &SHAPE, false).as_ref()).unwrap();
+        let u = d.get_document("u").unwrap();
+        let set = u.get_document("$set").unwrap();
+        assert_eq!(set, &bson::doc! { "units.temp": "K", "units.hum": "%RH" });
+        let each = u
+            .get_document("$push")
+            .unwrap()
+            .get_document("samples")
+            .unwrap()
+            .get_array("$each")
+            .unwrap();
+        for s in each {
+            let s = s.as_document().unwrap();
+            assert!(!s.contains_key(UNITS), "{s}");
+            assert_eq!(s.get_f64("temp"), Ok(1.0));
+        }
+        // Without units, no $set.
+        let plain = owned([sample(1, 4, 0)]);
+        let st = Statement { range: 0..1, ..st };
+        let d = bson::Document::try_from(st.to_bson("s", &plain, &SHAPE, false).as_ref()).unwrap();
+        assert!(!d.get_document("u").unwrap().contains_key("$set"));
     }
 
     #[test]

@@ -39,8 +39,18 @@ enum Command {
     Run,
     /// Validate the configuration, print every problem, exit 78 if any.
     CheckConfig,
-    /// Print the annotated example configuration.
-    PrintConfig,
+    /// Print the annotated example configuration (with a preset's
+    /// subscriptions in place of its own: --preset tasmota).
+    PrintConfig {
+        /// tasmota, zigbee2mqtt, shelly, esphome, homeassistant or senml.
+        #[arg(long, value_name = "NAME")]
+        preset: Option<String>,
+    },
+    /// Decode one payload as the configuration (or a preset) would and
+    /// print the samples it would store, the fields it would leave out and
+    /// the dead letter it would write; exit 2 if anything of it would be
+    /// refused. Nothing is stored.
+    Try(TryArgs),
     /// Publish simulated sensor readings (a load generator).
     Simulate(SimulateArgs),
     /// Print stored readings or rollups of one sensor, or what is stored.
@@ -107,6 +117,19 @@ struct SimulateArgs {
 }
 
 #[derive(clap::Args, Debug)]
+struct TryArgs {
+    /// The topic the payload arrives on.
+    #[arg(long)]
+    topic: String,
+    /// Use a preset's subscriptions (and the example's limits) instead of
+    /// --config.
+    #[arg(long, value_name = "NAME", conflicts_with = "config")]
+    preset: Option<String>,
+    /// The payload's file; standard input when absent or "-".
+    file: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
 struct QueryArgs {
     /// The sensor whose readings (or --stats) to print.
     #[arg(long)]
@@ -154,9 +177,46 @@ enum LogFormat {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.as_ref().unwrap_or(&Command::Run) {
-        Command::PrintConfig => {
+        Command::PrintConfig { preset: None } => {
             print!("{}", palletd::config::EXAMPLE);
             ExitCode::SUCCESS
+        }
+        Command::PrintConfig { preset: Some(name) } => {
+            match palletd::config::presets::example_with(name) {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("palletd: --preset {e}");
+                    ExitCode::from(EXIT_CONFIG)
+                }
+            }
+        }
+        Command::Try(args) => {
+            let settings = match &args.preset {
+                Some(name) => {
+                    let text = match palletd::config::presets::example_with(name) {
+                        Ok(text) => text,
+                        Err(e) => {
+                            eprintln!("palletd: --preset {e}");
+                            return ExitCode::from(EXIT_CONFIG);
+                        }
+                    };
+                    match palletd::config::parse(&text, None) {
+                        Ok(s) => s,
+                        Err(errors) => {
+                            eprintln!("palletd: the preset {name} does not parse: {errors:?}");
+                            return ExitCode::FAILURE;
+                        }
+                    }
+                }
+                None => match load(&cli) {
+                    Ok(s) => s,
+                    Err(code) => return code,
+                },
+            };
+            try_payload(args, &settings)
         }
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
@@ -251,6 +311,40 @@ fn main() -> ExitCode {
                 }
             }
         }
+    }
+}
+
+/// `palletd try`: what one payload decodes to, one line per sample (JSON),
+/// field left out and refusal.
+fn try_payload(args: &TryArgs, settings: &palletd::config::Settings) -> ExitCode {
+    use std::io::Read;
+    let mut payload = Vec::new();
+    let read = match args.file.as_deref() {
+        None => std::io::stdin().read_to_end(&mut payload),
+        Some(p) if p.as_os_str() == "-" => std::io::stdin().read_to_end(&mut payload),
+        Some(p) => std::fs::File::open(p).and_then(|mut f| f.read_to_end(&mut payload)),
+    };
+    if let Err(e) = read {
+        eprintln!("palletd: cannot read the payload: {e}");
+        return ExitCode::FAILURE;
+    }
+    let mut decoder =
+        palletd::decode::Decoder::new(settings.subscriptions.clone(), settings.decode_limits());
+    let now = palletd::clock::now_ms();
+    let out = decoder.decode(&args.topic, &payload, now);
+    for r in &out.readings {
+        println!("{}", palletd::decode::reading_json(r));
+    }
+    for d in &out.dropped {
+        println!("left out ({}): sample {}: {}", d.cause, d.index, d.message);
+    }
+    for e in &out.errors {
+        println!("dead letter ({}): {e}", e.cause());
+    }
+    if out.errors.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
     }
 }
 

@@ -5,19 +5,12 @@
 use libfuzzer_sys::fuzz_target;
 use palletd::decode::{Subscription, DEFAULT_SENSOR_ID_PATTERN};
 use palletd::decode::{check_field_name, field_name, original_name, RESERVED};
-use palletd::decode::{Decoder, FieldValue, Limits, PayloadFormat, TopicPattern};
+use palletd::decode::{Decoder, FieldValue, Limits, Path, PayloadFormat, TopicPattern};
 
 fn subscription(topic: &str, format: PayloadFormat, sensor_field: Option<&str>) -> Subscription {
-    Subscription {
-        pattern: TopicPattern::parse(topic).unwrap(),
-        format,
-        timestamp_field: "ts".into(),
-        sensor_field: sensor_field.map(str::to_string),
-        field: None,
-        qos: 1,
-        rebirth_min_interval: None,
-        from_properties: Default::default(),
-    }
+    let mut s = Subscription::new(TopicPattern::parse(topic).unwrap(), format);
+    s.selection.sensor = sensor_field.map(|f| Path::key_or_pointer(f).unwrap());
+    s
 }
 
 const NOW: i64 = 1_787_234_400_000;

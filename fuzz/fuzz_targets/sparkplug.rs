@@ -45,14 +45,11 @@ fn decoder() -> Decoder {
     };
     Decoder::new(
         vec![Subscription {
-            pattern: TopicPattern::parse("spBv1.0/#").unwrap(),
-            format: PayloadFormat::SparkplugB,
-            timestamp_field: "ts".into(),
-            sensor_field: None,
-            field: None,
-            qos: 1,
             rebirth_min_interval: Some(std::time::Duration::from_secs(60)),
-            from_properties: Default::default(),
+            ..Subscription::new(
+                TopicPattern::parse("spBv1.0/#").unwrap(),
+                PayloadFormat::SparkplugB,
+            )
         }],
         limits,
     )

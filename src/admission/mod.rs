@@ -602,6 +602,9 @@ impl Admission {
         for e in &decoded.errors {
             refused.add(e.cause(), e.index(), || e.to_string());
         }
+        for d in &decoded.dropped {
+            reporter.dropped(d.cause, &m.topic, &d.message);
+        }
         for reading in &decoded.readings {
             if !self.sensors.admit(&reading.sensor, m.received_ms) {
                 let max = self.sensors.max;

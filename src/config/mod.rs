@@ -15,6 +15,7 @@
 pub mod memory;
 mod mongodb;
 mod mqtt;
+pub mod presets;
 mod raw;
 mod sections;
 mod settings;

@@ -159,6 +159,13 @@ pub struct RawSubscription {
     pub timestamp_property: Option<String>,
     pub sensor_property: Option<String>,
     pub format_from_content_type: Option<bool>,
+    pub timezone: Option<String>,
+    pub root: Option<String>,
+    pub include: Option<Vec<String>>,
+    pub exclude: Option<Vec<String>>,
+    pub rename: Option<std::collections::BTreeMap<String, String>>,
+    pub flatten: Option<String>,
+    pub arrays: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -2,6 +2,7 @@
 //! reading's sensor and time are.
 
 use super::*;
+use crate::decode::{Arrays, Path, Selection};
 
 impl Validator {
     pub(super) fn subscription(&mut self, s: RawSubscription, path: &str) -> Option<Subscription> {
@@ -25,18 +26,36 @@ impl Validator {
             }
         };
         let timestamp_field_set = s.timestamp_field.is_some();
-        let timestamp_field = s.timestamp_field.unwrap_or_else(|| "ts".into());
-        if let Err(e) = crate::decode::check_field_name(&timestamp_field) {
-            self.err(format!("{path}.timestamp_field"), e.to_string());
+        let single = matches!(format, PayloadFormat::Number | PayloadFormat::Value);
+        if s.sensor_field.is_some() && format != PayloadFormat::Json {
+            self.err(format!("{path}.sensor_field"), "needs format = \"json\"");
         }
-        if let Some(f) = &s.sensor_field {
-            if let Err(e) = crate::decode::check_field_name(f) {
-                self.err(format!("{path}.sensor_field"), e.to_string());
-            }
-            if format == PayloadFormat::Number {
-                self.err(format!("{path}.sensor_field"), "needs format = \"json\"");
+        if format == PayloadFormat::Senml {
+            for (key, set) in [
+                ("field", s.field.is_some()),
+                ("timestamp_field", timestamp_field_set),
+                ("timezone", s.timezone.is_some()),
+            ] {
+                if set {
+                    self.err(
+                        format!("{path}.{key}"),
+                        "does not apply to format = \"senml\" (field names, times and units come from the records)",
+                    );
+                }
             }
         }
+        let structured = format == PayloadFormat::Json;
+        let selection = self.selection(&s, path, structured);
+        let timezone = s.timezone.as_deref().and_then(|tz| match tz.parse::<chrono_tz::Tz>() {
+            Ok(tz) => Some(tz),
+            Err(_) => {
+                self.err(
+                    format!("{path}.timezone"),
+                    format!("{tz:?} is not a zone of the IANA time zone database (e.g. \"Europe/Berlin\", \"UTC\")"),
+                );
+                None
+            }
+        });
         if let Some(f) = &s.field {
             if let Err(e) = crate::decode::check_field_name(f) {
                 self.err(format!("{path}.field"), e.to_string());
@@ -66,6 +85,7 @@ impl Validator {
                 ("sensor_field", s.sensor_field.is_some()),
                 ("field", s.field.is_some()),
                 ("timestamp_field", timestamp_field_set),
+                ("timezone", s.timezone.is_some()),
             ] {
                 if set {
                     self.err(
@@ -80,7 +100,11 @@ impl Validator {
                     "format = \"sparkplug_b\" needs an MQTT filter in the Sparkplug namespace without placeholders, e.g. \"spBv1.0/#\" or \"spBv1.0/Plant1/#\"",
                 );
             }
-        } else if s.sensor_field.is_none() && s.sensor_property.is_none() && !pattern.has_sensor() {
+        } else if s.sensor_field.is_none()
+            && s.sensor_property.is_none()
+            && !pattern.has_sensor()
+            && format != PayloadFormat::Senml
+        {
             self.err(
                 format!("{path}.topic"),
                 "needs a {sensor} placeholder, or set sensor_field to read the sensor id from the payload (or sensor_property, from an MQTT 5 user property)",
@@ -111,21 +135,109 @@ impl Validator {
                 self.err(format!("{path}.{key}"), "must not be empty");
             }
         }
-        if format == PayloadFormat::Number && !pattern.has_field() && s.field.is_none() {
+        if single && !pattern.has_field() && s.field.is_none() {
             self.err(
                 format!("{path}.field"),
-                "format = \"number\" needs a {field} placeholder in the topic or a field name here",
+                format!("format = \"{format}\" needs a {{field}} placeholder in the topic or a field name here"),
             );
         }
         Some(Subscription {
             pattern,
             format,
-            timestamp_field,
-            sensor_field: s.sensor_field,
+            selection,
+            timezone,
             field: s.field,
             qos,
             rebirth_min_interval,
             from_properties,
         })
+    }
+
+    /// The subscription's choice of fields (`root`, `include`, `exclude`,
+    /// `rename`, `flatten`, `arrays`, `timestamp_field`, `sensor_field`);
+    /// the choosing keys apply to `format = "json"` only.
+    fn selection(&mut self, s: &RawSubscription, path: &str, structured: bool) -> Selection {
+        let mut sel = Selection::default();
+        let pointer = |v: &mut Self, key: &str, text: &str, wildcards: bool| {
+            Path::parse(text, wildcards)
+                .map_err(|e| v.err(format!("{path}.{key}"), e))
+                .ok()
+        };
+        if let Some(text) = &s.timestamp_field {
+            match Path::key_or_pointer(text) {
+                Ok(p) => sel.timestamp = p,
+                Err(e) => self.err(format!("{path}.timestamp_field"), e),
+            }
+        }
+        if let Some(text) = &s.sensor_field {
+            match Path::key_or_pointer(text) {
+                Ok(p) => sel.sensor = Some(p),
+                Err(e) => self.err(format!("{path}.sensor_field"), e),
+            }
+        }
+        let choosing = [
+            ("root", s.root.is_some()),
+            ("include", s.include.is_some()),
+            ("exclude", s.exclude.is_some()),
+            ("rename", s.rename.is_some()),
+            ("flatten", s.flatten.is_some()),
+            ("arrays", s.arrays.is_some()),
+        ];
+        if !structured {
+            for (key, set) in choosing {
+                if set {
+                    self.err(format!("{path}.{key}"), "needs format = \"json\"");
+                }
+            }
+            return sel;
+        }
+        if let Some(root) = &s.root {
+            if let Some(p) = pointer(self, "root", root, false) {
+                sel.root = p;
+            }
+        }
+        for (key, list, into) in [
+            ("include", &s.include, &mut sel.include),
+            ("exclude", &s.exclude, &mut sel.exclude),
+        ] {
+            for text in list.iter().flatten() {
+                if text.is_empty() {
+                    self.err(
+                        format!("{path}.{key}"),
+                        "\"\" would name the whole sample; leave the key out instead",
+                    );
+                } else if let Some(p) = pointer(self, key, text, true) {
+                    into.push(p);
+                }
+            }
+        }
+        for (from, to) in s.rename.iter().flatten() {
+            let key = format!("rename.{from:?}");
+            if let Err(e) = crate::decode::check_field_name(to) {
+                self.err(format!("{path}.{key}"), e.to_string());
+            }
+            if let Some(p) = pointer(self, &key, from, false) {
+                sel.rename.push((p, to.clone()));
+            }
+        }
+        if let Some(sep) = &s.flatten {
+            if sep.is_empty() || sep.contains('\0') || sep.len() > 8 {
+                self.err(
+                    format!("{path}.flatten"),
+                    "must be 1 to 8 bytes, without NUL (e.g. \".\" or \"_\")",
+                );
+            } else {
+                sel.separator = sep.clone();
+            }
+        }
+        match s.arrays.as_deref() {
+            None | Some("index") => {}
+            Some("drop") => sel.arrays = Arrays::Drop,
+            Some(other) => self.err(
+                format!("{path}.arrays"),
+                crate::decode::not_one_of(&["index", "drop"], other),
+            ),
+        }
+        sel
     }
 }

@@ -50,7 +50,7 @@ fn minimal_config_gets_defaults() {
         s.retention.deadletter_expire_after,
         Some(Duration::from_secs(7 * 86400))
     );
-    assert_eq!(s.subscriptions[0].timestamp_field, "ts");
+    assert_eq!(s.subscriptions[0].selection.timestamp.to_string(), "ts");
 }
 
 #[test]

@@ -6,8 +6,9 @@ use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::Subscription;
-use super::{check_sensor, truncate, DecodeError, Decoded, FieldValue, Limits, Message, Reading};
+use super::paths::{Arrays, Selection, Step, MAX_DEPTH};
+use super::{check_sensor, truncate, DecodeError, Decoded, Dropped, FieldValue, Limits};
+use super::{Message, Reading, Subscription};
 
 /// The samples of one JSON message; a sample refused alone goes to
 /// `out.errors`.
@@ -16,7 +17,8 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
         (msg.sub, msg.matched, msg.payload, msg.time_ms, msg.limits);
     let errors = &mut out.errors;
     let seed = TopSeed {
-        fields: limits.max_fields_per_sample + 2,
+        sel: &sub.selection,
+        fields: limits.max_fields_per_sample,
         samples: limits.max_samples_per_message,
     };
     let mut de = serde_json::Deserializer::from_slice(payload);
@@ -51,7 +53,7 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
             ))
         }
     };
-    let topic_sensor = match (&sub.sensor_field, m.sensor) {
+    let topic_sensor = match (&sub.selection.sensor, m.sensor) {
         (None, Some(s)) => {
             check_sensor(s, limits)?;
             Some(s)
@@ -59,8 +61,16 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
         _ => None,
     };
     let mut readings = Vec::with_capacity(objects.len());
-    for (index, mut obj) in objects.into_iter().enumerate() {
-        match sample_from_object(sub, topic_sensor, &mut obj, index, now_ms, limits) {
+    for (index, obj) in objects.into_iter().enumerate() {
+        match sample_from_object(
+            sub,
+            topic_sensor,
+            obj,
+            index,
+            now_ms,
+            limits,
+            &mut out.dropped,
+        ) {
             Ok(r) => readings.push(r),
             Err(e) => errors.push(e),
         }
@@ -80,23 +90,24 @@ enum Json<'a> {
     Nested,
 }
 
-/// An object's fields in payload order; a repeated key keeps its last value.
-/// At most the cap it was read with are kept; `extra` counts the keys past
+/// One sample as read from an object: its fields in payload order
+/// (flattened names, see [`super::paths`]), its timestamp and sensor
+/// values, and what was left out. A repeated name keeps its last value. At
+/// most the cap it was read with are kept; `extra` counts the fields past
 /// it (skipped unread: the work stays linear in the payload's bytes).
 #[derive(Debug, Default)]
 struct Object<'a> {
     fields: Vec<(Cow<'a, str>, Json<'a>)>,
     extra: usize,
+    ts: Option<Json<'a>>,
+    sensor: Option<Json<'a>>,
+    /// Fields left out while reading (cause, name, why).
+    dropped: Vec<(&'static str, String, &'static str)>,
 }
 
-impl<'a> Object<'a> {
+impl Object<'_> {
     fn len(&self) -> usize {
         self.fields.len() + self.extra
-    }
-
-    fn remove(&mut self, key: &str) -> Option<Json<'a>> {
-        let i = self.fields.iter().position(|(k, _)| k == key)?;
-        Some(self.fields.remove(i).1)
     }
 }
 
@@ -183,40 +194,145 @@ impl<'de> Deserialize<'de> for Key<'de> {
 /// Objects with more keys than this find repeated keys by a hash map.
 const LINEAR_KEYS: usize = 16;
 
-/// An object, as the fields of one sample: at most `cap` distinct keys are
-/// kept; past them, keys are counted and their values skipped.
-fn visit_object<'de, A: MapAccess<'de>>(mut map: A, cap: usize) -> Result<Object<'de>, A::Error> {
-    let hint = map.size_hint().unwrap_or(4).min(cap);
-    let mut out = Object {
-        fields: Vec::with_capacity(hint),
-        extra: 0,
-    };
-    let mut index: Option<std::collections::HashMap<Cow<'de, str>, usize>> = None;
-    while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
-        if out.fields.len() >= cap {
-            map.next_value::<IgnoredAny>()?;
-            out.extra += 1;
-            continue;
+/// Reads one object as a sample: follows the paths the selection reads,
+/// flattens what is nested, keeps at most `cap` distinct fields (past
+/// them, fields are counted and their values skipped).
+struct Walk<'s, 'de> {
+    sel: &'s Selection,
+    cap: usize,
+    path: Vec<Cow<'de, str>>,
+    obj: Object<'de>,
+    index: Option<std::collections::HashMap<Cow<'de, str>, usize>>,
+}
+
+impl<'s, 'de> Walk<'s, 'de> {
+    fn object<A: MapAccess<'de>>(
+        sel: &'s Selection,
+        cap: usize,
+        map: A,
+    ) -> Result<Object<'de>, A::Error> {
+        let hint = map.size_hint().unwrap_or(4).min(cap);
+        let mut walk = Walk {
+            sel,
+            cap,
+            path: Vec::with_capacity(4),
+            obj: Object {
+                fields: Vec::with_capacity(hint),
+                ..Object::default()
+            },
+            index: None,
+        };
+        walk.map(map)?;
+        Ok(walk.obj)
+    }
+
+    fn map<A: MapAccess<'de>>(&mut self, mut map: A) -> Result<(), A::Error> {
+        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+            self.path.push(key);
+            match self.sel.step(&self.path) {
+                Step::Skip => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+                Step::Timestamp => self.obj.ts = Some(map.next_value()?),
+                Step::Sensor => self.obj.sensor = Some(map.next_value()?),
+                Step::Read if self.full() => {
+                    map.next_value::<IgnoredAny>()?;
+                    self.obj.extra += 1;
+                }
+                Step::Read if self.too_deep() => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+                Step::Read => map.next_value_seed(Node(self))?,
+            }
+            self.path.pop();
         }
-        let value: Json<'de> = map.next_value()?;
-        let at = match &index {
+        Ok(())
+    }
+
+    fn seq<A: SeqAccess<'de>>(&mut self, mut seq: A) -> Result<(), A::Error> {
+        let in_sample = self.path.len() > self.sel.root.len();
+        if !in_sample || self.sel.arrays == Arrays::Drop {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            if in_sample {
+                self.drop("bad_field", "an array (arrays = \"drop\")");
+            }
+            return Ok(());
+        }
+        let mut i = 0usize;
+        loop {
+            self.path.push(Cow::Owned(i.to_string()));
+            let more = match self.sel.step(&self.path) {
+                Step::Skip => seq.next_element::<IgnoredAny>()?.is_some(),
+                Step::Timestamp => seq
+                    .next_element::<Json>()?
+                    .map(|v| self.obj.ts = Some(v))
+                    .is_some(),
+                Step::Sensor => seq
+                    .next_element::<Json>()?
+                    .map(|v| self.obj.sensor = Some(v))
+                    .is_some(),
+                Step::Read if self.full() => {
+                    let more = seq.next_element::<IgnoredAny>()?.is_some();
+                    self.obj.extra += usize::from(more);
+                    more
+                }
+                Step::Read if self.too_deep() => seq.next_element::<IgnoredAny>()?.is_some(),
+                Step::Read => seq.next_element_seed(Node(self))?.is_some(),
+            };
+            self.path.pop();
+            if !more {
+                return Ok(());
+            }
+            i += 1;
+        }
+    }
+
+    /// Whether the cap of fields is reached.
+    fn full(&self) -> bool {
+        self.obj.fields.len() >= self.cap
+    }
+
+    /// Whether the value at the path is too deep to follow (it is left out
+    /// and counted).
+    fn too_deep(&mut self) -> bool {
+        if self.path.len() <= self.sel.root.len() + MAX_DEPTH {
+            return false;
+        }
+        self.drop("bad_field", "nested deeper than 16 levels");
+        true
+    }
+
+    fn drop(&mut self, cause: &'static str, why: &'static str) {
+        let name = self.sel.name(&self.path).into_owned();
+        self.obj.dropped.push((cause, name, why));
+    }
+
+    /// A value at the path: a field of the sample when the path is below
+    /// the root.
+    fn leaf<E>(&mut self, value: Json<'de>) -> Result<(), E> {
+        if self.path.len() <= self.sel.root.len() {
+            return Ok(());
+        }
+        let key = self.sel.name(&self.path);
+        let fields = &mut self.obj.fields;
+        let at = match &self.index {
             Some(index) => index.get(&key).copied(),
             None => {
                 #[cfg(test)]
-                tests::COMPARED.with(|c| c.set(c.get() + out.fields.len() as u64));
-                out.fields.iter().position(|(k, _)| *k == key)
+                tests::COMPARED.with(|c| c.set(c.get() + fields.len() as u64));
+                fields.iter().position(|(k, _)| *k == key)
             }
         };
         match at {
-            Some(i) => out.fields[i].1 = value,
+            Some(i) => fields[i].1 = value,
             None => {
-                if let Some(index) = &mut index {
-                    index.insert(key.clone(), out.fields.len());
+                if let Some(index) = &mut self.index {
+                    index.insert(key.clone(), fields.len());
                 }
-                out.fields.push((key, value));
-                if index.is_none() && out.fields.len() > LINEAR_KEYS {
-                    index = Some(
-                        out.fields
+                fields.push((key, value));
+                if self.index.is_none() && fields.len() > LINEAR_KEYS {
+                    self.index = Some(
+                        fields
                             .iter()
                             .enumerate()
                             .map(|(i, (k, _))| (k.clone(), i))
@@ -225,13 +341,66 @@ fn visit_object<'de, A: MapAccess<'de>>(mut map: A, cap: usize) -> Result<Object
                 }
             }
         }
+        Ok(())
     }
-    Ok(out)
+}
+
+/// The value at a walk's path.
+struct Node<'w, 's, 'de>(&'w mut Walk<'s, 'de>);
+
+impl<'de> de::DeserializeSeed<'de> for Node<'_, '_, 'de> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Node<'_, '_, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        self.0.leaf(Json::Null)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<(), E> {
+        self.0.leaf(Json::Null)
+    }
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<(), E> {
+        self.0.leaf(Json::Bool(b))
+    }
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<(), E> {
+        self.0.leaf(Json::Num(n.into()))
+    }
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<(), E> {
+        self.0.leaf(Json::Num(n.into()))
+    }
+    fn visit_f64<E: de::Error>(self, x: f64) -> Result<(), E> {
+        // serde_json hands only finite floats.
+        self.0
+            .leaf(serde_json::Number::from_f64(x).map_or(Json::Null, Json::Num))
+    }
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<(), E> {
+        self.0.leaf(Json::Str(Cow::Borrowed(s)))
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
+        self.0.leaf(Json::Str(Cow::Owned(s.to_string())))
+    }
+    fn visit_string<E: de::Error>(self, s: String) -> Result<(), E> {
+        self.0.leaf(Json::Str(Cow::Owned(s)))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        self.0.seq(seq)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        self.0.map(map)
+    }
 }
 
 /// Reads a payload with the caps of its samples and fields.
 #[derive(Clone, Copy)]
-struct TopSeed {
+struct TopSeed<'s> {
+    sel: &'s Selection,
     /// Keys kept per object.
     fields: usize,
     /// Array elements read (the rest counted, skipped).
@@ -241,19 +410,19 @@ struct TopSeed {
 /// An array element: an object, or something that is not one.
 struct Element<'a>(Option<Object<'a>>);
 
-struct ElementSeed(usize);
+struct ElementSeed<'s>(&'s Selection, usize);
 
-impl<'de> de::DeserializeSeed<'de> for ElementSeed {
+impl<'de> de::DeserializeSeed<'de> for ElementSeed<'_> {
     type Value = Element<'de>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Element<'de>, D::Error> {
-        struct E(usize);
-        impl<'de> Visitor<'de> for E {
+        struct E<'s>(&'s Selection, usize);
+        impl<'de> Visitor<'de> for E<'_> {
             type Value = Element<'de>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a JSON value")
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Element<'de>, A::Error> {
-                visit_object(map, self.0).map(|o| Element(Some(o)))
+                Walk::object(self.0, self.1, map).map(|o| Element(Some(o)))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Element<'de>, A::Error> {
                 while seq.next_element::<IgnoredAny>()?.is_some() {}
@@ -278,21 +447,21 @@ impl<'de> de::DeserializeSeed<'de> for ElementSeed {
                 Ok(Element(None))
             }
         }
-        d.deserialize_any(E(self.0))
+        d.deserialize_any(E(self.0, self.1))
     }
 }
 
-impl<'de> de::DeserializeSeed<'de> for TopSeed {
+impl<'de> de::DeserializeSeed<'de> for TopSeed<'_> {
     type Value = Top<'de>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Top<'de>, D::Error> {
-        struct T(TopSeed);
-        impl<'de> Visitor<'de> for T {
+        struct T<'s>(TopSeed<'s>);
+        impl<'de> Visitor<'de> for T<'_> {
             type Value = Top<'de>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a JSON object or an array of objects")
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Top<'de>, A::Error> {
-                visit_object(map, self.0.fields).map(Top::Object)
+                Walk::object(self.0.sel, self.0.fields, map).map(Top::Object)
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Top<'de>, A::Error> {
                 let cap = self.0.samples;
@@ -305,7 +474,7 @@ impl<'de> de::DeserializeSeed<'de> for TopSeed {
                             None => break,
                         }
                     } else {
-                        match seq.next_element_seed(ElementSeed(self.0.fields))? {
+                        match seq.next_element_seed(ElementSeed(self.0.sel, self.0.fields))? {
                             Some(Element(e)) => items.push(e),
                             None => break,
                         }
@@ -339,12 +508,13 @@ impl<'de> de::DeserializeSeed<'de> for TopSeed {
 fn sample_from_object(
     sub: &Subscription,
     topic_sensor: Option<&str>,
-    obj: &mut Object<'_>,
+    obj: Object<'_>,
     index: usize,
     now_ms: i64,
     limits: &Limits,
+    dropped: &mut Vec<Dropped>,
 ) -> Result<Reading, DecodeError> {
-    if obj.len() > limits.max_fields_per_sample + 2 {
+    if obj.len() > limits.max_fields_per_sample {
         return Err(DecodeError::OverLimit {
             cause: "too_many_fields",
             message: format!(
@@ -354,82 +524,98 @@ fn sample_from_object(
             ),
         });
     }
-    let sensor = match &sub.sensor_field {
-        Some(f) => match obj.remove(f) {
-            Some(Json::Str(s)) => {
-                check_sensor(&s, limits)?;
-                s.into_owned()
+    let sensor = match &sub.selection.sensor {
+        Some(_) => {
+            let f = sub.sensor_field_name();
+            match obj.sensor {
+                Some(Json::Str(s)) => {
+                    check_sensor(&s, limits)?;
+                    s.into_owned()
+                }
+                Some(Json::Num(n)) => {
+                    let s = n.to_string();
+                    check_sensor(&s, limits)?;
+                    s
+                }
+                Some(_) => {
+                    return Err(DecodeError::BadSensor(format!(
+                        "sample {index}: field {f:?} is not a string"
+                    )))
+                }
+                None => {
+                    return Err(DecodeError::BadSensor(format!(
+                        "sample {index}: field {f:?} is missing"
+                    )))
+                }
             }
-            Some(Json::Num(n)) => {
-                let s = n.to_string();
-                check_sensor(&s, limits)?;
-                s
-            }
-            Some(_) => {
-                return Err(DecodeError::BadSensor(format!(
-                    "sample {index}: field {f:?} is not a string"
-                )))
-            }
-            None => {
-                return Err(DecodeError::BadSensor(format!(
-                    "sample {index}: field {f:?} is missing"
-                )))
-            }
-        },
+        }
         None => topic_sensor.unwrap_or_default().to_string(),
     };
-    let ts_ms = match obj.remove(&sub.timestamp_field) {
+    let ts_ms = match &obj.ts {
         None => now_ms,
-        Some(v) => timestamp(&v).map_err(|message| DecodeError::BadTimestamp { index, message })?,
+        Some(v) => timestamp(v, sub.timezone)
+            .map_err(|message| DecodeError::BadTimestamp { index, message })?,
     };
-    let mut fields = Vec::with_capacity(obj.len());
-    for (name, value) in std::mem::take(&mut obj.fields) {
+    let mut left_out: Vec<Dropped> = obj
+        .dropped
+        .into_iter()
+        .map(|(cause, name, why)| Dropped {
+            index,
+            cause,
+            message: format!("field {:?}: {why}", truncate(&name, 64)),
+        })
+        .collect();
+    let mut fields = Vec::with_capacity(obj.fields.len());
+    for (name, value) in obj.fields {
+        let mut leave = |cause: &'static str, message: String| {
+            left_out.push(Dropped {
+                index,
+                cause,
+                message,
+            })
+        };
         if name.len() > limits.max_field_name_length {
-            return Err(DecodeError::OverLimit {
-                cause: "field_name_too_long",
-                message: format!(
-                    "sample {index}: a field name of {} bytes exceeds limits.max_field_name_length ({})",
+            leave(
+                "field_name_too_long",
+                format!(
+                    "a field name of {} bytes ({:?}...) exceeds limits.max_field_name_length ({})",
                     name.len(),
+                    truncate(&name, 32),
                     limits.max_field_name_length
                 ),
-            });
+            );
+            continue;
         }
         let value = match value {
             Json::Null => continue,
             Json::Bool(b) => FieldValue::Bool(b),
             Json::Str(s) if s.len() > limits.max_string_length => {
-                return Err(DecodeError::OverLimit {
-                    cause: "string_too_long",
-                    message: format!(
-                        "sample {index}: field {:?} has {} bytes, over limits.max_string_length ({})",
+                leave(
+                    "string_too_long",
+                    format!(
+                        "field {:?} has {} bytes, over limits.max_string_length ({})",
                         truncate(&name, 64),
                         s.len(),
                         limits.max_string_length
                     ),
-                })
+                );
+                continue;
             }
             Json::Str(s) => FieldValue::Str(s.into_owned()),
             Json::Num(n) => match n.as_f64() {
                 Some(f) if f.is_finite() => FieldValue::Num(f),
                 _ => {
-                    return Err(DecodeError::BadField {
-                        index,
-                        message: format!("field {name:?}: number out of range"),
-                    })
+                    leave("bad_field", format!("field {name:?}: number out of range"));
+                    continue;
                 }
             },
-            Json::Nested => {
-                return Err(DecodeError::BadField {
-                    index,
-                    message: format!("field {name:?}: nested objects and arrays are not supported"),
-                })
-            }
+            // Objects and arrays are walked into fields; this is a
+            // timestamp's or sensor's value only.
+            Json::Nested => continue,
         };
         if name.is_empty() {
-            return Err(DecodeError::BadField {
-                index,
-                message: "an empty field name".into(),
-            });
+            leave("bad_field", "an empty field name".into());
+            continue;
         }
         let field = match super::field_name(&name) {
             Cow::Borrowed(_) => name.into_owned(),
@@ -437,27 +623,24 @@ fn sample_from_object(
         };
         fields.push((field, value));
     }
-    if fields.len() > limits.max_fields_per_sample {
-        return Err(DecodeError::OverLimit {
-            cause: "too_many_fields",
-            message: format!(
-                "sample {index}: {} fields exceed limits.max_fields_per_sample ({})",
-                fields.len(),
-                limits.max_fields_per_sample
-            ),
-        });
+    if fields.is_empty() && !left_out.is_empty() {
+        // Nothing usable remains: the sample is refused for what was left
+        // out of it.
+        return Err(left_out.swap_remove(0).into_error());
     }
+    dropped.append(&mut left_out);
     Ok(Reading {
         sensor,
         ts_ms,
         fields,
         index,
+        units: Vec::new(),
     })
 }
 
-fn timestamp(v: &Json<'_>) -> Result<i64, String> {
+fn timestamp(v: &Json<'_>, tz: Option<chrono_tz::Tz>) -> Result<i64, String> {
     match v {
-        Json::Str(s) => text_timestamp(s),
+        Json::Str(s) => text_timestamp_in(s, tz),
         Json::Num(n) => number_timestamp(n),
         Json::Null => Err("expected RFC 3339 text or an epoch number, got null".into()),
         Json::Bool(b) => Err(format!(
@@ -493,9 +676,45 @@ pub fn parse_timestamp(v: &serde_json::Value) -> Result<i64, String> {
 }
 
 fn text_timestamp(s: &str) -> Result<i64, String> {
-    chrono::DateTime::parse_from_rfc3339(s.trim())
-        .map(|t| t.timestamp_millis())
-        .map_err(|e| format!("{:?} is not RFC 3339: {e}", truncate(s, 64)))
+    text_timestamp_in(s, None)
+}
+
+/// Local date-times without an offset, as devices write them (Tasmota's
+/// `Time`, a PLC's clock): `2026-12-03T09:44:30`, a space for the `T`,
+/// with or without fractions of a second.
+const LOCAL_FORMATS: &[&str] = &["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f"];
+
+/// RFC 3339 text, or with a time zone a local date-time without an
+/// offset, read in that zone. A local time that a clock change skips is
+/// refused; one it repeats (the hour after summer time ends) is taken as
+/// the earlier of the two.
+pub fn text_timestamp_in(s: &str, tz: Option<chrono_tz::Tz>) -> Result<i64, String> {
+    let s = s.trim();
+    let rfc3339 = match chrono::DateTime::parse_from_rfc3339(s) {
+        Ok(t) => return Ok(t.timestamp_millis()),
+        Err(e) => e,
+    };
+    let local = LOCAL_FORMATS
+        .iter()
+        .find_map(|f| chrono::NaiveDateTime::parse_from_str(s, f).ok());
+    match (local, tz) {
+        (Some(local), Some(tz)) => {
+            use chrono::TimeZone;
+            match tz.from_local_datetime(&local) {
+                chrono::LocalResult::Single(t) => Ok(t.timestamp_millis()),
+                chrono::LocalResult::Ambiguous(early, _) => Ok(early.timestamp_millis()),
+                chrono::LocalResult::None => Err(format!(
+                    "{:?} does not exist in {tz} (a clock change skips it)",
+                    truncate(s, 64)
+                )),
+            }
+        }
+        (Some(_), None) => Err(format!(
+            "{:?} has no UTC offset: set the subscription's timezone (e.g. timezone = \"Europe/Berlin\") to read it as local time",
+            truncate(s, 64)
+        )),
+        (None, _) => Err(format!("{:?} is not RFC 3339: {rfc3339}", truncate(s, 64))),
+    }
 }
 
 fn number_timestamp(n: &serde_json::Number) -> Result<i64, String> {
@@ -556,16 +775,10 @@ mod tests {
 
     /// A JSON subscription to `sensors/{sensor}/telemetry`.
     fn telemetry() -> Subscription {
-        Subscription {
-            pattern: super::super::TopicPattern::parse("sensors/{sensor}/telemetry").unwrap(),
-            format: super::super::PayloadFormat::Json,
-            timestamp_field: "ts".into(),
-            sensor_field: None,
-            field: None,
-            qos: 1,
-            rebirth_min_interval: None,
-            from_properties: Default::default(),
-        }
+        Subscription::new(
+            super::super::TopicPattern::parse("sensors/{sensor}/telemetry").unwrap(),
+            super::super::PayloadFormat::Json,
+        )
     }
 
     fn message<'a>(

@@ -7,7 +7,7 @@
 //! field name, a clock far off) leaves the message's other samples intact.
 //!
 //! Each payload format is one file and one arm of [`PayloadFormat`]:
-//! [`json`], [`number`] and [`sparkplug`] (the one with state: the alias
+//! [`json`], [`number`], [`value`], [`senml`] and [`sparkplug`] (the one with state: the alias
 //! maps of Sparkplug B edge nodes, kept in the [`Decoder`]). Adding a format means a new file with a
 //! `decode` function, its arm in the enum (its name in [`PayloadFormat::NAMES`]
 //! and in `FromStr`) and its arm in [`Decoder::decode`]; the configuration
@@ -15,12 +15,16 @@
 
 mod json;
 mod number;
+pub mod paths;
+mod senml;
 pub mod sparkplug;
 mod topic;
+mod value;
 
 use std::fmt;
 
-pub use json::parse_timestamp;
+pub use json::{parse_timestamp, text_timestamp_in};
+pub use paths::{Arrays, Path, Selection};
 pub use topic::{TopicMatch, TopicPattern};
 
 /// How a subscription's payloads are written.
@@ -33,17 +37,23 @@ pub enum PayloadFormat {
     Number,
     /// Eclipse Sparkplug B protobuf under `spBv1.0/...` ([`sparkplug`]).
     SparkplugB,
+    /// One bare value: a number, a boolean or text ([`value`]).
+    Value,
+    /// Sensor Measurement Lists in JSON, RFC 8428 ([`senml`]).
+    Senml,
 }
 
 impl PayloadFormat {
     /// The names a subscription's `format` may take.
-    pub const NAMES: &'static [&'static str] = &["json", "number", "sparkplug_b"];
+    pub const NAMES: &'static [&'static str] = &["json", "number", "value", "senml", "sparkplug_b"];
 
     pub fn name(self) -> &'static str {
         match self {
             PayloadFormat::Json => "json",
             PayloadFormat::Number => "number",
             PayloadFormat::SparkplugB => "sparkplug_b",
+            PayloadFormat::Value => "value",
+            PayloadFormat::Senml => "senml",
         }
     }
 }
@@ -56,6 +66,8 @@ impl std::str::FromStr for PayloadFormat {
             "json" => Ok(PayloadFormat::Json),
             "number" => Ok(PayloadFormat::Number),
             "sparkplug_b" => Ok(PayloadFormat::SparkplugB),
+            "value" => Ok(PayloadFormat::Value),
+            "senml" => Ok(PayloadFormat::Senml),
             other => Err(not_one_of(PayloadFormat::NAMES, other)),
         }
     }
@@ -76,8 +88,13 @@ pub const DEFAULT_SENSOR_ID_PATTERN: &str = "[A-Za-z0-9._:-]{1,128}";
 pub struct Subscription {
     pub pattern: TopicPattern,
     pub format: PayloadFormat,
-    pub timestamp_field: String,
-    pub sensor_field: Option<String>,
+    /// Where a structured payload's fields, time and sensor id are
+    /// (`root`, `include`, `exclude`, `rename`, `flatten`, `arrays`,
+    /// `timestamp_field`, `sensor_field`; see [`paths`]).
+    pub selection: Selection,
+    /// The zone of times written without a UTC offset (`timezone`); without
+    /// one such a time is refused.
+    pub timezone: Option<chrono_tz::Tz>,
     /// Field name for `format = "number"` when the topic has no `{field}`.
     pub field: Option<String>,
     pub qos: u8,
@@ -86,6 +103,32 @@ pub struct Subscription {
     pub rebirth_min_interval: Option<std::time::Duration>,
     /// What an MQTT 5 message's properties say (`[mqtt] protocol = "5"`).
     pub from_properties: FromProperties,
+}
+
+impl Subscription {
+    /// A subscription with everything but its topic and format at the
+    /// defaults (timestamp field `ts`, sensor from the topic, QoS 1).
+    pub fn new(pattern: TopicPattern, format: PayloadFormat) -> Self {
+        Subscription {
+            pattern,
+            format,
+            selection: Selection::default(),
+            timezone: None,
+            field: None,
+            qos: 1,
+            rebirth_min_interval: None,
+            from_properties: FromProperties::default(),
+        }
+    }
+
+    /// What the configuration calls the sensor id's field (for messages).
+    pub fn sensor_field_name(&self) -> String {
+        self.selection
+            .sensor
+            .as_ref()
+            .map(|p| p.to_string())
+            .unwrap_or_default()
+    }
 }
 
 /// A subscription's use of MQTT 5 message properties; all off by default
@@ -129,7 +172,9 @@ impl Properties {
         let ct = self.content_type.as_deref()?;
         let media = ct.split(';').next().unwrap_or_default().trim();
         let media = media.to_ascii_lowercase();
-        if media == "application/json" || media.ends_with("+json") {
+        if media == "application/senml+json" {
+            Some(PayloadFormat::Senml)
+        } else if media == "application/json" || media.ends_with("+json") {
             Some(PayloadFormat::Json)
         } else if media == "text/plain" {
             Some(PayloadFormat::Number)
@@ -167,6 +212,42 @@ pub struct Reading {
     /// Its place among the samples of its message (a JSON array's element;
     /// 0 for a message of one), for what a dead letter says it refused.
     pub index: usize,
+    /// The units its payload gave (field name, unit: SenML's `u`), kept
+    /// once per bucket as `units.<field>`, not per sample.
+    pub units: Vec<(String, String)>,
+}
+
+/// A reading as one line of JSON, as `palletd try` prints it: its sensor,
+/// time (RFC 3339), fields under their stored names, and units.
+pub fn reading_json(r: &Reading) -> String {
+    let fields: serde_json::Map<String, serde_json::Value> = r
+        .fields
+        .iter()
+        .map(|(name, v)| {
+            let v = match v {
+                FieldValue::Num(x) => serde_json::json!(x),
+                FieldValue::Str(s) => serde_json::json!(s),
+                FieldValue::Bool(b) => serde_json::json!(b),
+                FieldValue::Date(t) => serde_json::json!({ "$date": crate::clock::iso(*t) }),
+                FieldValue::Int(i) => serde_json::json!(i),
+            };
+            (name.clone(), v)
+        })
+        .collect();
+    let mut line = serde_json::json!({
+        "sensor": r.sensor,
+        "ts": crate::clock::iso(r.ts_ms),
+        "fields": fields,
+    });
+    if !r.units.is_empty() {
+        let units: serde_json::Map<String, serde_json::Value> = r
+            .units
+            .iter()
+            .map(|(f, u)| (f.clone(), serde_json::json!(u)))
+            .collect();
+        line["units"] = serde_json::Value::Object(units);
+    }
+    line.to_string()
 }
 
 /// Why a message or a sample was rejected. `cause()` is a bounded label for
@@ -317,11 +398,38 @@ pub struct Message<'a> {
     pub limits: &'a Limits,
 }
 
+/// A field left out of a sample that is stored (a value palletd cannot
+/// take: too long, out of range, too deep, an array with `arrays =
+/// "drop"`). Counted by `cause` (one of the dead letter causes); a sample
+/// whose every field is left out is refused instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropped {
+    pub index: usize,
+    pub cause: &'static str,
+    pub message: String,
+}
+
+impl Dropped {
+    /// The refusal of a sample with nothing else in it.
+    pub fn into_error(self) -> DecodeError {
+        let message = format!("sample {}: {}", self.index, self.message);
+        match self.cause {
+            "bad_field" => DecodeError::BadField {
+                index: self.index,
+                message: self.message,
+            },
+            cause => DecodeError::OverLimit { cause, message },
+        }
+    }
+}
+
 /// What one MQTT message decoded to.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Decoded {
     pub readings: Vec<Reading>,
     pub errors: Vec<DecodeError>,
+    /// Fields left out of the stored readings.
+    pub dropped: Vec<Dropped>,
     /// What a Sparkplug B message did besides (empty for other formats).
     pub sparkplug: sparkplug::Effects,
 }
@@ -415,7 +523,9 @@ impl Decoder {
         let user = |name: &Option<String>| props?.user(name.as_deref()?);
         if let Some(sensor) = user(&from.sensor) {
             matched.sensor = Some(sensor);
-        } else if let (Some(name), None, None) = (&from.sensor, matched.sensor, &sub.sensor_field) {
+        } else if let (Some(name), None, None) =
+            (&from.sensor, matched.sensor, &sub.selection.sensor)
+        {
             out.errors.push(DecodeError::BadSensor(format!(
                 "the message has no user property {name:?} and the topic names no sensor"
             )));
@@ -451,6 +561,8 @@ impl Decoder {
         };
         let result = match format {
             PayloadFormat::Number => number::decode(&message, &mut out),
+            PayloadFormat::Value => value::decode(&message, &mut out),
+            PayloadFormat::Senml => senml::decode(&message, &mut out),
             PayloadFormat::Json => json::decode(&message, &mut out),
             PayloadFormat::SparkplugB => self.sparkplug.decode(&message, &mut out),
         };
@@ -539,16 +651,7 @@ mod tests {
     const NOW: i64 = 1_787_234_400_000; // 2026-08-20T14:00:00Z
 
     fn sub(topic: &str, format: PayloadFormat) -> Subscription {
-        Subscription {
-            pattern: TopicPattern::parse(topic).unwrap(),
-            format,
-            timestamp_field: "ts".into(),
-            sensor_field: None,
-            field: None,
-            qos: 1,
-            rebirth_min_interval: None,
-            from_properties: FromProperties::default(),
-        }
+        Subscription::new(TopicPattern::parse(topic).unwrap(), format)
     }
 
     fn test_limits() -> Limits {
@@ -570,7 +673,7 @@ mod tests {
 
     fn decoder() -> Decoder {
         let mut by_payload = sub("fleet/telemetry", PayloadFormat::Json);
-        by_payload.sensor_field = Some("device".into());
+        by_payload.selection.sensor = Some(Path::key_or_pointer("device").unwrap());
         Decoder::new(
             vec![
                 sub("sensors/{sensor}/telemetry", PayloadFormat::Json),
@@ -693,6 +796,7 @@ mod tests {
                 ts_ms: NOW,
                 fields: vec![("pressure".into(), FieldValue::Num(1013.25))],
                 index: 0,
+                units: Vec::new(),
             }]
         );
         assert_eq!(
@@ -773,7 +877,6 @@ mod tests {
                 br#"{"ts": 946684800}"#,
                 "time_out_of_range",
             ),
-            ("sensors/s1/telemetry", br#"{"o": {"x": 1}}"#, "bad_field"),
         ];
         for (topic, payload, cause) in cases {
             let d = decoder().decode(topic, payload, NOW);
@@ -839,6 +942,108 @@ mod tests {
             NOW,
         );
         assert_eq!(ok.readings.len(), 1);
+    }
+
+    fn selecting(f: impl FnOnce(&mut Selection)) -> Decoder {
+        let mut s = sub("dev/{sensor}", PayloadFormat::Json);
+        f(&mut s.selection);
+        Decoder::new(vec![s], test_limits())
+    }
+
+    fn names(r: &Reading) -> Vec<&str> {
+        r.fields.iter().map(|f| f.0.as_str()).collect()
+    }
+
+    /// Nested objects become fields by path, arrays by index (or left out
+    /// with `arrays = "drop"`), and a field palletd cannot take is left
+    /// out and counted while the rest is stored.
+    #[test]
+    fn nested_values_are_flattened_and_what_cannot_be_taken_is_left_out() {
+        let p = br#"{"a":{"b":1,"c":{"d":true}},"l":[1,"x"],"s":"yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy"}"#;
+        let d = selecting(|_| {}).decode("dev/d1", p, NOW);
+        assert!(d.errors.is_empty(), "{d:?}");
+        assert_eq!(
+            names(&d.readings[0]),
+            ["a%2Eb", "a%2Ec%2Ed", "l%2E0", "l%2E1"]
+        );
+        assert_eq!(d.dropped.len(), 1);
+        assert_eq!(d.dropped[0].cause, "string_too_long");
+        let d = selecting(|s| {
+            s.separator = "_".into();
+            s.arrays = Arrays::Drop;
+        })
+        .decode("dev/d1", p, NOW);
+        assert_eq!(names(&d.readings[0]), ["a_b", "a_c_d"]);
+        let causes: Vec<&str> = d.dropped.iter().map(|d| d.cause).collect();
+        assert_eq!(causes, ["bad_field", "string_too_long"]);
+        // Deeper than MAX_DEPTH: left out.
+        let deep = format!("{{\"ok\":1,\"x\":{}1{}}}", "[".repeat(20), "]".repeat(20));
+        let d = selecting(|_| {}).decode("dev/d1", deep.as_bytes(), NOW);
+        assert_eq!(names(&d.readings[0]), ["ok"]);
+        assert_eq!(d.dropped[0].cause, "bad_field");
+        // Nothing usable remains: the sample is refused for it.
+        let d = selecting(|_| {}).decode("dev/d1", br#"{"abcdefghijklmnopqrstuvwxyz":1}"#, NOW);
+        assert_eq!(d.errors[0].cause(), "field_name_too_long");
+        assert!(d.readings.is_empty() && d.dropped.is_empty());
+        // The field cap counts flattened fields: past it, refused.
+        let d =
+            selecting(|_| {}).decode("dev/d1", br#"{"a":{"b":1,"c":2,"d":3},"e":[4,5,6]}"#, NOW);
+        assert_eq!(d.errors[0].cause(), "too_many_fields");
+    }
+
+    /// Paths choose the sample, its fields, names, time and sensor.
+    #[test]
+    fn paths_choose_root_fields_names_time_and_sensor() {
+        let d = selecting(|s| {
+            s.root = Path::parse("/params", false).unwrap();
+            s.include = vec![Path::parse("/*/v", true).unwrap()];
+            s.exclude = vec![Path::parse("/b", true).unwrap()];
+            s.rename = vec![(Path::parse("/a/v", false).unwrap(), "temp".into())];
+            s.timestamp = Path::key_or_pointer("/meta/at").unwrap();
+            s.sensor = Some(Path::key_or_pointer("/meta/id").unwrap());
+        })
+        .decode(
+            "dev/x",
+            br#"{"id":"no","params":{"meta":{"id":"d7","at":"2026-08-20T13:59:59Z"},"a":{"v":1,"w":2},"b":{"v":3},"c":{"v":4}}}"#,
+            NOW,
+        );
+        assert!(d.errors.is_empty(), "{d:?}");
+        let r = &d.readings[0];
+        assert_eq!((r.sensor.as_str(), r.ts_ms), ("d7", NOW - 1000));
+        assert_eq!(names(r), ["temp", "c%2Ev"]);
+    }
+
+    /// A local time needs a zone; an epoch with a fraction is exact to the
+    /// millisecond.
+    #[test]
+    fn local_times_need_a_zone_and_fractions_count() {
+        let mut d = decoder();
+        let e = d.decode(
+            "sensors/s1/telemetry",
+            br#"{"ts":"2026-08-20T14:00:00","v":1}"#,
+            NOW,
+        );
+        assert_eq!(e.errors[0].cause(), "bad_timestamp");
+        assert!(
+            e.errors[0].to_string().contains("timezone"),
+            "{}",
+            e.errors[0]
+        );
+        let r = d.decode(
+            "sensors/s1/telemetry",
+            br#"{"ts":1787234399.12,"v":1}"#,
+            NOW,
+        );
+        assert_eq!(r.readings[0].ts_ms, NOW - 880);
+        let mut s = sub("sensors/{sensor}/telemetry", PayloadFormat::Json);
+        s.timezone = Some(chrono_tz::Tz::America__New_York);
+        let mut d = Decoder::new(vec![s], test_limits());
+        let r = d.decode(
+            "sensors/s1/telemetry",
+            br#"{"ts":"2026-08-20 10:00:00","v":1}"#,
+            NOW,
+        );
+        assert_eq!(r.readings[0].ts_ms, NOW);
     }
 
     #[test]

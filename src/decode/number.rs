@@ -35,5 +35,6 @@ pub(super) fn decode(msg: &Message<'_>, _out: &mut Decoded) -> Result<Vec<Readin
         ts_ms: now_ms,
         fields: vec![(field.to_string(), FieldValue::Num(value))],
         index: 0,
+        units: Vec::new(),
     }])
 }

@@ -305,7 +305,9 @@ pub fn reading_doc(sensor: &str, sample: SampleRef<'_>) -> RawDocumentBuf {
     d.append("sensorId", sensor);
     d.append("lsn", sample.lsn as i64);
     for (name, value) in sample.doc.iter().flatten() {
-        if name != "ts" {
+        // Units stay out: a time series has no bucket document of
+        // palletd's to keep them once in.
+        if name != "ts" && name != crate::bucket::UNITS {
             d.append(name, value.to_raw_bson());
         }
     }

@@ -15,6 +15,8 @@ const LOG_EVERY: Duration = Duration::from_secs(60);
 #[derive(Default)]
 pub struct Reporter {
     last: HashMap<&'static str, (Instant, u64)>,
+    /// The same for fields left out of stored readings.
+    dropped: HashMap<&'static str, (Instant, u64)>,
 }
 
 impl Reporter {
@@ -44,6 +46,27 @@ impl Reporter {
             None => {
                 tracing::warn!(cause, subject, error, "Reading sent to the dead letter.");
                 self.last.insert(cause, (now, n.saturating_sub(1)));
+            }
+        }
+    }
+
+    /// Counts a field left out of a stored reading (the reading is kept)
+    /// and logs its cause at most once a minute.
+    pub fn dropped(&mut self, cause: &'static str, subject: &str, error: &str) {
+        metrics::counter!(super::FIELDS_DROPPED, "cause" => cause).increment(1);
+        let now = Instant::now();
+        match self.dropped.get_mut(cause) {
+            Some((at, suppressed)) if now.duration_since(*at) < LOG_EVERY => *suppressed += 1,
+            entry => {
+                let suppressed = entry.map_or(0, |e| e.1);
+                tracing::warn!(
+                    cause,
+                    subject,
+                    error,
+                    suppressed,
+                    "Field left out of a stored reading."
+                );
+                self.dropped.insert(cause, (now, 0));
             }
         }
     }

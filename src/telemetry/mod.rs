@@ -30,6 +30,11 @@ pub const SAMPLES_STORED: &str = "palletd_samples_stored_total";
 /// Readings or messages dead-lettered, by `cause` (includes
 /// `time_out_of_range`, the samples rejected for lateness or future time).
 pub const DEAD_LETTERS: &str = "palletd_dead_letters_total";
+/// Why a field is left out of a stored reading.
+pub const FIELD_CAUSES: &[&str] = &["bad_field", "field_name_too_long", "string_too_long"];
+/// Fields left out of readings that were stored (a value palletd cannot
+/// take), by `cause`.
+pub const FIELDS_DROPPED: &str = "palletd_fields_dropped_total";
 pub const FLUSHES: &str = "palletd_flushes_total";
 pub const STATEMENTS: &str = "palletd_statements_total";
 /// The most statements one flush applied since start (bounded by
@@ -145,6 +150,10 @@ pub fn describe() {
     describe_counter!(
         DEAD_LETTERS,
         "Readings or messages sent to the dead-letter collection, by cause."
+    );
+    describe_counter!(
+        FIELDS_DROPPED,
+        "Fields left out of readings that were stored (the value could not be taken), by cause."
     );
     describe_counter!(FLUSHES, "Flushes that wrote something.");
     describe_counter!(STATEMENTS, "Bucket upsert statements applied.");
@@ -403,6 +412,9 @@ fn register_at_zero() {
         for name in [DEAD_LETTERS, DEAD_LETTERS_DROPPED, DEAD_LETTER_PAYLOADS_CUT] {
             metrics::counter!(name, "cause" => *cause).increment(0);
         }
+    }
+    for cause in FIELD_CAUSES {
+        metrics::counter!(FIELDS_DROPPED, "cause" => *cause).increment(0);
     }
     for kind in crate::store::mongo::ERROR_KINDS {
         metrics::counter!(DATABASE_ERRORS, "kind" => *kind).increment(0);

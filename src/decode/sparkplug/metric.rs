@@ -76,6 +76,7 @@ impl ByTime {
                     ts_ms,
                     fields: part,
                     index,
+                    units: Vec::new(),
                 });
             }
         }

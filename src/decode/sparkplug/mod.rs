@@ -425,6 +425,7 @@ impl State {
                 ts_ms: msg.now_ms,
                 fields: state_fields("offline", bd_seq),
                 index: 0,
+                units: Vec::new(),
             }];
         };
         if bd_seq.is_some() && node.bd_seq.is_some() && bd_seq != node.bd_seq {
@@ -447,6 +448,7 @@ impl State {
                 ts_ms: msg.now_ms,
                 fields: state_fields("offline", bd),
                 index,
+                units: Vec::new(),
             })
             .collect()
     }

@@ -27,14 +27,11 @@ fn decoder(rebirth: bool) -> Decoder {
     };
     Decoder::new(
         vec![Subscription {
-            pattern: TopicPattern::parse("spBv1.0/#").unwrap(),
-            format: PayloadFormat::SparkplugB,
-            timestamp_field: "ts".into(),
-            sensor_field: None,
-            field: None,
-            qos: 1,
             rebirth_min_interval: rebirth.then(|| std::time::Duration::from_secs(60)),
-            from_properties: Default::default(),
+            ..Subscription::new(
+                TopicPattern::parse("spBv1.0/#").unwrap(),
+                PayloadFormat::SparkplugB,
+            )
         }],
         limits,
     )
@@ -246,6 +243,7 @@ fn birth_then_data_by_alias() {
             ts_ms: NOW + 5,
             fields: vec![("Temp%2EC".into(), FieldValue::Num(21.0))],
             index: 0,
+            units: Vec::new(),
         }]
     );
 }

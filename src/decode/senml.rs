@@ -1,0 +1,276 @@
+//! `format = "senml"`: Sensor Measurement Lists, JSON (RFC 8428): an array
+//! of records, resolved as the RFC's section 4.6 says. Base fields (`bn`,
+//! `bt`, `bu`, `bv`, `bs`) hold until a later record changes them; a
+//! record's name is `bn` + `n`, its time `bt` + `t` in seconds (a resolved
+//! time below 2^28 is relative to now: to the message's time), its value
+//! `v` + `bv` (or `vs`, `vb`, `vd`; a sum `s` + `bs`).
+//!
+//! Records become samples by time: all records of one sensor at one time
+//! are one sample. The sensor is the topic's `{sensor}` (or the MQTT 5
+//! `sensor_property`) when the subscription has one, else the base name in
+//! effect, without the separator it ends in (`urn:dev:ow:10e2073a01080063:`
+//! is the sensor `urn:dev:ow:10e2073a01080063`). A record's field is its
+//! own name `n`, or `value` when it has none (a base name naming the one
+//! measurement); a sum is the field `<name>_sum`. A record's unit (`u`, or
+//! `bu`) is kept once per bucket (see [`Reading::units`]).
+//!
+//! Refused: a pack that is not an array of objects, a field the RFC says
+//! must be understood (a key ending in `_`), a version above 10. A record
+//! with a bad name, time or value refuses its sample.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::{check_sensor, DecodeError, Decoded, FieldValue, Message, Reading};
+
+/// Below this a resolved time is relative to now (RFC 8428, 4.5.3).
+const RELATIVE: f64 = 268_435_456.0;
+
+/// One record as the RFC names its fields (the JSON labels).
+#[derive(Debug, Default, Deserialize)]
+struct Record<'a> {
+    #[serde(borrow, default)]
+    bn: Option<Cow<'a, str>>,
+    bt: Option<f64>,
+    #[serde(borrow, default)]
+    bu: Option<Cow<'a, str>>,
+    bv: Option<f64>,
+    bs: Option<f64>,
+    bver: Option<i64>,
+    #[serde(borrow, default)]
+    n: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    u: Option<Cow<'a, str>>,
+    v: Option<f64>,
+    #[serde(borrow, default)]
+    vs: Option<Cow<'a, str>>,
+    vb: Option<bool>,
+    #[serde(borrow, default)]
+    vd: Option<Cow<'a, str>>,
+    s: Option<f64>,
+    t: Option<f64>,
+    /// Any other label: only to find the must-understand ones.
+    #[serde(flatten, borrow)]
+    other: BTreeMap<Cow<'a, str>, serde::de::IgnoredAny>,
+}
+
+/// The samples of one SenML pack.
+pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading>, DecodeError> {
+    let limits = msg.limits;
+    let records: Vec<Record<'_>> = serde_json::from_slice(msg.payload)
+        .map_err(|e| DecodeError::BadPayload(format!("not a SenML pack (RFC 8428): {e}")))?;
+    if records.is_empty() {
+        return Err(DecodeError::BadPayload("an empty pack: no records".into()));
+    }
+    let topic_sensor = match msg.matched.sensor {
+        Some(s) => {
+            check_sensor(s, limits)?;
+            Some(s)
+        }
+        None => None,
+    };
+    let mut base = Base::default();
+    // (sensor, time) -> its sample, in the order first seen.
+    let mut samples: Vec<Reading> = Vec::new();
+    let mut refused: Vec<usize> = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        if let Some(label) = r.other.keys().find(|k| k.ends_with('_')) {
+            return Err(DecodeError::BadPayload(format!(
+                "record {i}: label {label:?} must be understood (RFC 8428, 4.4) and palletd does not know it"
+            )));
+        }
+        if let Some(v) = r.bver.filter(|v| *v > 10) {
+            return Err(DecodeError::BadPayload(format!(
+                "record {i}: SenML version {v} is newer than 10"
+            )));
+        }
+        base.update(r);
+        let resolved = match base.resolve(r, msg.time_ms) {
+            Ok(Some(x)) => x,
+            Ok(None) => continue,
+            Err(message) => {
+                out.errors.push(DecodeError::BadField {
+                    index: i,
+                    message: format!("record {i}: {message}"),
+                });
+                continue;
+            }
+        };
+        let sensor = match topic_sensor {
+            Some(s) => s.to_string(),
+            None => {
+                let id = base.name.trim_end_matches([':', '/', '.', '-', '_']);
+                if let Err(e) = check_sensor(id, limits) {
+                    out.errors.push(e);
+                    continue;
+                }
+                id.to_string()
+            }
+        };
+        let at = match samples
+            .iter()
+            .position(|s| s.ts_ms == resolved.ts_ms && s.sensor == sensor)
+        {
+            Some(at) => at,
+            None => {
+                if samples.len() >= limits.max_samples_per_message {
+                    return Err(super::too_many_samples(samples.len() + 1, limits));
+                }
+                samples.push(Reading {
+                    sensor,
+                    ts_ms: resolved.ts_ms,
+                    index: samples.len(),
+                    ..Reading::default()
+                });
+                samples.len() - 1
+            }
+        };
+        let sample = &mut samples[at];
+        for (name, value) in resolved.values {
+            let name = super::field_name(&name).into_owned();
+            if let Some(unit) = &resolved.unit {
+                set(&mut sample.units, &name, unit.to_string());
+            }
+            set(&mut sample.fields, &name, value);
+            if sample.fields.len() > limits.max_fields_per_sample {
+                refused.push(at);
+            }
+        }
+    }
+    let mut readings = Vec::with_capacity(samples.len());
+    for s in samples {
+        if refused.contains(&s.index) {
+            out.errors.push(DecodeError::OverLimit {
+                cause: "too_many_fields",
+                message: format!(
+                    "sample {}: more fields than limits.max_fields_per_sample ({})",
+                    s.index, limits.max_fields_per_sample
+                ),
+            });
+        } else {
+            readings.push(s);
+        }
+    }
+    Ok(readings)
+}
+
+/// Sets `name` in a list of names and values: the last one wins.
+fn set<T>(list: &mut Vec<(String, T)>, name: &str, value: T) {
+    match list.iter_mut().find(|(n, _)| n == name) {
+        Some(slot) => slot.1 = value,
+        None => list.push((name.to_string(), value)),
+    }
+}
+
+/// The base fields in effect.
+#[derive(Debug, Default)]
+struct Base<'a> {
+    name: Cow<'a, str>,
+    time: f64,
+    unit: Option<Cow<'a, str>>,
+    value: f64,
+    sum: f64,
+}
+
+/// One record resolved: its time, unit and the fields it gives.
+struct Resolved<'a> {
+    ts_ms: i64,
+    unit: Option<Cow<'a, str>>,
+    values: Vec<(String, FieldValue)>,
+}
+
+impl<'a> Base<'a> {
+    fn update(&mut self, r: &Record<'a>) {
+        if let Some(bn) = &r.bn {
+            self.name = bn.clone();
+        }
+        if let Some(bt) = r.bt {
+            self.time = bt;
+        }
+        if let Some(bu) = &r.bu {
+            self.unit = Some(bu.clone());
+        }
+        if let Some(bv) = r.bv {
+            self.value = bv;
+        }
+        if let Some(bs) = r.bs {
+            self.sum = bs;
+        }
+    }
+
+    /// The record's fields; `None` for a record of base fields only.
+    fn resolve(&self, r: &Record<'a>, now_ms: i64) -> Result<Option<Resolved<'a>>, String> {
+        let field = r.n.as_deref().unwrap_or_default();
+        let full = format!("{}{field}", self.name);
+        check_name(&full)?;
+        let field = if field.is_empty() { "value" } else { field };
+        let mut values = Vec::new();
+        let finite = |x: f64, what: &str| {
+            if x.is_finite() {
+                Ok(x)
+            } else {
+                Err(format!("{full:?}: {what} out of range"))
+            }
+        };
+        if let Some(v) = r.v {
+            values.push((
+                field.to_string(),
+                FieldValue::Num(finite(self.value + v, "value")?),
+            ));
+        } else if let Some(vs) = &r.vs {
+            values.push((field.to_string(), FieldValue::Str(vs.to_string())));
+        } else if let Some(vb) = r.vb {
+            values.push((field.to_string(), FieldValue::Bool(vb)));
+        } else if let Some(vd) = &r.vd {
+            values.push((field.to_string(), FieldValue::Str(vd.to_string())));
+        }
+        if let Some(s) = r.s {
+            values.push((
+                format!("{field}_sum"),
+                FieldValue::Num(finite(self.sum + s, "sum")?),
+            ));
+        }
+        if values.is_empty() {
+            return Ok(None);
+        }
+        let t = self.time + r.t.unwrap_or(0.0);
+        let secs = if t.abs() < RELATIVE {
+            now_ms as f64 / 1e3 + t
+        } else {
+            t
+        };
+        let ms = (secs * 1e3).round();
+        if !ms.is_finite() || ms.abs() > 8.64e15 {
+            return Err(format!(
+                "{full:?}: time {t} is outside the representable date range"
+            ));
+        }
+        Ok(Some(Resolved {
+            ts_ms: ms as i64,
+            unit: r.u.clone().or_else(|| self.unit.clone()),
+            values,
+        }))
+    }
+}
+
+/// RFC 8428, 4.5.1: a name is 1 or more of `A-Z a-z 0-9 - : . / _`,
+/// starting with a letter or digit.
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-:./_".contains(&b))
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "name {:?} is not a SenML name (letters, digits, - : . / _, starting with a letter or digit)",
+            super::truncate(name, 64)
+        ))
+    }
+}
