@@ -116,3 +116,101 @@ fn run_with_a_bad_config_exits_78() {
     let out = palletd(&["run", "--config", "/nonexistent/palletd.toml"]);
     assert_eq!(out.status.code(), Some(78));
 }
+
+/// Every preset prints as a whole configuration that check-config takes;
+/// an unknown one is named with the ones there are.
+#[test]
+fn print_config_with_a_preset_validates() {
+    for name in palletd::config::presets::PRESETS.iter().map(|p| p.0) {
+        let out = palletd(&["print-config", "--preset", name]);
+        assert!(out.status.success(), "{name}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let (code, checked) = check(&text);
+        assert_eq!(code, Some(0), "{name}: {checked}");
+    }
+    let out = palletd(&["print-config", "--preset", "tasmato"]);
+    assert_eq!(out.status.code(), Some(78));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"tasmota\""));
+}
+
+/// `palletd try` prints what a payload would be stored as, what would be
+/// left out, and the dead letter (exit 2), storing nothing.
+#[test]
+fn try_shows_the_samples_a_payload_becomes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lamp.json");
+    let long = "x".repeat(2000);
+    std::fs::write(
+        &file,
+        format!(r#"{{"state":"ON","color":{{"x":0.4573,"y":0.41}},"note":"{long}","update":{{"state":"idle"}}}}"#),
+    )
+    .unwrap();
+    let out = palletd(&[
+        "try",
+        "--preset",
+        "zigbee2mqtt",
+        "--topic",
+        "zigbee2mqtt/lamp",
+        file.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let mut lines = text.lines();
+    let sample: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(sample["sensor"], "lamp");
+    assert_eq!(
+        sample["fields"],
+        serde_json::json!({"state": "ON", "color%2Ex": 0.4573, "color%2Ey": 0.41})
+    );
+    assert!(
+        lines
+            .next()
+            .unwrap()
+            .starts_with("left out (string_too_long): sample 0: field \"note\""),
+        "{text}"
+    );
+    let out = palletd(&[
+        "try",
+        "--preset",
+        "zigbee2mqtt",
+        "--topic",
+        "zigbee2mqtt/bridge/state",
+        file.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.starts_with("dead letter (unknown_topic)"), "{text}");
+}
+
+/// The selection keys are checked like every other: a bad pointer, zone,
+/// separator or arrays value names its path; keys of the wrong format too.
+#[test]
+fn selection_keys_are_validated() {
+    let example =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml.example"))
+            .unwrap();
+    let first = "topic = \"sensors/{sensor}/telemetry\"\n";
+    for (add, want) in [
+        (
+            "root = \"params\"\n",
+            "subscription[0].root: \"params\" is not a JSON Pointer",
+        ),
+        ("include = [\"/a~2\"]\n", "subscription[0].include:"),
+        ("timezone = \"Mars/Olympus\"\n", "subscription[0].timezone:"),
+        ("arrays = \"keep\"\n", "subscription[0].arrays:"),
+        ("flatten = \"\"\n", "subscription[0].flatten:"),
+        ("rename = { \"/a\" = \"$x\" }\n", "subscription[0].rename."),
+    ] {
+        let (code, text) = check(&example.replacen(first, &format!("{first}{add}"), 1));
+        assert_eq!(code, Some(78), "{add}: {text}");
+        assert!(text.contains(want), "{add}: {text}");
+    }
+    let number = "format = \"number\"\n";
+    let (code, text) =
+        check(&example.replacen(number, &format!("{number}include = [\"/a\"]\n"), 1));
+    assert_eq!(code, Some(78), "{text}");
+    assert!(
+        text.contains("subscription[1].include: needs format = \"json\""),
+        "{text}"
+    );
+}

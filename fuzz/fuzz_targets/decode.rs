@@ -1,15 +1,31 @@
 //! Payload decoding and topic matching: any topic and payload bytes either
-//! decode to valid readings or to typed errors, never a panic.
+//! decode to valid readings or to typed errors, never a panic. Every format
+//! that needs no state: JSON (flat, nested, chosen by paths, with a time
+//! zone), number, value and SenML.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use palletd::decode::{Subscription, DEFAULT_SENSOR_ID_PATTERN};
 use palletd::decode::{check_field_name, field_name, original_name, RESERVED};
-use palletd::decode::{Decoder, FieldValue, Limits, Path, PayloadFormat, TopicPattern};
+use palletd::decode::{Arrays, Decoder, FieldValue, Limits, Path, PayloadFormat, TopicPattern};
 
 fn subscription(topic: &str, format: PayloadFormat, sensor_field: Option<&str>) -> Subscription {
     let mut s = Subscription::new(TopicPattern::parse(topic).unwrap(), format);
     s.selection.sensor = sensor_field.map(|f| Path::key_or_pointer(f).unwrap());
+    s
+}
+
+/// The paths of a subscription like the Shelly preset's, and a zone.
+fn selecting() -> Subscription {
+    let mut s = subscription("rpc/{sensor}", PayloadFormat::Json, None);
+    let pointer = |p: &str| Path::parse(p, true).unwrap();
+    s.selection.root = pointer("/params");
+    s.selection.include = vec![pointer("/*/tC"), pointer("/a"), pointer("/l/*")];
+    s.selection.exclude = vec![pointer("/a/id")];
+    s.selection.rename = vec![(pointer("/a/v"), "temp".into())];
+    s.selection.timestamp = Path::key_or_pointer("/meta/ts").unwrap();
+    s.selection.sensor = Some(Path::key_or_pointer("/meta/src").unwrap());
+    s.timezone = Some(chrono_tz::Europe::Berlin);
     s
 }
 
@@ -21,6 +37,17 @@ fn decoder() -> Decoder {
             subscription("sensors/{sensor}/telemetry", PayloadFormat::Json, None),
             subscription("plant/{sensor}/{field}", PayloadFormat::Number, None),
             subscription("fleet/#", PayloadFormat::Json, Some("device")),
+            subscription("value/{sensor}/{field}", PayloadFormat::Value, None),
+            subscription("senml/{sensor}", PayloadFormat::Senml, None),
+            // SenML with the sensor from each record's base name.
+            subscription("packs/#", PayloadFormat::Senml, None),
+            selecting(),
+            {
+                let mut s = subscription("flat/{sensor}", PayloadFormat::Json, None);
+                s.selection.separator = "_".into();
+                s.selection.arrays = Arrays::Drop;
+                s
+            },
         ],
         Limits {
             max_payload_size: 64 * 1024,
@@ -62,6 +89,10 @@ fuzz_target!(|data: &[u8]| {
             if let FieldValue::Num(x) = value {
                 assert!(x.is_finite());
             }
+        }
+        // Units name fields of the sample, escaped the same way.
+        for (name, _) in &r.units {
+            assert!(check_field_name(name).is_ok(), "{name:?}");
         }
     }
     // Topic patterns: parsing any text never panics, and a parsed pattern

@@ -153,6 +153,19 @@ format = "number"
         self.subscription(&keys)
     }
 
+    /// Adds a preset's subscriptions (`palletd print-config --preset`).
+    pub fn preset(mut self, name: &str) -> Config {
+        let text = palletd::config::presets::preset(name).expect("a preset");
+        let table: toml::Table = text.parse().expect("a preset is TOML");
+        let Some(toml::Value::Array(theirs)) = table.get("subscription") else {
+            panic!("preset {name} has no subscriptions");
+        };
+        if let Some(toml::Value::Array(subs)) = self.table.get_mut("subscription") {
+            subs.extend(theirs.iter().cloned());
+        }
+        self
+    }
+
     /// Adds a `[[subscription]]` with these keys.
     pub fn subscription(mut self, keys: &[(&str, toml::Value)]) -> Config {
         let sub: toml::Table = keys

@@ -1,0 +1,212 @@
+//! Real devices' payloads, as their projects document them, through the
+//! presets (`palletd print-config --preset`), a real Mosquitto and a real
+//! SecantusDB: Tasmota (SENSOR with a sensor and an ENERGY object, STATE,
+//! LWT), a Zigbee2MQTT lamp and sensor, Shelly Gen2 NotifyStatus and
+//! NotifyFullStatus, an RFC 8428 SenML pack and an ESPHome state. They
+//! arrive while the database is down, palletd is killed with them in its
+//! spool, and the replay stores each with its sensor, time, fields and
+//! units.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use bson::{Bson, Document};
+use chrono::TimeZone;
+use common::*;
+
+/// Every stored sample by sensor (time order), and each sensor's units.
+async fn stored(stack: &Stack) -> (BTreeMap<String, Vec<Document>>, BTreeMap<String, Document>) {
+    let mut samples: BTreeMap<String, Vec<Document>> = BTreeMap::new();
+    let mut units: BTreeMap<String, Document> = BTreeMap::new();
+    for b in stack.docs("readings").await {
+        let sensor = b.get_str("sensorId").unwrap().to_string();
+        if let Ok(u) = b.get_document("units") {
+            units.entry(sensor.clone()).or_default().extend(u.clone());
+        }
+        for s in b.get_array("samples").unwrap() {
+            samples
+                .entry(sensor.clone())
+                .or_default()
+                .push(s.as_document().unwrap().clone());
+        }
+    }
+    for v in samples.values_mut() {
+        v.sort_by_key(|s| s.get_datetime("ts").unwrap().timestamp_millis());
+    }
+    (samples, units)
+}
+
+fn num(s: &Document, field: &str) -> f64 {
+    match s.get(field) {
+        Some(Bson::Double(x)) => *x,
+        other => panic!("{field}: expected a double, got {other:?} in {s}"),
+    }
+}
+
+fn ts(s: &Document) -> i64 {
+    s.get_datetime("ts").unwrap().timestamp_millis()
+}
+
+#[tokio::test]
+async fn devices_payloads_are_stored_with_their_sensor_time_fields_and_units() {
+    let mut stack = Stack::without_database("devices", |c| {
+        ["tasmota", "zigbee2mqtt", "shelly", "senml", "esphome"]
+            .into_iter()
+            .fold(c, Config::preset)
+    })
+    .await;
+    // Whole seconds a minute ago: Tasmota writes seconds, in Berlin time.
+    let t = (now_ms() - 60_000) / 1000 * 1000;
+    let berlin = chrono_tz::Europe::Berlin
+        .timestamp_millis_opt(t)
+        .unwrap()
+        .format("%Y-%m-%dT%H:%M:%S");
+    let secs = t as f64 / 1e3;
+    let lamp_note = "n".repeat(2000);
+    let messages: Vec<(&str, String)> = vec![
+        (
+            "tele/th1/SENSOR",
+            format!(
+                r#"{{"Time":"{berlin}","AM2301":{{"Temperature":24.6,"Humidity":58.2}},"TempUnit":"C"}}"#
+            ),
+        ),
+        (
+            "tele/plug1/SENSOR",
+            format!(
+                r#"{{"Time":"{berlin}","ENERGY":{{"TotalStartTime":"2020-12-27T10:51:14","Total":0.003,"Yesterday":0.000,"Today":0.003,"Period":0,"Power":12,"ApparentPower":14,"ReactivePower":6,"Factor":0.85,"Voltage":229,"Current":0.061}}}}"#
+            ),
+        ),
+        (
+            "tele/plug1/STATE",
+            format!(
+                r#"{{"Time":"{berlin}","Uptime":"0T00:15:09","UptimeSec":909,"Heap":26,"SleepMode":"Dynamic","Sleep":50,"LoadAvg":19,"MqttCount":1,"POWER":"ON","Wifi":{{"AP":1,"SSId":"home","BSSId":"AA:BB:CC:DD:EE:FF","Channel":1,"Mode":"11n","RSSI":100,"Signal":-50,"LinkCount":1,"Downtime":"0T00:00:03"}}}}"#
+            ),
+        ),
+        ("tele/plug1/LWT", "Online".into()),
+        (
+            "zigbee2mqtt/kitchen_lamp",
+            format!(
+                r#"{{"state":"ON","brightness":254,"color_temp":370,"color":{{"x":0.4573,"y":0.41}},"color_mode":"color_temp","linkquality":120,"note":"{lamp_note}","update":{{"state":"idle","installed_version":16777472,"latest_version":16777472}},"update_available":false}}"#
+            ),
+        ),
+        (
+            "zigbee2mqtt/hall_th",
+            format!(
+                r#"{{"temperature":21.3,"humidity":48,"battery":97,"linkquality":87,"last_seen":"{}"}}"#,
+                chrono::DateTime::from_timestamp_millis(t)
+                    .unwrap()
+                    .to_rfc3339()
+            ),
+        ),
+        (
+            "shellyhtg3-e4b063d8a9cc/events/rpc",
+            format!(
+                r#"{{"src":"shellyhtg3-e4b063d8a9cc","dst":"shellyhtg3-e4b063d8a9cc/events","method":"NotifyStatus","params":{{"ts":{},"temperature:0":{{"id":0,"tC":21.6,"tF":70.9}},"humidity:0":{{"id":0,"rh":45.3}}}}}}"#,
+                secs + 0.12
+            ),
+        ),
+        (
+            "shellyplusht-b8d61a8b17cc/events/rpc",
+            format!(
+                r#"{{"src":"shellyplusht-b8d61a8b17cc","dst":"shellyplusht-b8d61a8b17cc/events","method":"NotifyFullStatus","params":{{"ts":{secs},"ble":{{}},"cloud":{{"connected":false}},"devicepower:0":{{"id":0,"battery":{{"V":0.43,"percent":0}},"external":{{"present":true}}}},"ht_ui":{{}},"humidity:0":{{"id":0,"rh":42.2}},"mqtt":{{"connected":true}},"sys":{{"mac":"B8D61A8B17CC","restart_required":false,"time":null,"unixtime":null,"uptime":3,"ram_size":235300,"ram_free":164244,"fs_size":458752,"fs_free":118784,"cfg_rev":10,"kvs_rev":0,"webhook_rev":0,"available_updates":{{}},"wakeup_reason":{{"boot":"deepsleep_wake","cause":"status_update"}},"wakeup_period":600}},"temperature:0":{{"id":0,"tC":19.8,"tF":67.6}},"wifi":{{"sta_ip":"192.168.3.183","status":"got ip","ssid":"winos","rssi":-57}}}}}}"#
+            ),
+        ),
+        // RFC 8428, 5.1.4 (its base time moved to a minute ago).
+        (
+            "senml/meter1",
+            format!(
+                r#"[{{"bn":"urn:dev:ow:10e2073a0108006:","bt":{secs},"bu":"A","bver":5,"n":"voltage","u":"V","v":120.1}},{{"n":"current","t":-5,"v":1.2}},{{"n":"current","t":-4,"v":1.3}},{{"n":"current","t":-3,"v":1.4}},{{"n":"current","t":-2,"v":1.5}},{{"n":"current","t":-1,"v":1.6}},{{"n":"current","v":1.7}}]"#
+            ),
+        ),
+        ("greenhouse/sensor/soil_moisture/state", "41.7".into()),
+    ];
+    let mut p = stack.publisher().await;
+    for (topic, payload) in &messages {
+        p.publish(topic, payload.as_bytes().to_vec()).await;
+    }
+    p.flush().await;
+    const SAMPLES: usize = 4 + 2 + 2 + 6 + 1;
+    stack
+        .palletd
+        .wait_metric("palletd_samples_decoded_total", SAMPLES as f64)
+        .await;
+    stack.all_acknowledged().await;
+    assert_eq!(
+        stack.palletd.metric(
+            "palletd_fields_dropped_total",
+            Some(("cause", "string_too_long"))
+        ),
+        1.0,
+        "the lamp's note is left out, counted"
+    );
+    assert_eq!(
+        stack.palletd.metric("palletd_dead_letters_total", None),
+        0.0
+    );
+
+    // Killed with everything in the spool; the replay stores it.
+    stack.palletd.kill();
+    stack.palletd = Palletd::start(&stack.config);
+    stack.db.start_again();
+    stack.wait_stored(SAMPLES).await;
+    let (all, units) = stored(&stack).await;
+    assert_eq!(
+        all.values().map(Vec::len).sum::<usize>(),
+        SAMPLES,
+        "{all:?}"
+    );
+    assert!(stack.docs("readings_deadletter").await.is_empty());
+
+    let th1 = &all["th1"][0];
+    assert_eq!(ts(th1), t, "Tasmota's local time read in Berlin time");
+    assert_eq!(num(th1, "AM2301%2ETemperature"), 24.6);
+    assert_eq!(num(th1, "AM2301%2EHumidity"), 58.2);
+    assert_eq!(th1.get_str("TempUnit"), Ok("C"));
+    let plug = &all["plug1"];
+    assert_eq!(plug.len(), 3);
+    let energy = plug
+        .iter()
+        .find(|s| s.contains_key("ENERGY%2EPower"))
+        .unwrap();
+    assert_eq!((ts(energy), num(energy, "ENERGY%2EVoltage")), (t, 229.0));
+    assert!(!energy.contains_key("ENERGY%2ETotalStartTime"));
+    let state = plug.iter().find(|s| s.contains_key("UptimeSec")).unwrap();
+    assert_eq!(state.get_str("POWER"), Ok("ON"));
+    assert_eq!(num(state, "Wifi%2ERSSI"), 100.0);
+    assert!(!state.contains_key("Wifi%2ESSId"), "not included");
+    assert!(plug.iter().any(|s| s.get_str("LWT") == Ok("Online")));
+
+    let lamp = &all["kitchen_lamp"][0];
+    assert_eq!(
+        (num(lamp, "color%2Ex"), num(lamp, "color%2Ey")),
+        (0.4573, 0.41)
+    );
+    assert_eq!(lamp.get_str("state"), Ok("ON"));
+    assert!(!lamp.contains_key("note") && !lamp.contains_key("update%2Estate"));
+    assert_eq!(ts(&all["hall_th"][0]), t, "last_seen");
+
+    let ht = &all["shellyhtg3-e4b063d8a9cc"][0];
+    assert_eq!(ts(ht), t + 120, "params.ts with its fraction");
+    assert_eq!(num(ht, "temperature:0%2EtC"), 21.6);
+    assert_eq!(num(ht, "humidity:0%2Erh"), 45.3);
+    assert!(!ht.contains_key("temperature:0%2Eid"));
+    let full = &all["shellyplusht-b8d61a8b17cc"][0];
+    assert_eq!(num(full, "devicepower:0%2Ebattery%2EV"), 0.43);
+    assert_eq!(num(full, "sys%2Eram_free"), 164244.0);
+    assert!(!full.contains_key("wifi%2Essid") && !full.contains_key("sys%2Emac"));
+
+    let meter = &all["meter1"];
+    let offsets: Vec<i64> = meter.iter().map(|s| (ts(s) - t) / 1000).collect();
+    assert_eq!(offsets, [-5, -4, -3, -2, -1, 0], "six times");
+    assert_eq!(num(&meter[5], "voltage"), 120.1);
+    assert_eq!(num(&meter[5], "current"), 1.7);
+    assert_eq!(num(&meter[0], "current"), 1.2);
+    assert_eq!(
+        units["meter1"],
+        bson::doc! { "voltage": "V", "current": "A" },
+        "units once per bucket"
+    );
+    assert!(meter.iter().all(|s| !s.contains_key("_units")));
+    assert_eq!(num(&all["greenhouse"][0], "soil_moisture"), 41.7);
+}
