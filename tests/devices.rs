@@ -2,7 +2,9 @@
 //! presets (`palletd print-config --preset`), a real Mosquitto and a real
 //! SecantusDB: Tasmota (SENSOR with a sensor and an ENERGY object, STATE,
 //! LWT), a Zigbee2MQTT lamp and sensor, Shelly Gen2 NotifyStatus and
-//! NotifyFullStatus, an RFC 8428 SenML pack and an ESPHome state. They
+//! NotifyFullStatus, RFC 8428 SenML packs in JSON and CBOR, an ESPHome
+//! state, OPC 10000-14's PubSub JSON example, a MessagePack map and
+//! Telegraf's line protocol. They
 //! arrive while the database is down, palletd is killed with them in its
 //! spool, and the replay stores each with its sensor, time, fields and
 //! units.
@@ -51,9 +53,26 @@ fn ts(s: &Document) -> i64 {
 #[tokio::test]
 async fn devices_payloads_are_stored_with_their_sensor_time_fields_and_units() {
     let mut stack = Stack::without_database("devices", |c| {
-        ["tasmota", "zigbee2mqtt", "shelly", "senml", "esphome"]
-            .into_iter()
-            .fold(c, Config::preset)
+        [
+            "tasmota",
+            "zigbee2mqtt",
+            "shelly",
+            "senml",
+            "esphome",
+            "opcua",
+            "telegraf",
+        ]
+        .into_iter()
+        .fold(c, Config::preset)
+        .subscription(&[
+            ("topic", "senml-cbor/{sensor}".into()),
+            ("format", "senml_cbor".into()),
+        ])
+        .subscription(&[
+            ("topic", "packed/{sensor}".into()),
+            ("format", "msgpack".into()),
+            ("timestamp_field", "/meta/at".into()),
+        ])
     })
     .await;
     // Whole seconds a minute ago: Tasmota writes seconds, in Berlin time.
@@ -120,13 +139,56 @@ async fn devices_payloads_are_stored_with_their_sensor_time_fields_and_units() {
             ),
         ),
         ("greenhouse/sensor/soil_moisture/state", "41.7".into()),
+        // OPC 10000-14 A.3.4.5 (its Timestamp moved to a minute ago).
+        (
+            "opcua/json/data/MyPublisher/G1",
+            format!(
+                r#"{{"MessageId":"9279c0b3-da88-45a4-af74-451cebf82db0","MessageType":"ua-data","PublisherId":"MyPublisher","Messages":[{{"DataSetWriterId":101,"SequenceNumber":68468,"MinorVersion":672341762,"Timestamp":"{iso}","Payload":{{"Active":true,"Temperature":25.5,"Counter":0,"AdditionalInfo":"The system is running normally (1)"}}}},{{"DataSetWriterId":102,"SequenceNumber":25460,"MinorVersion":672341762,"Timestamp":"{iso}","Status":{{"Code":1073741824}},"Payload":{{"LocationName":"Building A","Coordinate":{{"X":0,"Y":0.2}},"Measurements":[20030,20020,20010]}}}}]}}"#,
+                iso = chrono::DateTime::from_timestamp_millis(t)
+                    .unwrap()
+                    .to_rfc3339()
+            ),
+        ),
     ];
     let mut p = stack.publisher().await;
     for (topic, payload) in &messages {
         p.publish(topic, payload.as_bytes().to_vec()).await;
     }
+    // RFC 8428 5.1.2 in CBOR (bn -2, bt -3, n 0, u 1, v 2), and a
+    // MessagePack map read with JSON's paths.
+    use ciborium::Value as C;
+    let pack = C::Array(vec![
+        C::Map(vec![
+            (
+                C::Integer((-2).into()),
+                C::Text("urn:dev:ow:10e2073a01080063:".into()),
+            ),
+            (C::Integer((-3).into()), C::Float(secs)),
+            (C::Integer(0.into()), C::Text("voltage".into())),
+            (C::Integer(1.into()), C::Text("V".into())),
+            (C::Integer(2.into()), C::Float(120.1)),
+        ]),
+        C::Map(vec![
+            (C::Integer(0.into()), C::Text("current".into())),
+            (C::Integer(1.into()), C::Text("A".into())),
+            (C::Integer(2.into()), C::Float(1.2)),
+        ]),
+    ]);
+    let mut cbor = Vec::new();
+    ciborium::into_writer(&pack, &mut cbor).unwrap();
+    p.publish("senml-cbor/meter2", cbor).await;
+    let packed = serde_json::json!({"meta": {"at": t}, "motor": {"rpm": 1480.5, "on": true}});
+    p.publish("packed/press7", rmp_serde::to_vec_named(&packed).unwrap())
+        .await;
+    // Telegraf's cpu plugin in line protocol, nanoseconds.
+    let ns = t * 1_000_000;
+    p.publish(
+        "telegraf/edge1/cpu",
+        format!("cpu,cpu=cpu-total,host=edge1 usage_idle=98.2,usage_user=1.1 {ns}\ncpu,cpu=cpu0,host=edge1 usage_idle=97.5,usage_user=2i {ns}\n"),
+    )
+    .await;
     p.flush().await;
-    const SAMPLES: usize = 4 + 2 + 2 + 6 + 1;
+    const SAMPLES: usize = 4 + 2 + 2 + 6 + 1 + 2 + 1 + 1 + 2;
     stack
         .palletd
         .wait_metric("palletd_samples_decoded_total", SAMPLES as f64)
@@ -209,4 +271,32 @@ async fn devices_payloads_are_stored_with_their_sensor_time_fields_and_units() {
     );
     assert!(meter.iter().all(|s| !s.contains_key("_units")));
     assert_eq!(num(&all["greenhouse"][0], "soil_moisture"), 41.7);
+
+    let writer = &all["MyPublisher:101"][0];
+    assert_eq!((ts(writer), num(writer, "Temperature")), (t, 25.5));
+    assert_eq!(writer.get_bool("Active"), Ok(true));
+    let writer = &all["MyPublisher:102"][0];
+    assert_eq!(num(writer, "StatusCode"), 1_073_741_824.0, "Uncertain kept");
+    assert_eq!(num(writer, "Coordinate%2EY"), 0.2);
+    assert_eq!(num(writer, "Measurements%2E1"), 20020.0);
+    let meter = &all["meter2"][0];
+    assert_eq!(
+        (ts(meter), num(meter, "voltage"), num(meter, "current")),
+        (t, 120.1, 1.2)
+    );
+    assert_eq!(
+        units["meter2"],
+        bson::doc! { "voltage": "V", "current": "A" }
+    );
+    let press = &all["press7"][0];
+    assert_eq!((ts(press), num(press, "motor%2Erpm")), (t, 1480.5));
+    assert_eq!(press.get_bool("motor%2Eon"), Ok(true));
+    let cpu = &all["edge1:cpu"];
+    assert_eq!(cpu.len(), 2);
+    assert!(cpu.iter().all(|s| ts(s) == t));
+    let total = cpu
+        .iter()
+        .find(|s| s.get_str("cpu") == Ok("cpu-total"))
+        .unwrap();
+    assert_eq!(num(total, "usage_idle"), 98.2);
 }

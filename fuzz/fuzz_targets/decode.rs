@@ -1,7 +1,8 @@
 //! Payload decoding and topic matching: any topic and payload bytes either
 //! decode to valid readings or to typed errors, never a panic. Every format
 //! that needs no state: JSON (flat, nested, chosen by paths, with a time
-//! zone), number, value and SenML.
+//! zone; CBOR and MessagePack read the same way), number, value, SenML in
+//! JSON and CBOR, OPC UA PubSub JSON and line protocol.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -41,6 +42,15 @@ fn decoder() -> Decoder {
             subscription("senml/{sensor}", PayloadFormat::Senml, None),
             // SenML with the sensor from each record's base name.
             subscription("packs/#", PayloadFormat::Senml, None),
+            subscription("opcua/#", PayloadFormat::OpcUa, None),
+            subscription("cbor/{sensor}", PayloadFormat::Cbor, None),
+            subscription("msgpack/{sensor}", PayloadFormat::MsgPack, None),
+            subscription("senmlc/{sensor}", PayloadFormat::SenmlCbor, None),
+            subscription("lp/{sensor}", PayloadFormat::LineProtocol, None),
+            Subscription {
+                sensor_template: Some("{host}:{measurement}".into()),
+                ..subscription("lpt/#", PayloadFormat::LineProtocol, None)
+            },
             selecting(),
             {
                 let mut s = subscription("flat/{sensor}", PayloadFormat::Json, None);

@@ -18,6 +18,8 @@ pub const PRESETS: &[(&str, &str)] = &[
         include_str!("../../presets/homeassistant.toml"),
     ),
     ("senml", include_str!("../../presets/senml.toml")),
+    ("opcua", include_str!("../../presets/opcua.toml")),
+    ("telegraf", include_str!("../../presets/telegraf.toml")),
 ];
 
 /// The example configuration's line that starts its subscriptions.
@@ -296,6 +298,84 @@ mod tests {
         );
         assert_eq!(d.readings[0].sensor, "kitchen_temperature");
         assert_eq!(d.readings[0].fields[0].1, FieldValue::Num(21.5));
+    }
+
+    /// OPC 10000-14's own example (A.3.4.5: three DataSetWriters, one
+    /// with an overall status) and fields as DataValues.
+    #[test]
+    fn opcua_pubsub_json() {
+        let example = r#"{"MessageId":"9279c0b3-da88-45a4-af74-451cebf82db0","MessageType":"ua-data","PublisherId":"MyPublisher","Messages":[{"DataSetWriterId":101,"SequenceNumber":68468,"MinorVersion":672341762,"Timestamp":"2021-09-27T18:45:19.555Z","Payload":{"Active":true,"Temperature":25.5,"Counter":0,"AdditionalInfo":"The system is running normally (1)"}},{"DataSetWriterId":102,"SequenceNumber":25460,"MinorVersion":672341762,"Timestamp":"2021-09-27T18:45:19.555Z","Status":{"Code":1073741824},"Payload":{"LocationName":"Building A","Coordinate":{"X":0,"Y":0.2},"Measurements":[20030,20020,20010]}}]}"#;
+        let at = 1_632_768_319_555;
+        let d = decode(
+            "opcua",
+            "opcua/json/data/MyPublisher/G1",
+            example,
+            at + 1000,
+        );
+        assert!(d.errors.is_empty() && d.dropped.is_empty(), "{d:?}");
+        let sensors: Vec<(&str, i64)> = d
+            .readings
+            .iter()
+            .map(|r| (r.sensor.as_str(), r.ts_ms))
+            .collect();
+        assert_eq!(sensors, [("MyPublisher:101", at), ("MyPublisher:102", at)]);
+        let (a, b) = (&d.readings[0], &d.readings[1]);
+        assert_eq!(num(a, "Temperature"), 25.5);
+        assert_eq!(field(a, "Active"), Some(&FieldValue::Bool(true)));
+        assert_eq!(num(b, "StatusCode"), 1_073_741_824.0);
+        assert_eq!(num(b, "Coordinate%2EY"), 0.2);
+        assert_eq!(num(b, "Measurements%2E2"), 20010.0);
+        // Fields as DataValues: each its own source time and status.
+        let dv = r#"{"MessageType":"ua-data","PublisherId":"plc1","Messages":[{"DataSetWriterId":7,"Payload":{"Temperature":{"Value":{"Type":11,"Body":21.5},"SourceTimestamp":"2021-09-27T18:45:18.555Z"},"Pressure":{"UaType":11,"Value":1.02,"StatusCode":{"Code":1073741824,"Symbol":"Uncertain"},"SourceTimestamp":"2021-09-27T18:45:19.555Z"}}}]}"#;
+        let d = decode("opcua", "opcua/json/data/plc1/G1", dv, at + 1000);
+        assert!(d.errors.is_empty(), "{d:?}");
+        assert_eq!(d.readings.len(), 2, "two source times: {d:?}");
+        assert_eq!(
+            (d.readings[0].ts_ms, num(&d.readings[0], "Temperature")),
+            (at - 1000, 21.5)
+        );
+        let p = &d.readings[1];
+        assert_eq!(num(p, "Pressure"), 1.02);
+        assert_eq!(num(p, "Pressure%2EStatusCode"), 1_073_741_824.0);
+        // Metadata and keep-alives store nothing, refuse nothing.
+        let meta = r#"{"MessageId":"1","MessageType":"ua-metadata","PublisherId":"plc1","DataSetWriterId":7,"MetaData":{"Name":"x"}}"#;
+        let d = decode("opcua", "opcua/json/data/plc1/G1", meta, at);
+        assert!(d.readings.is_empty() && d.errors.is_empty(), "{d:?}");
+    }
+
+    /// InfluxDB line protocol: the documentation's example line, and
+    /// Telegraf's cpu lines: a sample per line, the sensor from the
+    /// template, other tags as text, nanosecond times.
+    #[test]
+    fn line_protocol() {
+        let ns = (NOW - 30_000) * 1_000_000;
+        let lines = format!(
+            "cpu,cpu=cpu-total,host=edge1 usage_idle=98.2,usage_user=1.1 {ns}\n\
+             cpu,cpu=cpu0,host=edge1 usage_idle=97.5,usage_user=2i {ns}\n\
+             \n\
+             mem,host=edge1 used_percent=41.3,available=3981234176u,ok=true {}\n\
+             disk,path=/ free=1",
+            ns + 1_000_000_000
+        );
+        let d = decode("telegraf", "telegraf/edge1/cpu", &lines, NOW);
+        assert_eq!(d.readings.len(), 3, "{d:?}");
+        let r = &d.readings[0];
+        assert_eq!((r.sensor.as_str(), r.ts_ms), ("edge1:cpu", NOW - 30_000));
+        assert_eq!(
+            r.fields[0],
+            ("cpu".into(), FieldValue::Str("cpu-total".into()))
+        );
+        assert_eq!(num(r, "usage_idle"), 98.2);
+        assert_eq!(num(&d.readings[1], "usage_user"), 2.0);
+        let m = &d.readings[2];
+        assert_eq!((m.sensor.as_str(), m.ts_ms), ("edge1:mem", NOW - 29_000));
+        assert_eq!(num(m, "available"), 3_981_234_176.0);
+        assert_eq!(field(m, "ok"), Some(&FieldValue::Bool(true)));
+        // A line without the template's tag is refused alone.
+        assert_eq!(d.errors.len(), 1);
+        assert_eq!(d.errors[0].cause(), "bad_sensor");
+        let bad = decode("telegraf", "telegraf/edge1/cpu", "cpu,host=a usage=", NOW);
+        assert_eq!(bad.errors[0].cause(), "bad_field", "{bad:?}");
     }
 
     /// RFC 8428's own examples: base name, base time, base unit, relative

@@ -160,6 +160,7 @@ pub struct RawSubscription {
     pub sensor_property: Option<String>,
     pub format_from_content_type: Option<bool>,
     pub timezone: Option<String>,
+    pub sensor_template: Option<String>,
     pub root: Option<String>,
     pub include: Option<Vec<String>>,
     pub exclude: Option<Vec<String>>,

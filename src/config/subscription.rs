@@ -27,10 +27,21 @@ impl Validator {
         };
         let timestamp_field_set = s.timestamp_field.is_some();
         let single = matches!(format, PayloadFormat::Number | PayloadFormat::Value);
-        if s.sensor_field.is_some() && format != PayloadFormat::Json {
-            self.err(format!("{path}.sensor_field"), "needs format = \"json\"");
+        let structured = matches!(
+            format,
+            PayloadFormat::Json | PayloadFormat::Cbor | PayloadFormat::MsgPack
+        );
+        if s.sensor_field.is_some() && !structured {
+            self.err(
+                format!("{path}.sensor_field"),
+                "needs format = \"json\", \"cbor\" or \"msgpack\"",
+            );
         }
-        if format == PayloadFormat::Senml {
+        let by_messages = matches!(
+            format,
+            PayloadFormat::Senml | PayloadFormat::SenmlCbor | PayloadFormat::OpcUa
+        );
+        if by_messages {
             for (key, set) in [
                 ("field", s.field.is_some()),
                 ("timestamp_field", timestamp_field_set),
@@ -39,13 +50,22 @@ impl Validator {
                 if set {
                     self.err(
                         format!("{path}.{key}"),
-                        "does not apply to format = \"senml\" (field names, times and units come from the records)",
+                        format!("does not apply to format = \"{format}\" (field names and times come from the messages)"),
                     );
                 }
             }
         }
-        let structured = format == PayloadFormat::Json;
         let selection = self.selection(&s, path, structured);
+        if let Some(t) = &s.sensor_template {
+            if format != PayloadFormat::LineProtocol {
+                self.err(
+                    format!("{path}.sensor_template"),
+                    "needs format = \"line_protocol\"",
+                );
+            } else if let Err(e) = crate::decode::line::check_template(t) {
+                self.err(format!("{path}.sensor_template"), e);
+            }
+        }
         let timezone = s.timezone.as_deref().and_then(|tz| match tz.parse::<chrono_tz::Tz>() {
             Ok(tz) => Some(tz),
             Err(_) => {
@@ -103,7 +123,8 @@ impl Validator {
         } else if s.sensor_field.is_none()
             && s.sensor_property.is_none()
             && !pattern.has_sensor()
-            && format != PayloadFormat::Senml
+            && !by_messages
+            && s.sensor_template.is_none()
         {
             self.err(
                 format!("{path}.topic"),
@@ -146,6 +167,7 @@ impl Validator {
             format,
             selection,
             timezone,
+            sensor_template: s.sensor_template,
             field: s.field,
             qos,
             rebirth_min_interval,
@@ -186,7 +208,10 @@ impl Validator {
         if !structured {
             for (key, set) in choosing {
                 if set {
-                    self.err(format!("{path}.{key}"), "needs format = \"json\"");
+                    self.err(
+                        format!("{path}.{key}"),
+                        "needs format = \"json\", \"cbor\" or \"msgpack\"",
+                    );
                 }
             }
             return sel;

@@ -13,18 +13,40 @@ use super::{Message, Reading, Subscription};
 /// The samples of one JSON message; a sample refused alone goes to
 /// `out.errors`.
 pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading>, DecodeError> {
-    let (sub, m, payload, now_ms, limits) =
-        (msg.sub, msg.matched, msg.payload, msg.time_ms, msg.limits);
-    let errors = &mut out.errors;
-    let seed = TopSeed {
-        sel: &sub.selection,
-        fields: limits.max_fields_per_sample,
-        samples: limits.max_samples_per_message,
-    };
-    let mut de = serde_json::Deserializer::from_slice(payload);
-    let top = de::DeserializeSeed::deserialize(seed, &mut de)
+    let mut de = serde_json::Deserializer::from_slice(msg.payload);
+    let top = de::DeserializeSeed::deserialize(seed(msg), &mut de)
         .and_then(|t| de.end().map(|()| t))
         .map_err(|e| DecodeError::BadPayload(format!("invalid JSON: {e}")))?;
+    samples(msg, out, top)
+}
+
+/// The samples of a payload another format decoded to a JSON value (CBOR,
+/// MessagePack), read with the same paths and limits as JSON.
+pub(super) fn decode_value(
+    msg: &Message<'_>,
+    out: &mut Decoded,
+    value: &serde_json::Value,
+) -> Result<Vec<Reading>, DecodeError> {
+    let top = de::DeserializeSeed::deserialize(seed(msg), value)
+        .map_err(|e| DecodeError::BadPayload(e.to_string()))?;
+    samples(msg, out, top)
+}
+
+fn seed<'s>(msg: &Message<'s>) -> TopSeed<'s> {
+    TopSeed {
+        sel: &msg.sub.selection,
+        fields: msg.limits.max_fields_per_sample,
+        samples: msg.limits.max_samples_per_message,
+    }
+}
+
+fn samples(
+    msg: &Message<'_>,
+    out: &mut Decoded,
+    top: Top<'_>,
+) -> Result<Vec<Reading>, DecodeError> {
+    let (sub, m, now_ms, limits) = (msg.sub, msg.matched, msg.time_ms, msg.limits);
+    let errors = &mut out.errors;
     let objects = match top {
         Top::Object(o) => vec![o],
         Top::Array(items, extra) => {
@@ -705,7 +727,7 @@ pub fn text_timestamp_in(s: &str, tz: Option<chrono_tz::Tz>) -> Result<i64, Stri
     }
 }
 
-fn number_timestamp(n: &serde_json::Number) -> Result<i64, String> {
+pub(super) fn number_timestamp(n: &serde_json::Number) -> Result<i64, String> {
     // Integers exactly (nanoseconds exceed f64 precision), floats rounded.
     if let Some(i) = n.as_i64() {
         let ms = match i.unsigned_abs() {

@@ -7,14 +7,19 @@
 //! field name, a clock far off) leaves the message's other samples intact.
 //!
 //! Each payload format is one file and one arm of [`PayloadFormat`]:
-//! [`json`], [`number`], [`value`], [`senml`] and [`sparkplug`] (the one with state: the alias
+//! [`json`] (and [`cbor`] and [`msgpack`], read as JSON is), [`number`],
+//! [`value`], [`senml`], [`opcua`], [`line`] and [`sparkplug`] (the one with state: the alias
 //! maps of Sparkplug B edge nodes, kept in the [`Decoder`]). Adding a format means a new file with a
 //! `decode` function, its arm in the enum (its name in [`PayloadFormat::NAMES`]
 //! and in `FromStr`) and its arm in [`Decoder::decode`]; the configuration
 //! learns the name from here.
 
+mod cbor;
 mod json;
+pub mod line;
+mod msgpack;
 mod number;
+mod opcua;
 pub mod paths;
 mod senml;
 pub mod sparkplug;
@@ -41,11 +46,32 @@ pub enum PayloadFormat {
     Value,
     /// Sensor Measurement Lists in JSON, RFC 8428 ([`senml`]).
     Senml,
+    /// OPC UA PubSub JSON messages, OPC 10000-14 ([`opcua`]).
+    OpcUa,
+    /// SenML in CBOR, RFC 8428 section 6 ([`senml`]).
+    SenmlCbor,
+    /// A CBOR map or array of maps, read as JSON is ([`cbor`]).
+    Cbor,
+    /// A MessagePack map or array of maps, read as JSON is ([`msgpack`]).
+    MsgPack,
+    /// InfluxDB line protocol, a sample per line ([`line`]).
+    LineProtocol,
 }
 
 impl PayloadFormat {
     /// The names a subscription's `format` may take.
-    pub const NAMES: &'static [&'static str] = &["json", "number", "value", "senml", "sparkplug_b"];
+    pub const NAMES: &'static [&'static str] = &[
+        "json",
+        "cbor",
+        "msgpack",
+        "number",
+        "value",
+        "senml",
+        "senml_cbor",
+        "opcua",
+        "line_protocol",
+        "sparkplug_b",
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -54,6 +80,11 @@ impl PayloadFormat {
             PayloadFormat::SparkplugB => "sparkplug_b",
             PayloadFormat::Value => "value",
             PayloadFormat::Senml => "senml",
+            PayloadFormat::OpcUa => "opcua",
+            PayloadFormat::SenmlCbor => "senml_cbor",
+            PayloadFormat::Cbor => "cbor",
+            PayloadFormat::MsgPack => "msgpack",
+            PayloadFormat::LineProtocol => "line_protocol",
         }
     }
 }
@@ -68,6 +99,11 @@ impl std::str::FromStr for PayloadFormat {
             "sparkplug_b" => Ok(PayloadFormat::SparkplugB),
             "value" => Ok(PayloadFormat::Value),
             "senml" => Ok(PayloadFormat::Senml),
+            "opcua" => Ok(PayloadFormat::OpcUa),
+            "senml_cbor" => Ok(PayloadFormat::SenmlCbor),
+            "cbor" => Ok(PayloadFormat::Cbor),
+            "msgpack" => Ok(PayloadFormat::MsgPack),
+            "line_protocol" => Ok(PayloadFormat::LineProtocol),
             other => Err(not_one_of(PayloadFormat::NAMES, other)),
         }
     }
@@ -95,6 +131,9 @@ pub struct Subscription {
     /// The zone of times written without a UTC offset (`timezone`); without
     /// one such a time is refused.
     pub timezone: Option<chrono_tz::Tz>,
+    /// `format = "line_protocol"`: how a line's measurement and tags make
+    /// its sensor id (`sensor_template`, see [`line`]).
+    pub sensor_template: Option<String>,
     /// Field name for `format = "number"` when the topic has no `{field}`.
     pub field: Option<String>,
     pub qos: u8,
@@ -114,6 +153,7 @@ impl Subscription {
             format,
             selection: Selection::default(),
             timezone: None,
+            sensor_template: None,
             field: None,
             qos: 1,
             rebirth_min_interval: None,
@@ -174,6 +214,12 @@ impl Properties {
         let media = media.to_ascii_lowercase();
         if media == "application/senml+json" {
             Some(PayloadFormat::Senml)
+        } else if media == "application/senml+cbor" {
+            Some(PayloadFormat::SenmlCbor)
+        } else if media == "application/cbor" {
+            Some(PayloadFormat::Cbor)
+        } else if media == "application/msgpack" || media == "application/x-msgpack" {
+            Some(PayloadFormat::MsgPack)
         } else if media == "application/json" || media.ends_with("+json") {
             Some(PayloadFormat::Json)
         } else if media == "text/plain" {
@@ -563,6 +609,11 @@ impl Decoder {
             PayloadFormat::Number => number::decode(&message, &mut out),
             PayloadFormat::Value => value::decode(&message, &mut out),
             PayloadFormat::Senml => senml::decode(&message, &mut out),
+            PayloadFormat::OpcUa => opcua::decode(&message, &mut out),
+            PayloadFormat::SenmlCbor => senml::decode_cbor(&message, &mut out),
+            PayloadFormat::Cbor => cbor::decode(&message, &mut out),
+            PayloadFormat::MsgPack => msgpack::decode(&message, &mut out),
+            PayloadFormat::LineProtocol => line::decode(&message, &mut out),
             PayloadFormat::Json => json::decode(&message, &mut out),
             PayloadFormat::SparkplugB => self.sparkplug.decode(&message, &mut out),
         };
@@ -1044,6 +1095,69 @@ mod tests {
             NOW,
         );
         assert_eq!(r.readings[0].ts_ms, NOW);
+    }
+
+    /// CBOR and MessagePack maps are read as JSON is: the same payload in
+    /// each gives the same samples; SenML in CBOR, with the RFC's integer
+    /// labels, the same as SenML in JSON.
+    #[test]
+    fn cbor_and_msgpack_read_as_json_and_senml_cbor_as_senml() {
+        let payload = serde_json::json!({
+            "ts": "2026-08-20T13:59:59Z",
+            "AM2301": {"Temperature": 24.6, "Humidity": 58.2},
+            "ok": true, "tag": "x", "l": [1, 2]
+        });
+        let mut d = Decoder::new(
+            vec![
+                sub("j/{sensor}", PayloadFormat::Json),
+                sub("c/{sensor}", PayloadFormat::Cbor),
+                sub("m/{sensor}", PayloadFormat::MsgPack),
+                sub("sj/{sensor}", PayloadFormat::Senml),
+                sub("sc/{sensor}", PayloadFormat::SenmlCbor),
+            ],
+            Limits {
+                max_fields_per_sample: 10,
+                ..test_limits()
+            },
+        );
+        let json = d.decode("j/a", payload.to_string().as_bytes(), NOW);
+        let mut cbor = Vec::new();
+        ciborium::into_writer(&payload, &mut cbor).unwrap();
+        let from_cbor = d.decode("c/a", &cbor, NOW);
+        let from_msgpack = d.decode("m/a", &rmp_serde::to_vec_named(&payload).unwrap(), NOW);
+        assert!(
+            json.errors.is_empty() && json.readings.len() == 1,
+            "{json:?}"
+        );
+        assert_eq!(from_cbor, json);
+        assert_eq!(from_msgpack, json);
+        assert_eq!(json.readings[0].ts_ms, NOW - 1000);
+        assert!(d.decode("c/a", b"\xff\x00", NOW).errors[0].cause() == "bad_payload");
+        // RFC 8428 5.1.2 in JSON, and in CBOR with its labels (bn -2, n 0,
+        // u 1, v 2).
+        use ciborium::Value as C;
+        let json_pack = br#"[{"bn":"urn:dev:ow:10e2073a01080063:","n":"voltage","u":"V","v":120.1},{"n":"current","u":"A","v":1.2}]"#;
+        let cbor_pack = C::Array(vec![
+            C::Map(vec![
+                (
+                    C::Integer((-2).into()),
+                    C::Text("urn:dev:ow:10e2073a01080063:".into()),
+                ),
+                (C::Integer(0.into()), C::Text("voltage".into())),
+                (C::Integer(1.into()), C::Text("V".into())),
+                (C::Integer(2.into()), C::Float(120.1)),
+            ]),
+            C::Map(vec![
+                (C::Integer(0.into()), C::Text("current".into())),
+                (C::Integer(1.into()), C::Text("A".into())),
+                (C::Integer(2.into()), C::Float(1.2)),
+            ]),
+        ]);
+        let mut bytes = Vec::new();
+        ciborium::into_writer(&cbor_pack, &mut bytes).unwrap();
+        let from_json = d.decode("sj/m", json_pack, NOW);
+        assert_eq!(from_json.readings[0].units.len(), 2, "{from_json:?}");
+        assert_eq!(d.decode("sc/m", &bytes, NOW), from_json);
     }
 
     #[test]
