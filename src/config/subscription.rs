@@ -4,6 +4,10 @@
 use super::*;
 use crate::decode::{Arrays, Path, Selection};
 
+/// Why the keys that place a sensor, field or time do not apply to
+/// Sparkplug B.
+const SPARKPLUG_OWN: &str = "format = \"sparkplug_b\" (sensor ids, field names and times come from the Sparkplug topic and payload)";
+
 impl Validator {
     pub(super) fn subscription(&mut self, s: RawSubscription, path: &str) -> Option<Subscription> {
         let pattern = match TopicPattern::parse(&s.topic) {
@@ -42,18 +46,15 @@ impl Validator {
             PayloadFormat::Senml | PayloadFormat::SenmlCbor | PayloadFormat::OpcUa
         );
         if by_messages {
-            for (key, set) in [
-                ("field", s.field.is_some()),
-                ("timestamp_field", timestamp_field_set),
-                ("timezone", s.timezone.is_some()),
-            ] {
-                if set {
-                    self.err(
-                        format!("{path}.{key}"),
-                        format!("does not apply to format = \"{format}\" (field names and times come from the messages)"),
-                    );
-                }
-            }
+            self.not_applicable(
+                path,
+                &[
+                    ("field", s.field.is_some()),
+                    ("timestamp_field", timestamp_field_set),
+                    ("timezone", s.timezone.is_some()),
+                ],
+                &format!("format = \"{format}\" (field names and times come from the messages)"),
+            );
         }
         let selection = self.selection(&s, path, structured);
         if let Some(t) = &s.sensor_template {
@@ -101,19 +102,16 @@ impl Validator {
         };
         let pattern = pattern?;
         if sparkplug {
-            for (key, set) in [
-                ("sensor_field", s.sensor_field.is_some()),
-                ("field", s.field.is_some()),
-                ("timestamp_field", timestamp_field_set),
-                ("timezone", s.timezone.is_some()),
-            ] {
-                if set {
-                    self.err(
-                        format!("{path}.{key}"),
-                        "does not apply to format = \"sparkplug_b\" (sensor ids, field names and times come from the Sparkplug topic and payload)",
-                    );
-                }
-            }
+            self.not_applicable(
+                path,
+                &[
+                    ("sensor_field", s.sensor_field.is_some()),
+                    ("field", s.field.is_some()),
+                    ("timestamp_field", timestamp_field_set),
+                    ("timezone", s.timezone.is_some()),
+                ],
+                SPARKPLUG_OWN,
+            );
             if pattern.has_sensor() || pattern.has_field() || !s.topic.starts_with("spBv1.0/") {
                 self.err(
                     format!("{path}.topic"),
@@ -136,17 +134,16 @@ impl Validator {
             sensor: s.sensor_property,
             content_type: s.format_from_content_type.unwrap_or(false),
         };
-        for (key, set) in [
-            ("timestamp_property", from_properties.timestamp.is_some()),
-            ("sensor_property", from_properties.sensor.is_some()),
-            ("format_from_content_type", from_properties.content_type),
-        ] {
-            if set && sparkplug {
-                self.err(
-                    format!("{path}.{key}"),
-                    "does not apply to format = \"sparkplug_b\" (sensor ids, field names and times come from the Sparkplug topic and payload)",
-                );
-            }
+        if sparkplug {
+            self.not_applicable(
+                path,
+                &[
+                    ("timestamp_property", from_properties.timestamp.is_some()),
+                    ("sensor_property", from_properties.sensor.is_some()),
+                    ("format_from_content_type", from_properties.content_type),
+                ],
+                SPARKPLUG_OWN,
+            );
         }
         for (key, name) in [
             ("timestamp_property", &from_properties.timestamp),
@@ -173,6 +170,15 @@ impl Validator {
             rebirth_min_interval,
             from_properties,
         })
+    }
+
+    /// An error for each of `keys` that is set: it does not apply to `what`.
+    fn not_applicable(&mut self, path: &str, keys: &[(&str, bool)], what: &str) {
+        for (key, set) in keys {
+            if *set {
+                self.err(format!("{path}.{key}"), format!("does not apply to {what}"));
+            }
+        }
     }
 
     /// The subscription's choice of fields (`root`, `include`, `exclude`,

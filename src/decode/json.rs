@@ -525,14 +525,7 @@ fn sample_from_object(
     dropped: &mut Vec<Dropped>,
 ) -> Result<Reading, DecodeError> {
     if obj.len() > limits.max_fields_per_sample {
-        return Err(DecodeError::OverLimit {
-            cause: "too_many_fields",
-            message: format!(
-                "sample {index}: {} fields exceed limits.max_fields_per_sample ({})",
-                obj.len(),
-                limits.max_fields_per_sample
-            ),
-        });
+        return Err(super::too_many_fields(index, obj.len(), limits));
     }
     let sensor = match &sub.selection.sensor {
         Some(_) => {
@@ -569,69 +562,22 @@ fn sample_from_object(
     let mut left_out: Vec<Dropped> = obj
         .dropped
         .into_iter()
-        .map(|(cause, name, why)| Dropped {
-            index,
-            cause,
-            message: format!("field {:?}: {why}", truncate(&name, 64)),
-        })
+        .map(|(cause, name, why)| Dropped::of(index, &name, (cause, why.into())))
         .collect();
     let mut fields = Vec::with_capacity(obj.fields.len());
     for (name, value) in obj.fields {
-        let mut leave = |cause: &'static str, message: String| {
-            left_out.push(Dropped {
-                index,
-                cause,
-                message,
-            })
-        };
-        if name.len() > limits.max_field_name_length {
-            leave(
-                "field_name_too_long",
-                format!(
-                    "a field name of {} bytes ({:?}...) exceeds limits.max_field_name_length ({})",
-                    name.len(),
-                    truncate(&name, 32),
-                    limits.max_field_name_length
-                ),
-            );
-            continue;
-        }
         let value = match value {
-            Json::Null => continue,
-            Json::Bool(b) => FieldValue::Bool(b),
-            Json::Str(s) if s.len() > limits.max_string_length => {
-                leave(
-                    "string_too_long",
-                    format!(
-                        "field {:?} has {} bytes, over limits.max_string_length ({})",
-                        truncate(&name, 64),
-                        s.len(),
-                        limits.max_string_length
-                    ),
-                );
-                continue;
-            }
-            Json::Str(s) => FieldValue::Str(s.into_owned()),
-            Json::Num(n) => match n.as_f64() {
-                Some(f) if f.is_finite() => FieldValue::Num(f),
-                _ => {
-                    leave("bad_field", format!("field {name:?}: number out of range"));
-                    continue;
-                }
-            },
-            // Objects and arrays are walked into fields; this is a
+            // Objects and arrays are walked into fields; Nested is a
             // timestamp's or sensor's value only.
-            Json::Nested => continue,
+            Json::Null | Json::Nested => continue,
+            Json::Bool(b) => FieldValue::Bool(b),
+            Json::Str(s) => FieldValue::Str(s.into_owned()),
+            Json::Num(n) => FieldValue::Num(n.as_f64().unwrap_or(f64::NAN)),
         };
-        if name.is_empty() {
-            leave("bad_field", "an empty field name".into());
-            continue;
+        match super::take_field(&name, value, limits) {
+            Ok(field) => fields.push(field),
+            Err(why) => left_out.push(Dropped::of(index, &name, why)),
         }
-        let field = match super::field_name(&name) {
-            Cow::Borrowed(_) => name.into_owned(),
-            Cow::Owned(escaped) => escaped,
-        };
-        fields.push((field, value));
     }
     if fields.is_empty() && !left_out.is_empty() {
         // Nothing usable remains: the sample is refused for what was left

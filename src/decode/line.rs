@@ -13,7 +13,7 @@
 //!   protocol's default precision, nanoseconds, included); without one,
 //!   the message's time.
 
-use super::{check_sensor, truncate, DecodeError, Decoded, Dropped, FieldValue, Message, Reading};
+use super::{check_sensor, DecodeError, Decoded, Dropped, FieldValue, Message, Reading};
 use influxdb_line_protocol::{parse_lines, FieldValue as Lp, ParsedLine};
 
 /// The samples of one message of lines.
@@ -94,45 +94,13 @@ fn sample(
         (k.as_str(), v)
     });
     for (name, value) in unused.chain(values) {
-        let why = match &value {
-            _ if name.len() > limits.max_field_name_length => Some((
-                "field_name_too_long",
-                format!(
-                    "over limits.max_field_name_length ({})",
-                    limits.max_field_name_length
-                ),
-            )),
-            FieldValue::Str(s) if s.len() > limits.max_string_length => Some((
-                "string_too_long",
-                format!(
-                    "{} bytes, over limits.max_string_length ({})",
-                    s.len(),
-                    limits.max_string_length
-                ),
-            )),
-            FieldValue::Num(x) if !x.is_finite() => {
-                Some(("bad_field", "not a finite number".into()))
-            }
-            _ => None,
-        };
-        match why {
-            Some((cause, why)) => dropped.push(Dropped {
-                index,
-                cause,
-                message: format!("field {:?}: {why}", truncate(name, 64)),
-            }),
-            None => fields.push((super::field_name(name).into_owned(), value)),
+        match super::take_field(name, value, limits) {
+            Ok(field) => fields.push(field),
+            Err(why) => dropped.push(Dropped::of(index, name, why)),
         }
     }
     if fields.len() > limits.max_fields_per_sample {
-        return Err(DecodeError::OverLimit {
-            cause: "too_many_fields",
-            message: format!(
-                "sample {index}: {} fields exceed limits.max_fields_per_sample ({})",
-                fields.len(),
-                limits.max_fields_per_sample
-            ),
-        });
+        return Err(super::too_many_fields(index, fields.len(), limits));
     }
     Ok(Reading {
         sensor,

@@ -456,6 +456,16 @@ pub struct Dropped {
 }
 
 impl Dropped {
+    /// Field `name` of sample `index` left out, for `why` (from
+    /// [`take_field`]).
+    pub fn of(index: usize, name: &str, (cause, why): (&'static str, String)) -> Dropped {
+        Dropped {
+            index,
+            cause,
+            message: format!("field {:?}: {why}", truncate(name, 64)),
+        }
+    }
+
     /// The refusal of a sample with nothing else in it.
     pub fn into_error(self) -> DecodeError {
         let message = format!("sample {}: {}", self.index, self.message);
@@ -675,6 +685,90 @@ pub(crate) fn too_many_samples(n: usize, limits: &Limits) -> DecodeError {
             limits.max_samples_per_message
         ),
     }
+}
+
+/// The rejection of sample `index` with `n` fields, over
+/// `limits.max_fields_per_sample`.
+pub(crate) fn too_many_fields(index: usize, n: usize, limits: &Limits) -> DecodeError {
+    DecodeError::OverLimit {
+        cause: "too_many_fields",
+        message: format!(
+            "sample {index}: {n} fields exceed limits.max_fields_per_sample ({})",
+            limits.max_fields_per_sample
+        ),
+    }
+}
+
+/// The samples a format grouped, less those over
+/// `limits.max_fields_per_sample` (refused into `errors`).
+pub(crate) fn within_field_cap(
+    samples: Vec<Reading>,
+    limits: &Limits,
+    errors: &mut Vec<DecodeError>,
+) -> Vec<Reading> {
+    let mut kept = Vec::with_capacity(samples.len());
+    for s in samples {
+        if s.fields.len() > limits.max_fields_per_sample {
+            errors.push(too_many_fields(s.index, s.fields.len(), limits));
+        } else {
+            kept.push(s);
+        }
+    }
+    kept
+}
+
+/// A field as palletd stores it, the same in every format: its name
+/// escaped ([`field_name`]) and its value; or, for a value it cannot take,
+/// the cause it is left out for ([`Dropped`]) and why.
+pub(crate) fn take_field(
+    name: &str,
+    value: FieldValue,
+    limits: &Limits,
+) -> Result<(String, FieldValue), (&'static str, String)> {
+    if name.is_empty() {
+        return Err(("bad_field", "an empty field name".into()));
+    }
+    if name.len() > limits.max_field_name_length {
+        return Err((
+            "field_name_too_long",
+            format!(
+                "a name of {} bytes exceeds limits.max_field_name_length ({})",
+                name.len(),
+                limits.max_field_name_length
+            ),
+        ));
+    }
+    match &value {
+        FieldValue::Str(s) if s.len() > limits.max_string_length => Err((
+            "string_too_long",
+            format!(
+                "{} bytes, over limits.max_string_length ({})",
+                s.len(),
+                limits.max_string_length
+            ),
+        )),
+        FieldValue::Num(x) if !x.is_finite() => Err(("bad_field", "number out of range".into())),
+        _ => Ok((field_name(name).into_owned(), value)),
+    }
+}
+
+/// The sensor id and field name a topic gives a message of one value
+/// (`{sensor}`, and `{field}` or the subscription's `field`).
+pub(crate) fn topic_field<'a>(msg: &Message<'a>) -> Result<(&'a str, &'a str), DecodeError> {
+    let sensor = msg.matched.sensor.unwrap_or_default();
+    check_sensor(sensor, msg.limits)?;
+    let field = msg
+        .matched
+        .field
+        .or(msg.sub.field.as_deref())
+        .unwrap_or_default();
+    if field.is_empty() {
+        return Err(DecodeError::BadField {
+            index: 0,
+            message: "an empty field name".into(),
+        });
+    }
+    Ok((sensor, field))
 }
 
 pub fn truncate(s: &str, max: usize) -> &str {

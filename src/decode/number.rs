@@ -3,21 +3,12 @@
 //! time is the arrival time (or an MQTT 5 user property's, see
 //! `timestamp_property`).
 
-use super::{check_sensor, truncate, DecodeError, Decoded, FieldValue, Message, Reading};
+use super::{truncate, DecodeError, Decoded, FieldValue, Message, Reading};
 
 /// The one sample of a bare number (nothing is refused alone).
 pub(super) fn decode(msg: &Message<'_>, _out: &mut Decoded) -> Result<Vec<Reading>, DecodeError> {
-    let (sub, m, payload, now_ms, limits) =
-        (msg.sub, msg.matched, msg.payload, msg.time_ms, msg.limits);
-    let sensor = m.sensor.unwrap_or_default();
-    check_sensor(sensor, limits)?;
-    let field = m.field.or(sub.field.as_deref()).unwrap_or_default();
-    if field.is_empty() {
-        return Err(DecodeError::BadField {
-            index: 0,
-            message: "an empty field name".into(),
-        });
-    }
+    let (payload, now_ms) = (msg.payload, msg.time_ms);
+    let (sensor, field) = super::topic_field(msg)?;
     let field = super::field_name(field);
     let text = std::str::from_utf8(payload)
         .map_err(|_| DecodeError::BadPayload("not UTF-8 text".into()))?

@@ -58,7 +58,11 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
         None => None,
     };
     let mut samples: Vec<Reading> = Vec::new();
+    let mut by_time: std::collections::HashMap<(String, i64), usize> = Default::default();
     for (i, m) in messages.into_iter().enumerate() {
+        if samples.len() > limits.max_samples_per_message {
+            break;
+        }
         if m.get("MessageType")
             .and_then(Value::as_str)
             .is_some_and(|t| t != "ua-deltaframe" && t != "ua-keyframe")
@@ -110,25 +114,22 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
                 }
             },
         };
+        // Past the sample cap the message is refused; a sample past the
+        // field cap is refused below (one field over is enough to know).
         let mut add = |ts_ms: i64, name: String, value: FieldValue| {
-            let at = match samples
-                .iter()
-                .position(|s| s.ts_ms == ts_ms && s.sensor == sensor)
-            {
-                Some(at) => at,
-                None => {
-                    samples.push(Reading {
-                        sensor: sensor.clone(),
-                        ts_ms,
-                        index: samples.len(),
-                        ..Reading::default()
-                    });
-                    samples.len() - 1
-                }
-            };
-            samples[at]
-                .fields
-                .push((super::field_name(&name).into_owned(), value));
+            let next = samples.len();
+            let at = *by_time.entry((sensor.clone(), ts_ms)).or_insert(next);
+            if at == next {
+                samples.push(Reading {
+                    sensor: sensor.clone(),
+                    ts_ms,
+                    index: next,
+                    ..Reading::default()
+                });
+            }
+            if samples[at].fields.len() <= limits.max_fields_per_sample {
+                samples[at].fields.push((name, value));
+            }
         };
         if let Some(code) = m.get("Status").and_then(status_code).filter(|c| *c != 0) {
             add(
@@ -144,7 +145,7 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
                         let ts = dv.source.as_ref().and_then(|t| time(t).ok());
                         add(
                             ts.unwrap_or(header_time),
-                            format!("{name}.StatusCode"),
+                            super::field_name(&format!("{name}.StatusCode")).into_owned(),
                             FieldValue::Num(code as f64),
                         );
                     }
@@ -170,13 +171,13 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
             let mut leaves = Vec::new();
             flatten(name, variant(value), 0, &mut leaves);
             for (name, v) in leaves {
-                match fits(&name, v, limits) {
-                    Ok(v) => add(ts, name, v),
-                    Err((cause, why)) => out.dropped.push(super::Dropped {
-                        index: i,
-                        cause,
-                        message: format!("field {:?}: {why}", super::truncate(&name, 64)),
-                    }),
+                let too_deep = ("bad_field", "nested deeper than 16 levels".to_string());
+                match v
+                    .ok_or(too_deep)
+                    .and_then(|v| super::take_field(&name, v, limits))
+                {
+                    Ok((field, v)) => add(ts, field, v),
+                    Err(why) => out.dropped.push(super::Dropped::of(i, &name, why)),
                 }
             }
         }
@@ -184,55 +185,7 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
     if samples.len() > limits.max_samples_per_message {
         return Err(super::too_many_samples(samples.len(), limits));
     }
-    let mut readings = Vec::with_capacity(samples.len());
-    for s in samples {
-        if s.fields.len() > limits.max_fields_per_sample {
-            out.errors.push(DecodeError::OverLimit {
-                cause: "too_many_fields",
-                message: format!(
-                    "sample {}: {} fields exceed limits.max_fields_per_sample ({})",
-                    s.index,
-                    s.fields.len(),
-                    limits.max_fields_per_sample
-                ),
-            });
-        } else {
-            readings.push(s);
-        }
-    }
-    Ok(readings)
-}
-
-/// A leaf palletd can store, or why it is left out.
-fn fits(
-    name: &str,
-    v: Option<FieldValue>,
-    limits: &super::Limits,
-) -> Result<FieldValue, (&'static str, String)> {
-    let v = v.ok_or(("bad_field", "nested deeper than 16 levels".to_string()))?;
-    if name.is_empty() {
-        return Err(("bad_field", "an empty field name".into()));
-    }
-    if name.len() > limits.max_field_name_length {
-        return Err((
-            "field_name_too_long",
-            format!(
-                "over limits.max_field_name_length ({})",
-                limits.max_field_name_length
-            ),
-        ));
-    }
-    match &v {
-        FieldValue::Str(s) if s.len() > limits.max_string_length => Err((
-            "string_too_long",
-            format!(
-                "{} bytes, over limits.max_string_length ({})",
-                s.len(),
-                limits.max_string_length
-            ),
-        )),
-        _ => Ok(v),
-    }
+    Ok(super::within_field_cap(samples, limits, &mut out.errors))
 }
 
 /// The objects of an array of DataSetMessages.

@@ -155,7 +155,7 @@ fn resolve<'a>(
     let mut base = Base::default();
     // (sensor, time) -> its sample, in the order first seen.
     let mut samples: Vec<Reading> = Vec::new();
-    let mut refused: Vec<usize> = Vec::new();
+    let mut by_time: std::collections::HashMap<(String, i64), usize> = Default::default();
     for (i, r) in records.iter().enumerate() {
         if let Some(label) = r.other.keys().find(|k| k.ends_with('_')) {
             return Err(DecodeError::BadPayload(format!(
@@ -190,51 +190,39 @@ fn resolve<'a>(
                 id.to_string()
             }
         };
-        let at = match samples
-            .iter()
-            .position(|s| s.ts_ms == resolved.ts_ms && s.sensor == sensor)
-        {
-            Some(at) => at,
-            None => {
-                if samples.len() >= limits.max_samples_per_message {
-                    return Err(super::too_many_samples(samples.len() + 1, limits));
-                }
-                samples.push(Reading {
-                    sensor,
-                    ts_ms: resolved.ts_ms,
-                    index: samples.len(),
-                    ..Reading::default()
-                });
-                samples.len() - 1
+        let next = samples.len();
+        let at = *by_time
+            .entry((sensor.clone(), resolved.ts_ms))
+            .or_insert(next);
+        if at == next {
+            if samples.len() >= limits.max_samples_per_message {
+                return Err(super::too_many_samples(samples.len() + 1, limits));
             }
-        };
+            samples.push(Reading {
+                sensor,
+                ts_ms: resolved.ts_ms,
+                index: next,
+                ..Reading::default()
+            });
+        }
         let sample = &mut samples[at];
         for (name, value) in resolved.values {
-            let name = super::field_name(&name).into_owned();
-            if let Some(unit) = &resolved.unit {
-                set(&mut sample.units, &name, unit.to_string());
-            }
-            set(&mut sample.fields, &name, value);
+            // One past the cap is enough to refuse the sample.
             if sample.fields.len() > limits.max_fields_per_sample {
-                refused.push(at);
+                break;
+            }
+            match super::take_field(&name, value, limits) {
+                Ok((field, value)) => {
+                    if let Some(unit) = &resolved.unit {
+                        set(&mut sample.units, &field, unit.to_string());
+                    }
+                    set(&mut sample.fields, &field, value);
+                }
+                Err(why) => out.dropped.push(super::Dropped::of(at, &name, why)),
             }
         }
     }
-    let mut readings = Vec::with_capacity(samples.len());
-    for s in samples {
-        if refused.contains(&s.index) {
-            out.errors.push(DecodeError::OverLimit {
-                cause: "too_many_fields",
-                message: format!(
-                    "sample {}: more fields than limits.max_fields_per_sample ({})",
-                    s.index, limits.max_fields_per_sample
-                ),
-            });
-        } else {
-            readings.push(s);
-        }
-    }
-    Ok(readings)
+    Ok(super::within_field_cap(samples, limits, &mut out.errors))
 }
 
 /// Sets `name` in a list of names and values: the last one wins.

@@ -7,20 +7,11 @@
 //! subscription's `field`, as for `number`; the time is the arrival time
 //! (or an MQTT 5 user property's).
 
-use super::{check_sensor, truncate, DecodeError, Decoded, FieldValue, Message, Reading};
+use super::{truncate, DecodeError, Decoded, FieldValue, Message, Reading};
 
 /// The one sample of a bare value.
 pub(super) fn decode(msg: &Message<'_>, _out: &mut Decoded) -> Result<Vec<Reading>, DecodeError> {
-    let (sub, m, limits) = (msg.sub, msg.matched, msg.limits);
-    let sensor = m.sensor.unwrap_or_default();
-    check_sensor(sensor, limits)?;
-    let field = m.field.or(sub.field.as_deref()).unwrap_or_default();
-    if field.is_empty() {
-        return Err(DecodeError::BadField {
-            index: 0,
-            message: "an empty field name".into(),
-        });
-    }
+    let (sensor, field) = super::topic_field(msg)?;
     let text = std::str::from_utf8(msg.payload)
         .map_err(|_| DecodeError::BadPayload("not UTF-8 text".into()))?
         .trim();
@@ -47,22 +38,13 @@ pub(super) fn decode(msg: &Message<'_>, _out: &mut Decoded) -> Result<Vec<Readin
         Err(_) if text.is_empty() => return Err(DecodeError::BadPayload("empty: no value".into())),
         Err(_) => FieldValue::Str(text.to_string()),
     };
-    if let FieldValue::Str(s) = &value {
-        if s.len() > limits.max_string_length {
-            return Err(DecodeError::OverLimit {
-                cause: "string_too_long",
-                message: format!(
-                    "a value of {} bytes, over limits.max_string_length ({})",
-                    s.len(),
-                    limits.max_string_length
-                ),
-            });
-        }
-    }
+    // Its one field left out would leave nothing: the message is refused.
+    let field = super::take_field(field, value, msg.limits)
+        .map_err(|why| super::Dropped::of(0, field, why).into_error())?;
     Ok(vec![Reading {
         sensor: sensor.to_string(),
         ts_ms: msg.time_ms,
-        fields: vec![(super::field_name(field).into_owned(), value)],
+        fields: vec![field],
         index: 0,
         units: Vec::new(),
     }])
