@@ -13,11 +13,12 @@ use super::{Message, Reading, Subscription};
 /// The samples of one JSON message; a sample refused alone goes to
 /// `out.errors`.
 pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading>, DecodeError> {
+    let mut sink = Sink::new(msg);
     let mut de = serde_json::Deserializer::from_slice(msg.payload);
-    let top = de::DeserializeSeed::deserialize(seed(msg), &mut de)
+    let top = de::DeserializeSeed::deserialize(TopSeed(&mut sink), &mut de)
         .and_then(|t| de.end().map(|()| t))
         .map_err(|e| DecodeError::BadPayload(format!("invalid JSON: {e}")))?;
-    samples(msg, out, top)
+    sink.finish(top, out)
 }
 
 /// The samples of a payload another format decoded to a JSON value (CBOR,
@@ -27,77 +28,104 @@ pub(super) fn decode_value(
     out: &mut Decoded,
     value: &serde_json::Value,
 ) -> Result<Vec<Reading>, DecodeError> {
-    let top = de::DeserializeSeed::deserialize(seed(msg), value)
+    let mut sink = Sink::new(msg);
+    let top = de::DeserializeSeed::deserialize(TopSeed(&mut sink), value)
         .map_err(|e| DecodeError::BadPayload(e.to_string()))?;
-    samples(msg, out, top)
+    sink.finish(top, out)
 }
 
-fn seed<'s>(msg: &Message<'s>) -> TopSeed<'s> {
-    TopSeed {
-        sel: &msg.sub.selection,
-        fields: msg.limits.max_fields_per_sample,
-        samples: msg.limits.max_samples_per_message,
-    }
+/// Where a payload's objects go as they are read: each becomes a sample
+/// (or a refusal) at once, so an object lives no longer than its own
+/// parse and no list of them is built.
+struct Sink<'s, 'a> {
+    msg: &'s Message<'a>,
+    /// The topic's sensor id (checked; refused only once the payload is
+    /// known to have the right shape).
+    topic_sensor: Result<Option<&'a str>, DecodeError>,
+    readings: Vec<Reading>,
+    errors: Vec<DecodeError>,
+    dropped: Vec<Dropped>,
+    /// Array elements read (within the cap), objects or not.
+    elements: usize,
+    /// The first array element that is not an object.
+    not_object: Option<usize>,
 }
 
-fn samples(
-    msg: &Message<'_>,
-    out: &mut Decoded,
-    top: Top<'_>,
-) -> Result<Vec<Reading>, DecodeError> {
-    let (sub, m, now_ms, limits) = (msg.sub, msg.matched, msg.time_ms, msg.limits);
-    let errors = &mut out.errors;
-    let objects = match top {
-        Top::Object(o) => vec![o],
-        Top::Array(items, extra) => {
-            if items.is_empty() {
-                return Err(DecodeError::BadPayload("empty array: no samples".into()));
-            }
-            if items.len() + extra > limits.max_samples_per_message {
-                return Err(super::too_many_samples(items.len() + extra, limits));
-            }
-            let mut objects = Vec::with_capacity(items.len());
-            for (i, item) in items.into_iter().enumerate() {
-                match item {
-                    Some(o) => objects.push(o),
-                    None => {
-                        return Err(DecodeError::BadPayload(format!(
-                            "array element {i} is not an object"
-                        )))
-                    }
-                }
-            }
-            objects
-        }
-        Top::Other => {
-            return Err(DecodeError::BadPayload(
-                "expected a JSON object or an array of objects".into(),
-            ))
-        }
-    };
-    let topic_sensor = match (&sub.selection.sensor, m.sensor) {
-        (None, Some(s)) => {
-            check_sensor(s, limits)?;
-            Some(s)
-        }
-        _ => None,
-    };
-    let mut readings = Vec::with_capacity(objects.len());
-    for (index, obj) in objects.into_iter().enumerate() {
-        match sample_from_object(
-            sub,
+impl<'s, 'a> Sink<'s, 'a> {
+    fn new(msg: &'s Message<'a>) -> Self {
+        let topic_sensor = match (&msg.sub.selection.sensor, msg.matched.sensor) {
+            (None, Some(s)) => check_sensor(s, msg.limits).map(|()| Some(s)),
+            _ => Ok(None),
+        };
+        Sink {
+            msg,
             topic_sensor,
+            // Most messages are one object.
+            readings: Vec::with_capacity(1),
+            errors: Vec::new(),
+            dropped: Vec::new(),
+            elements: 0,
+            not_object: None,
+        }
+    }
+
+    /// The sample of the object just read.
+    fn take(&mut self, obj: Object<'_>) {
+        let index = self.elements;
+        self.elements += 1;
+        let (Ok(topic_sensor), None) = (&self.topic_sensor, self.not_object) else {
+            return;
+        };
+        let msg = self.msg;
+        match sample_from_object(
+            msg.sub,
+            *topic_sensor,
             obj,
             index,
-            now_ms,
-            limits,
-            &mut out.dropped,
+            msg.time_ms,
+            msg.limits,
+            &mut self.dropped,
         ) {
-            Ok(r) => readings.push(r),
-            Err(e) => errors.push(e),
+            Ok(r) => self.readings.push(r),
+            Err(e) => self.errors.push(e),
         }
     }
-    Ok(readings)
+
+    /// An array element that is not an object.
+    fn not_an_object(&mut self) {
+        self.not_object.get_or_insert(self.elements);
+        self.elements += 1;
+    }
+
+    /// The samples, once the whole payload was read as `top`.
+    fn finish(self, top: Top, out: &mut Decoded) -> Result<Vec<Reading>, DecodeError> {
+        let limits = self.msg.limits;
+        match top {
+            Top::Object => {}
+            Top::Array { extra } => {
+                if self.elements == 0 {
+                    return Err(DecodeError::BadPayload("empty array: no samples".into()));
+                }
+                if self.elements + extra > limits.max_samples_per_message {
+                    return Err(super::too_many_samples(self.elements + extra, limits));
+                }
+                if let Some(i) = self.not_object {
+                    return Err(DecodeError::BadPayload(format!(
+                        "array element {i} is not an object"
+                    )));
+                }
+            }
+            Top::Other => {
+                return Err(DecodeError::BadPayload(
+                    "expected a JSON object or an array of objects".into(),
+                ))
+            }
+        }
+        self.topic_sensor?;
+        out.errors.extend(self.errors);
+        out.dropped.extend(self.dropped);
+        Ok(self.readings)
+    }
 }
 
 /// A JSON value as a sample's field needs it, borrowed from the payload
@@ -133,12 +161,11 @@ impl Object<'_> {
     }
 }
 
-/// A payload: one object, an array of objects (`None` for an element that
-/// is not one) and how many elements past the cap were skipped, or anything
-/// else.
-enum Top<'a> {
-    Object(Object<'a>),
-    Array(Vec<Option<Object<'a>>>, usize),
+/// What a payload was: one object, an array (and how many elements past
+/// the cap were skipped), or anything else.
+enum Top {
+    Object,
+    Array { extra: usize },
     Other,
 }
 
@@ -223,7 +250,11 @@ const LINEAR_KEYS: usize = 16;
 struct Walk<'s, 'de> {
     sel: &'s Selection,
     cap: usize,
-    path: Vec<Cow<'de, str>>,
+    /// Keys and indices from the object to the value being read (no
+    /// allocation up to four levels).
+    path: smallvec::SmallVec<[Cow<'de, str>; 4]>,
+    /// The selection is the flat default ([`Selection::is_plain`]).
+    plain: bool,
     obj: Object<'de>,
     index: Option<std::collections::HashMap<Cow<'de, str>, usize>>,
 }
@@ -238,7 +269,8 @@ impl<'s, 'de> Walk<'s, 'de> {
         let mut walk = Walk {
             sel,
             cap,
-            path: Vec::with_capacity(4),
+            path: smallvec::SmallVec::new(),
+            plain: sel.is_plain(),
             obj: Object {
                 fields: Vec::with_capacity(hint),
                 ..Object::default()
@@ -252,7 +284,12 @@ impl<'s, 'de> Walk<'s, 'de> {
     fn map<A: MapAccess<'de>>(&mut self, mut map: A) -> Result<(), A::Error> {
         while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
             self.path.push(key);
-            match self.sel.step(&self.path) {
+            let step = match (self.plain, self.path.as_slice()) {
+                // The flat default: only the time and sensor keys differ.
+                (true, [key]) => self.sel.top_step(key),
+                _ => self.sel.step(&self.path),
+            };
+            match step {
                 Step::Skip => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -322,7 +359,10 @@ impl<'s, 'de> Walk<'s, 'de> {
         if self.path.len() <= self.sel.root.len() {
             return Ok(());
         }
-        let key = self.sel.name(&self.path);
+        let key = match (self.plain, self.path.as_slice()) {
+            (true, [key]) => key.clone(),
+            _ => self.sel.name(&self.path),
+        };
         let fields = &mut self.obj.fields;
         let at = match &self.index {
             Some(index) => index.get(&key).copied(),
@@ -407,111 +447,109 @@ impl<'de> Visitor<'de> for Node<'_, '_, 'de> {
     }
 }
 
-/// Reads a payload with the caps of its samples and fields.
-#[derive(Clone, Copy)]
-struct TopSeed<'s> {
-    sel: &'s Selection,
-    /// Keys kept per object.
-    fields: usize,
-    /// Array elements read (the rest counted, skipped).
-    samples: usize,
-}
+/// Reads a payload into its sink.
+struct TopSeed<'k, 's, 'a>(&'k mut Sink<'s, 'a>);
 
-/// An array element: an object, or something that is not one.
-struct Element<'a>(Option<Object<'a>>);
+/// An array element: an object is taken as a sample, anything else noted.
+struct ElementSeed<'k, 's, 'a>(&'k mut Sink<'s, 'a>);
 
-struct ElementSeed<'s>(&'s Selection, usize);
-
-impl<'de> de::DeserializeSeed<'de> for ElementSeed<'_> {
-    type Value = Element<'de>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Element<'de>, D::Error> {
-        struct E<'s>(&'s Selection, usize);
-        impl<'de> Visitor<'de> for E<'_> {
-            type Value = Element<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON value")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Element<'de>, A::Error> {
-                Walk::object(self.0, self.1, map).map(|o| Element(Some(o)))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Element<'de>, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Element(None))
-            }
-            fn visit_unit<X: de::Error>(self) -> Result<Element<'de>, X> {
-                Ok(Element(None))
-            }
-            fn visit_bool<X: de::Error>(self, _: bool) -> Result<Element<'de>, X> {
-                Ok(Element(None))
-            }
-            fn visit_i64<X: de::Error>(self, _: i64) -> Result<Element<'de>, X> {
-                Ok(Element(None))
-            }
-            fn visit_u64<X: de::Error>(self, _: u64) -> Result<Element<'de>, X> {
-                Ok(Element(None))
-            }
-            fn visit_f64<X: de::Error>(self, _: f64) -> Result<Element<'de>, X> {
-                Ok(Element(None))
-            }
-            fn visit_str<X: de::Error>(self, _: &str) -> Result<Element<'de>, X> {
-                Ok(Element(None))
-            }
-        }
-        d.deserialize_any(E(self.0, self.1))
+impl<'de> de::DeserializeSeed<'de> for ElementSeed<'_, '_, '_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
     }
 }
 
-impl<'de> de::DeserializeSeed<'de> for TopSeed<'_> {
-    type Value = Top<'de>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Top<'de>, D::Error> {
-        struct T<'s>(TopSeed<'s>);
-        impl<'de> Visitor<'de> for T<'_> {
-            type Value = Top<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object or an array of objects")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Top<'de>, A::Error> {
-                Walk::object(self.0.sel, self.0.fields, map).map(Top::Object)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Top<'de>, A::Error> {
-                let cap = self.0.samples;
-                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(1).min(cap));
-                let mut extra = 0;
-                loop {
-                    if items.len() >= cap {
-                        match seq.next_element::<IgnoredAny>()? {
-                            Some(_) => extra += 1,
-                            None => break,
-                        }
-                    } else {
-                        match seq.next_element_seed(ElementSeed(self.0.sel, self.0.fields))? {
-                            Some(Element(e)) => items.push(e),
-                            None => break,
-                        }
-                    }
+impl<'de> Visitor<'de> for ElementSeed<'_, '_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        let sink = self.0;
+        let msg = sink.msg;
+        let obj = Walk::object(&msg.sub.selection, msg.limits.max_fields_per_sample, map)?;
+        sink.take(obj);
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        self.0.not_an_object();
+        Ok(())
+    }
+    fn visit_unit<X: de::Error>(self) -> Result<(), X> {
+        self.0.not_an_object();
+        Ok(())
+    }
+    fn visit_bool<X: de::Error>(self, _: bool) -> Result<(), X> {
+        self.visit_unit()
+    }
+    fn visit_i64<X: de::Error>(self, _: i64) -> Result<(), X> {
+        self.visit_unit()
+    }
+    fn visit_u64<X: de::Error>(self, _: u64) -> Result<(), X> {
+        self.visit_unit()
+    }
+    fn visit_f64<X: de::Error>(self, _: f64) -> Result<(), X> {
+        self.visit_unit()
+    }
+    fn visit_str<X: de::Error>(self, _: &str) -> Result<(), X> {
+        self.visit_unit()
+    }
+}
+
+impl<'de> de::DeserializeSeed<'de> for TopSeed<'_, '_, '_> {
+    type Value = Top;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Top, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TopSeed<'_, '_, '_> {
+    type Value = Top;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object or an array of objects")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Top, A::Error> {
+        let sink = self.0;
+        let msg = sink.msg;
+        let obj = Walk::object(&msg.sub.selection, msg.limits.max_fields_per_sample, map)?;
+        sink.take(obj);
+        Ok(Top::Object)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Top, A::Error> {
+        let sink = self.0;
+        let cap = sink.msg.limits.max_samples_per_message;
+        let mut extra = 0;
+        loop {
+            if sink.elements >= cap {
+                match seq.next_element::<IgnoredAny>()? {
+                    Some(_) => extra += 1,
+                    None => break,
                 }
-                Ok(Top::Array(items, extra))
-            }
-            fn visit_unit<X: de::Error>(self) -> Result<Top<'de>, X> {
-                Ok(Top::Other)
-            }
-            fn visit_bool<X: de::Error>(self, _: bool) -> Result<Top<'de>, X> {
-                Ok(Top::Other)
-            }
-            fn visit_i64<X: de::Error>(self, _: i64) -> Result<Top<'de>, X> {
-                Ok(Top::Other)
-            }
-            fn visit_u64<X: de::Error>(self, _: u64) -> Result<Top<'de>, X> {
-                Ok(Top::Other)
-            }
-            fn visit_f64<X: de::Error>(self, _: f64) -> Result<Top<'de>, X> {
-                Ok(Top::Other)
-            }
-            fn visit_str<X: de::Error>(self, _: &str) -> Result<Top<'de>, X> {
-                Ok(Top::Other)
+            } else if seq.next_element_seed(ElementSeed(sink))?.is_none() {
+                break;
             }
         }
-        d.deserialize_any(T(self))
+        Ok(Top::Array { extra })
+    }
+    fn visit_unit<X: de::Error>(self) -> Result<Top, X> {
+        Ok(Top::Other)
+    }
+    fn visit_bool<X: de::Error>(self, _: bool) -> Result<Top, X> {
+        Ok(Top::Other)
+    }
+    fn visit_i64<X: de::Error>(self, _: i64) -> Result<Top, X> {
+        Ok(Top::Other)
+    }
+    fn visit_u64<X: de::Error>(self, _: u64) -> Result<Top, X> {
+        Ok(Top::Other)
+    }
+    fn visit_f64<X: de::Error>(self, _: f64) -> Result<Top, X> {
+        Ok(Top::Other)
+    }
+    fn visit_str<X: de::Error>(self, _: &str) -> Result<Top, X> {
+        Ok(Top::Other)
     }
 }
 

@@ -110,6 +110,11 @@ impl Path {
         }
     }
 
+    /// Whether this is the path of one key, `key`.
+    fn is_key(&self, key: &str) -> bool {
+        matches!(self.0.as_slice(), [Seg::Key(k)] if k == key)
+    }
+
     fn is<S: AsRef<str>>(&self, at: &[S]) -> bool {
         self.0.len() == at.len() && self.relation(at) == Relation::Under
     }
@@ -202,6 +207,18 @@ impl Selection {
             && self.include.is_empty()
             && self.exclude.is_empty()
             && self.rename.is_empty()
+    }
+
+    /// [`Selection::step`] for a key of the object itself when the
+    /// selection [`is_plain`](Selection::is_plain).
+    pub fn top_step(&self, key: &str) -> Step {
+        if self.timestamp.is_key(key) {
+            Step::Timestamp
+        } else if self.sensor.as_ref().is_some_and(|s| s.is_key(key)) {
+            Step::Sensor
+        } else {
+            Step::Read
+        }
     }
 
     /// What to do with the value at `at` (a path from the payload's
