@@ -33,7 +33,7 @@ enum Seg {
 }
 
 /// How deep a payload's objects and arrays are followed; values deeper
-/// than this are left out and counted (`too_deep`).
+/// than this are left out and counted (cause `bad_field`).
 pub const MAX_DEPTH: usize = 16;
 
 impl Path {
@@ -56,17 +56,18 @@ impl Path {
             let mut key = String::with_capacity(raw.len());
             let mut chars = raw.chars();
             while let Some(c) = chars.next() {
-                match (c, c == '~') {
-                    (_, true) => match chars.next() {
-                        Some('0') => key.push('~'),
-                        Some('1') => key.push('/'),
-                        _ => {
-                            return Err(format!(
-                                "{text:?}: '~' must be followed by 0 or 1 (RFC 6901)"
-                            ))
-                        }
-                    },
-                    (c, false) => key.push(c),
+                if c != '~' {
+                    key.push(c);
+                    continue;
+                }
+                match chars.next() {
+                    Some('0') => key.push('~'),
+                    Some('1') => key.push('/'),
+                    _ => {
+                        return Err(format!(
+                            "{text:?}: '~' must be followed by 0 or 1 (RFC 6901)"
+                        ))
+                    }
                 }
             }
             segs.push(Seg::Key(key));
