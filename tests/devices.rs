@@ -224,7 +224,12 @@ async fn devices_payloads_are_stored_with_their_sensor_time_fields_and_units() {
     assert_eq!(ts(th1), t, "Tasmota's local time read in Berlin time");
     assert_eq!(num(th1, "AM2301%2ETemperature"), 24.6);
     assert_eq!(num(th1, "AM2301%2EHumidity"), 58.2);
-    assert_eq!(th1.get_str("TempUnit"), Ok("C"));
+    assert!(!th1.contains_key("TempUnit"));
+    assert_eq!(
+        units["th1"],
+        bson::doc! { "AM2301%2ETemperature": "C" },
+        "Tasmota's TempUnit once per bucket"
+    );
     let plug = &all["plug1"];
     assert_eq!(plug.len(), 3);
     let energy = plug

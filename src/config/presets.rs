@@ -103,7 +103,11 @@ mod tests {
         assert_eq!((r.sensor.as_str(), r.ts_ms), ("th1", NOW - 30_000));
         assert_eq!(num(r, "AM2301%2ETemperature"), 24.6);
         assert_eq!(num(r, "AM2301%2EHumidity"), 58.2);
-        assert_eq!(field(r, "TempUnit"), Some(&FieldValue::Str("C".into())));
+        assert_eq!(field(r, "TempUnit"), None, "a unit, not a field");
+        assert_eq!(
+            r.units,
+            [("AM2301%2ETemperature".to_string(), "C".to_string())]
+        );
         let d = decode(
             "tasmota",
             "tele/plug1/SENSOR",

@@ -167,6 +167,7 @@ pub struct RawSubscription {
     pub rename: Option<std::collections::BTreeMap<String, String>>,
     pub flatten: Option<String>,
     pub arrays: Option<String>,
+    pub units: Option<std::collections::BTreeMap<String, Vec<String>>>,
 }
 
 #[derive(Debug, Deserialize)]

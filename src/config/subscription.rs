@@ -210,6 +210,7 @@ impl Validator {
             ("rename", s.rename.is_some()),
             ("flatten", s.flatten.is_some()),
             ("arrays", s.arrays.is_some()),
+            ("units", s.units.is_some()),
         ];
         if !structured {
             for (key, set) in choosing {
@@ -250,6 +251,17 @@ impl Validator {
             if let Some(p) = pointer(self, &key, from, false) {
                 sel.rename.push((p, to.clone()));
             }
+        }
+        for (from, fields) in s.units.iter().flatten() {
+            let key = format!("units.{from:?}");
+            let Some(from) = pointer(self, &key, from, false) else {
+                continue;
+            };
+            let fields: Vec<Path> = fields
+                .iter()
+                .filter_map(|f| pointer(self, &key, f, true))
+                .collect();
+            sel.units.push((from, fields));
         }
         if let Some(sep) = &s.flatten {
             if sep.is_empty() || sep.contains('\0') || sep.len() > 8 {

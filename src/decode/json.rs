@@ -151,6 +151,10 @@ struct Object<'a> {
     extra: usize,
     ts: Option<Json<'a>>,
     sensor: Option<Json<'a>>,
+    /// The units read, by their entry in the selection's `units`.
+    unit_values: Vec<Option<Cow<'a, str>>>,
+    /// The fields a unit applies to: (field, entry in `units`).
+    unit_of: Vec<(usize, usize)>,
     /// Fields left out while reading (cause, name, why).
     dropped: Vec<(&'static str, String, &'static str)>,
 }
@@ -295,6 +299,7 @@ impl<'s, 'de> Walk<'s, 'de> {
                 }
                 Step::Timestamp => self.obj.ts = Some(map.next_value()?),
                 Step::Sensor => self.obj.sensor = Some(map.next_value()?),
+                Step::Unit(i) => self.unit(i, map.next_value()?),
                 Step::Read if self.too_deep() => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -327,6 +332,10 @@ impl<'s, 'de> Walk<'s, 'de> {
                     .next_element::<Json>()?
                     .map(|v| self.obj.sensor = Some(v))
                     .is_some(),
+                Step::Unit(i) => seq
+                    .next_element::<Json>()?
+                    .map(|v| self.unit(i, v))
+                    .is_some(),
                 Step::Read if self.too_deep() => seq.next_element::<IgnoredAny>()?.is_some(),
                 Step::Read => seq.next_element_seed(Node(self))?.is_some(),
             };
@@ -335,6 +344,15 @@ impl<'s, 'de> Walk<'s, 'de> {
                 return Ok(());
             }
             i += 1;
+        }
+    }
+
+    /// The text of a unit the selection names (anything else is not one).
+    fn unit(&mut self, i: usize, value: Json<'de>) {
+        if let Json::Str(unit) = value {
+            let units = &mut self.obj.unit_values;
+            units.resize(units.len().max(i + 1), None);
+            units[i] = Some(unit);
         }
     }
 
@@ -359,9 +377,9 @@ impl<'s, 'de> Walk<'s, 'de> {
         if self.path.len() <= self.sel.root.len() {
             return Ok(());
         }
-        let key = match (self.plain, self.path.as_slice()) {
-            (true, [key]) => key.clone(),
-            _ => self.sel.name(&self.path),
+        let (key, unit) = match (self.plain, self.path.as_slice()) {
+            (true, [key]) => (key.clone(), None),
+            _ => (self.sel.name(&self.path), self.sel.unit_of(&self.path)),
         };
         let fields = &mut self.obj.fields;
         let at = match &self.index {
@@ -378,6 +396,9 @@ impl<'s, 'de> Walk<'s, 'de> {
             None => {
                 if let Some(index) = &mut self.index {
                     index.insert(key.clone(), fields.len());
+                }
+                if let Some(unit) = unit {
+                    self.obj.unit_of.push((fields.len(), unit));
                 }
                 fields.push((key, value));
                 if self.index.is_none() && fields.len() > LINEAR_KEYS {
@@ -603,7 +624,8 @@ fn sample_from_object(
         .map(|(cause, name, why)| Dropped::of(index, &name, (cause, why.into())))
         .collect();
     let mut fields = Vec::with_capacity(obj.fields.len());
-    for (name, value) in obj.fields {
+    let mut units = Vec::new();
+    for (i, (name, value)) in obj.fields.into_iter().enumerate() {
         let value = match value {
             // Objects and arrays are walked into fields; Nested is a
             // timestamp's or sensor's value only.
@@ -613,7 +635,13 @@ fn sample_from_object(
             Json::Num(n) => FieldValue::Num(n.as_f64().unwrap_or(f64::NAN)),
         };
         match super::take_field(&name, value, limits) {
-            Ok(field) => fields.push(field),
+            Ok(field) => {
+                let unit = obj.unit_of.iter().find(|(f, _)| *f == i);
+                if let Some(Some(unit)) = unit.and_then(|(_, u)| obj.unit_values.get(*u)) {
+                    units.push((field.0.clone(), unit.to_string()));
+                }
+                fields.push(field);
+            }
             Err(why) => left_out.push(Dropped::of(index, &name, why)),
         }
     }
@@ -628,7 +656,7 @@ fn sample_from_object(
         ts_ms,
         fields,
         index,
-        units: Vec::new(),
+        units,
     })
 }
 

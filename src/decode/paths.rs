@@ -169,6 +169,10 @@ pub struct Selection {
     pub rename: Vec<(Path, String)>,
     pub separator: String,
     pub arrays: Arrays,
+    /// Where a payload names a unit (text) and the fields it applies to
+    /// (`units = { "/TempUnit" = ["/*/Temperature"] }`): kept once per
+    /// bucket as `units.<field>`, not as a field.
+    pub units: Vec<(Path, Vec<Path>)>,
     pub timestamp: Path,
     pub sensor: Option<Path>,
 }
@@ -182,6 +186,7 @@ impl Default for Selection {
             rename: Vec::new(),
             separator: ".".into(),
             arrays: Arrays::Index,
+            units: Vec::new(),
             timestamp: Path(vec![Seg::Key("ts".into())]),
             sensor: None,
         }
@@ -199,6 +204,8 @@ pub enum Step {
     Timestamp,
     /// The sample's sensor id.
     Sensor,
+    /// The unit of [`Selection::units`]' entry of this index.
+    Unit(usize),
 }
 
 impl Selection {
@@ -208,6 +215,16 @@ impl Selection {
             && self.include.is_empty()
             && self.exclude.is_empty()
             && self.rename.is_empty()
+            && self.units.is_empty()
+    }
+
+    /// The entry of [`Selection::units`] whose unit applies to the field
+    /// at `at` (a path from the payload's object, under the root).
+    pub fn unit_of<S: AsRef<str>>(&self, at: &[S]) -> Option<usize> {
+        let rel = &at[self.root.len().min(at.len())..];
+        self.units
+            .iter()
+            .position(|(_, fields)| fields.iter().any(|p| p.relation(rel) == Relation::Under))
     }
 
     /// [`Selection::step`] for a key of the object itself when the
@@ -239,6 +256,9 @@ impl Selection {
         if self.sensor.as_ref().is_some_and(|s| s.is(rel)) {
             return Step::Sensor;
         }
+        if let Some(i) = self.units.iter().position(|(from, _)| from.is(rel)) {
+            return Step::Unit(i);
+        }
         if self
             .exclude
             .iter()
@@ -253,6 +273,7 @@ impl Selection {
         if self.include.iter().any(towards)
             || towards(&self.timestamp)
             || self.sensor.as_ref().is_some_and(towards)
+            || self.units.iter().any(|(from, _)| towards(from))
         {
             Step::Read
         } else {
