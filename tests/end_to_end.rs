@@ -344,9 +344,11 @@ async fn garbage_goes_to_the_dead_letter_and_good_readings_are_stored() {
                 .into_bytes(),
             "time_out_of_range",
         ),
+        // Nested objects are flattened into fields; a value nested deeper
+        // than 16 levels is left out, and nothing else is there.
         (
             "sensors/g1/telemetry",
-            br#"{"o": {"x": 1}}"#.to_vec(),
+            format!("{{\"o\": {}1{}}}", "[".repeat(17), "]".repeat(17)).into_bytes(),
             "bad_field",
         ),
         ("sensors/g1/telemetry", br#"{"": 1}"#.to_vec(), "bad_field"),
