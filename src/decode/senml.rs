@@ -108,8 +108,8 @@ pub(super) fn decode_cbor(
                     let i = i128::from(*i);
                     match CBOR_LABELS.iter().find(|(n, _)| i128::from(*n) == i) {
                         Some((_, name)) => name.to_string(),
-                        // Unknown: kept by number; below -128 ... it is
-                        // still not a must-understand label (those are text).
+                        // A label the table does not name, kept under its
+                        // number (labels that must be understood are text).
                         None => format!("#{i}"),
                     }
                 }
@@ -124,7 +124,11 @@ pub(super) fn decode_cbor(
                 ciborium::Value::Float(x) => serde_json::json!(x),
                 ciborium::Value::Text(t) => serde_json::Value::String(t),
                 ciborium::Value::Bool(b) => serde_json::Value::Bool(b),
-                other => return Err(bad(format!("label {label:?} holds {other:?}"))),
+                _ => {
+                    return Err(bad(format!(
+                        "label {label:?} holds an array, a map, a tag or null"
+                    )))
+                }
             };
             record.insert(label, value);
         }
