@@ -353,12 +353,16 @@ async fn sessions_retired_while_the_spool_is_full_strand_and_double_nothing() {
         .await;
     let sessions = stack.config.settings().spool.dir.join("mqtt-sessions.json");
     let held = || std::fs::read_to_string(&sessions).unwrap_or_default();
-    // Longer than a session needs to be quiet to retire: the retiring
-    // sessions wait with unacknowledged messages, and stay listed.
+    // Longer than a session needs to be quiet to retire: a retiring
+    // session that still holds unacknowledged messages waits, and stays
+    // listed. (One whose messages all reached the spool before it filled
+    // may retire: which one that is depends on the broker's order. That
+    // none retired with messages not spooled shows at the end: every
+    // reading stored once.)
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(
-        held().contains("retirefull-2") && held().contains("retirefull-3"),
-        "retired with messages not spooled: {}",
+        held().contains("retirefull-2") || held().contains("retirefull-3"),
+        "every retiring session retired while the spool was full: {}",
         held()
     );
     assert!(stack.broker.held_messages().await > 0);
