@@ -30,8 +30,11 @@ async fn database_outage_keeps_acknowledging_from_the_spool_and_loses_nothing() 
         tokio::time::sleep(Duration::from_secs(9)).await;
         most_held = most_held.max(stack.broker.held_messages().await);
     }
+    // Had palletd stopped acknowledging, the broker would hold the 5,400
+    // readings of the outage; a few seconds' worth at a sampled moment
+    // is a busy box (CI saw 258 with a fuzzer on the other core).
     assert!(
-        most_held <= 150,
+        most_held <= 1000,
         "the broker's queue for palletd stayed small: {most_held}"
     );
     stack.db.start_again();
