@@ -124,19 +124,20 @@ impl<'a> SampleRef<'a> {
         }
     }
 
-    /// Its document as stored: without the units, which a bucket keeps
-    /// once ([`UNITS`]).
-    pub fn stored_doc(&self) -> RawDocumentBuf {
-        if self.units().is_none() {
-            return self.doc.to_raw_document_buf();
-        }
+    /// Its document as stored, without the units, and the units, which a
+    /// bucket keeps once ([`UNITS`]); one look for them per sample (this
+    /// is on every statement's path).
+    pub fn stored(&self) -> (RawDocumentBuf, Option<&'a RawDocument>) {
+        let Some(units) = self.units() else {
+            return (self.doc.to_raw_document_buf(), None);
+        };
         let mut out = RawDocumentBuf::new();
         for (name, value) in self.doc.iter().flatten() {
             if name != UNITS {
                 out.append(name, value.to_raw_bson());
             }
         }
-        out
+        (out, Some(units))
     }
 
     /// The numeric fields, for the rollups.
@@ -705,8 +706,9 @@ impl Statement {
         // The units the samples gave, the latest of each field.
         let mut units: Vec<(&str, bson::RawBsonRef<'_>)> = Vec::new();
         for s in self.range.clone().map(|i| samples.get(i)) {
-            each.push(RawBson::Document(s.stored_doc()));
-            for (name, unit) in s.units().into_iter().flat_map(|u| u.iter().flatten()) {
+            let (doc, sample_units) = s.stored();
+            each.push(RawBson::Document(doc));
+            for (name, unit) in sample_units.into_iter().flat_map(|u| u.iter().flatten()) {
                 match units.iter_mut().find(|u| u.0 == name) {
                     Some(u) => u.1 = unit,
                     None => units.push((name, unit)),

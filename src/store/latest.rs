@@ -142,7 +142,7 @@ fn statement(sensor: &str, sample: SampleRef<'_>) -> RawDocumentBuf {
     let u = rawdoc! { "$set": {
         "ts": pick(ts.into(), "$ts"),
         // $literal: a stored string that starts with '$' stays a string.
-        "sample": pick(rawdoc! { "$literal": sample.stored_doc() }.into(), "$sample"),
+        "sample": pick(rawdoc! { "$literal": sample.stored().0 }.into(), "$sample"),
         "updatedAt": pick(RawBson::String("$$NOW".into()), "$updatedAt"),
     } };
     rawdoc! { "q": { "_id": sensor }, "u": [u], "upsert": true }
