@@ -752,6 +752,14 @@ pub(crate) fn take_field(
     }
 }
 
+/// The sensor id the topic gives, checked, if its pattern has `{sensor}`.
+pub(crate) fn topic_sensor<'a>(msg: &Message<'a>) -> Result<Option<&'a str>, DecodeError> {
+    match msg.matched.sensor {
+        Some(s) => check_sensor(s, msg.limits).map(|()| Some(s)),
+        None => Ok(None),
+    }
+}
+
 /// The sensor id and field name a topic gives a message of one value
 /// (`{sensor}`, and `{field}` or the subscription's `field`).
 pub(crate) fn topic_field<'a>(msg: &Message<'a>) -> Result<(&'a str, &'a str), DecodeError> {

@@ -50,13 +50,7 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
             ))
         }
     };
-    let topic_sensor = match msg.matched.sensor {
-        Some(s) => {
-            check_sensor(s, limits)?;
-            Some(s)
-        }
-        None => None,
-    };
+    let topic_sensor = super::topic_sensor(msg)?;
     let mut samples: Vec<Reading> = Vec::new();
     let mut by_time: std::collections::HashMap<(String, i64), usize> = Default::default();
     for (i, m) in messages.into_iter().enumerate() {

@@ -149,13 +149,7 @@ fn resolve<'a>(
     if records.is_empty() {
         return Err(DecodeError::BadPayload("an empty pack: no records".into()));
     }
-    let topic_sensor = match msg.matched.sensor {
-        Some(s) => {
-            check_sensor(s, limits)?;
-            Some(s)
-        }
-        None => None,
-    };
+    let topic_sensor = super::topic_sensor(msg)?;
     let mut base = Base::default();
     // (sensor, time) -> its sample, in the order first seen.
     let mut samples: Vec<Reading> = Vec::new();
