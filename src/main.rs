@@ -42,7 +42,7 @@ enum Command {
     /// Print the annotated example configuration (with a preset's
     /// subscriptions in place of its own: --preset tasmota).
     PrintConfig {
-        /// tasmota, zigbee2mqtt, shelly, esphome, homeassistant, senml,
+        /// tasmota, zigbee2mqtt, shelly, esphome, homie, homeassistant, senml,
         /// opcua or telegraf.
         #[arg(long, value_name = "NAME")]
         preset: Option<String>,

@@ -200,6 +200,10 @@ fn selection_keys_are_validated() {
         ("arrays = \"keep\"\n", "subscription[0].arrays:"),
         ("flatten = \"\"\n", "subscription[0].flatten:"),
         ("rename = { \"/a\" = \"$x\" }\n", "subscription[0].rename."),
+        (
+            "retained = \"drop\"\n",
+            "subscription[0].retained: must be one of \"store\", \"skip\"",
+        ),
     ] {
         let (code, text) = check(&example.replacen(first, &format!("{first}{add}"), 1));
         assert_eq!(code, Some(78), "{add}: {text}");

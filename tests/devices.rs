@@ -7,11 +7,14 @@
 //! Telegraf's line protocol. They
 //! arrive while the database is down, palletd is killed with them in its
 //! spool, and the replay stores each with its sensor, time, fields and
-//! units.
+//! units. A Homie 4 device, whose values and attributes are all retained:
+//! its values stored, the retained copies the broker sends on subscribe
+//! and the `$` attributes skipped.
 
 mod common;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use bson::{Bson, Document};
 use chrono::TimeZone;
@@ -304,4 +307,94 @@ async fn devices_payloads_are_stored_with_their_sensor_time_fields_and_units() {
         .find(|s| s.get_str("cpu") == Ok("cpu-total"))
         .unwrap();
     assert_eq!(num(total, "usage_idle"), 98.2);
+}
+
+/// Homie 4 as its specification's example device publishes: every value
+/// and attribute retained, before palletd subscribes and while it runs.
+/// What the broker sends again because palletd subscribed is skipped, and
+/// so are the attributes; what the device publishes while palletd runs is
+/// stored, and so is what it publishes while palletd is away (queued in
+/// its session, without the flag), once: not again when the broker sends
+/// it retained as palletd subscribes on its restart.
+#[tokio::test]
+async fn homie_values_are_stored_and_retained_copies_and_attributes_skipped() {
+    let broker = Broker::start();
+    let mut device = Publisher::connect(&broker, "super-car").await;
+    let retained_before = [
+        ("homie/super-car/$homie", "4.0.0"),
+        ("homie/super-car/$name", "Super car"),
+        ("homie/super-car/$state", "init"),
+        ("homie/super-car/$nodes", "engine,lights"),
+        ("homie/super-car/engine/$name", "Car engine"),
+        ("homie/super-car/engine/$properties", "temperature"),
+        ("homie/super-car/engine/temperature/$unit", "°C"),
+        ("homie/super-car/engine/temperature/$datatype", "float"),
+        ("homie/super-car/engine/temperature", "21.5"),
+        ("homie/super-car/lights/on", "false"),
+        ("homie/super-car/$state", "ready"),
+    ];
+    device.retain(&retained_before).await;
+    // One connection: a plain subscription, to which every broker sends
+    // the retained values (a shared one gets none from Mosquitto 2.0.13 on).
+    let mut stack = Stack::on(broker, Database::start(), "homie", |c| {
+        c.preset("homie").set("mqtt.connections", 1)
+    })
+    .await;
+    // Sent again on subscribe: the temperature, the light, the $state; and
+    // the node's two attributes under homie/+/+/+.
+    past_retained(&stack.palletd, 2.0).await;
+    device
+        .retain(&[
+            ("homie/super-car/engine/temperature", "22.25"),
+            ("homie/super-car/engine/$name", "V8 engine"),
+            ("homie/super-car/lights/on", "true"),
+        ])
+        .await;
+    stack.wait_stored(2).await;
+    stack.all_acknowledged().await;
+    // Away: what the device publishes is queued in palletd's session.
+    stack.stop();
+    device
+        .retain(&[
+            ("homie/super-car/engine/temperature", "23"),
+            ("homie/super-car/$state", "sleeping"),
+        ])
+        .await;
+    stack.palletd = Palletd::start(&stack.config);
+    // The session was kept: the two arrive from its queue without the flag,
+    // and again, retained, when palletd subscribes on its start.
+    past_retained(&stack.palletd, 0.0).await;
+    stack.wait_stored(4).await;
+    stack.palletd.settled().await;
+
+    let (all, _) = stored(&stack).await;
+    let car = &all["super-car"];
+    let values: Vec<(&str, Bson)> = car
+        .iter()
+        .flat_map(|s| s.iter().filter(|(k, _)| *k != "ts"))
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    assert_eq!(
+        values,
+        [
+            ("engine/temperature", Bson::Double(22.25)),
+            ("lights/on", Bson::Boolean(true)),
+            ("engine/temperature", Bson::Double(23.0)),
+            ("state", Bson::String("sleeping".into())),
+        ],
+        "{car:?}"
+    );
+    assert!(stack.docs("readings_deadletter").await.is_empty());
+}
+
+/// Waits until palletd skipped the Homie device's three retained values
+/// (and at least `metadata` attributes).
+async fn past_retained(palletd: &Palletd, metadata: f64) {
+    let skipped =
+        |p: &Palletd, reason| p.metric("palletd_messages_skipped_total", Some(("reason", reason)));
+    palletd
+        .wait_until(Duration::from_secs(30), "past the retained values", |p| {
+            skipped(p, "retained") >= 3.0 && skipped(p, "metadata") >= metadata
+        })
+        .await;
 }

@@ -2,7 +2,8 @@
 //! decode to valid readings or to typed errors, never a panic. Every format
 //! that needs no state: JSON (flat, nested, chosen by paths, with a time
 //! zone; CBOR and MessagePack read the same way), number, value, SenML in
-//! JSON and CBOR, OPC UA PubSub JSON and line protocol.
+//! JSON and CBOR, OPC UA PubSub JSON and line protocol; topic patterns
+//! (several `{field}` levels, `$` levels never captured).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -39,6 +40,8 @@ fn decoder() -> Decoder {
             subscription("plant/{sensor}/{field}", PayloadFormat::Number, None),
             subscription("fleet/#", PayloadFormat::Json, Some("device")),
             subscription("value/{sensor}/{field}", PayloadFormat::Value, None),
+            // Homie's: a field of two levels; `$` levels are metadata.
+            subscription("homie/{sensor}/{field}/{field}", PayloadFormat::Value, None),
             subscription("senml/{sensor}", PayloadFormat::Senml, None),
             // SenML with the sensor from each record's base name.
             subscription("packs/#", PayloadFormat::Senml, None),
@@ -106,8 +109,14 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     // Topic patterns: parsing any text never panics, and a parsed pattern
-    // matches its own filter's shape.
+    // matches its own filter's shape; matched against the payload as a
+    // topic, no capture holds a `$` level.
     if let Ok(p) = TopicPattern::parse(&topic) {
         let _ = p.matches(&p.filter());
+        if let Some(m) = std::str::from_utf8(payload).ok().and_then(|t| p.matches(t)) {
+            for capture in [m.sensor, m.field].into_iter().flatten() {
+                assert!(!capture.split('/').any(|l| l.starts_with('$')), "{capture:?}");
+            }
+        }
     }
 });

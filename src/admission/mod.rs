@@ -583,9 +583,15 @@ impl Admission {
             self.release(acks);
             return;
         }
-        let decoded =
+        let decoded = if m.retained && self.decoder.skips_retained(&m.topic) {
+            crate::decode::Decoded::skipped(crate::decode::SKIPPED_RETAINED)
+        } else {
             self.decoder
-                .decode_with(&m.topic, &m.payload, m.props.as_deref(), m.received_ms);
+                .decode_with(&m.topic, &m.payload, m.props.as_deref(), m.received_ms)
+        };
+        if let Some(reason) = decoded.skipped {
+            metrics::counter!(telemetry::MESSAGES_SKIPPED, "reason" => reason).increment(1);
+        }
         self.sparkplug_outcome(&decoded.sparkplug, m.received_ms, batch);
         batch.messages += 1;
         let bytes = &mut batch.bytes;

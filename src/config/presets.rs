@@ -13,6 +13,7 @@ pub const PRESETS: &[(&str, &str)] = &[
     ),
     ("shelly", include_str!("../../presets/shelly.toml")),
     ("esphome", include_str!("../../presets/esphome.toml")),
+    ("homie", include_str!("../../presets/homie.toml")),
     (
         "homeassistant",
         include_str!("../../presets/homeassistant.toml"),
@@ -302,6 +303,43 @@ mod tests {
         );
         assert_eq!(d.readings[0].sensor, "kitchen_temperature");
         assert_eq!(d.readings[0].fields[0].1, FieldValue::Num(21.5));
+    }
+
+    /// Homie 4: the specification's own example device, its values and
+    /// its attributes.
+    #[test]
+    fn homie() {
+        let d = decode("homie", "homie/super-car/engine/temperature", "21.5", NOW);
+        assert_eq!(
+            (d.readings[0].sensor.as_str(), &d.readings[0].fields),
+            (
+                "super-car",
+                &vec![("engine/temperature".to_string(), FieldValue::Num(21.5))]
+            )
+        );
+        let d = decode("homie", "homie/super-car/lights/on", "true", NOW);
+        assert_eq!(d.readings[0].fields[0].1, FieldValue::Bool(true));
+        let d = decode("homie", "homie/super-car/$state", "ready", NOW);
+        assert_eq!(
+            d.readings[0].fields,
+            [("state".to_string(), FieldValue::Str("ready".into()))]
+        );
+        // Attributes under the subscribed filter homie/+/+/+.
+        for topic in [
+            "homie/super-car/engine/$name",
+            "homie/super-car/engine/$properties",
+            "homie/super-car/$stats/uptime",
+        ] {
+            let d = decode("homie", topic, "Car engine", NOW);
+            assert!(
+                d.readings.is_empty() && d.errors.is_empty(),
+                "{topic}: {d:?}"
+            );
+            assert_eq!(d.skipped, Some(crate::decode::SKIPPED_METADATA), "{topic}");
+        }
+        let dec = decoder("homie");
+        assert!(dec.skips_retained("homie/super-car/engine/temperature"));
+        assert!(!decoder("tasmota").skips_retained("tele/plug/SENSOR"));
     }
 
     /// OPC 10000-14's own example (A.3.4.5: three DataSetWriters, one

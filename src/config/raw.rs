@@ -168,6 +168,7 @@ pub struct RawSubscription {
     pub flatten: Option<String>,
     pub arrays: Option<String>,
     pub units: Option<std::collections::BTreeMap<String, Vec<String>>>,
+    pub retained: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

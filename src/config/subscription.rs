@@ -83,6 +83,17 @@ impl Validator {
             }
         }
         let qos = self.int_in(&format!("{path}.qos"), s.qos, 1, 0, 2) as u8;
+        let skip_retained = match s.retained.as_deref() {
+            None | Some("store") => false,
+            Some("skip") => true,
+            Some(other) => {
+                self.err(
+                    format!("{path}.retained"),
+                    crate::decode::not_one_of(&["store", "skip"], other),
+                );
+                false
+            }
+        };
         let rebirth_min_interval = self.positive_duration(
             &format!("{path}.rebirth_min_interval"),
             s.rebirth_min_interval.as_deref(),
@@ -169,6 +180,7 @@ impl Validator {
             qos,
             rebirth_min_interval,
             from_properties,
+            skip_retained,
         })
     }
 

@@ -142,6 +142,12 @@ pub struct Subscription {
     pub rebirth_min_interval: Option<std::time::Duration>,
     /// What an MQTT 5 message's properties say (`[mqtt] protocol = "5"`).
     pub from_properties: FromProperties,
+    /// `retained = "skip"`: a message the broker sends with the RETAIN flag
+    /// is the topic's last value sent again because palletd subscribed
+    /// (MQTT 3.1.1 3.3.1.3; one forwarded live has the flag cleared), not a
+    /// new reading: it is passed over. For devices that publish their
+    /// state retained (Homie, ESPHome).
+    pub skip_retained: bool,
 }
 
 impl Subscription {
@@ -158,6 +164,7 @@ impl Subscription {
             qos: 1,
             rebirth_min_interval: None,
             from_properties: FromProperties::default(),
+            skip_retained: false,
         }
     }
 
@@ -488,6 +495,25 @@ pub struct Decoded {
     pub dropped: Vec<Dropped>,
     /// What a Sparkplug B message did besides (empty for other formats).
     pub sparkplug: sparkplug::Effects,
+    /// Why a message that stores nothing and is not refused was passed
+    /// over ([`SKIPPED_METADATA`], [`SKIPPED_RETAINED`]), counted in
+    /// `palletd_messages_skipped_total{reason}`.
+    pub skipped: Option<&'static str>,
+}
+
+/// A topic with a `$` level that no pattern names (Homie's attributes).
+pub const SKIPPED_METADATA: &str = "metadata";
+/// A retained message on a subscription with `retained = "skip"`.
+pub const SKIPPED_RETAINED: &str = "retained";
+
+impl Decoded {
+    /// A message passed over for `reason`.
+    pub fn skipped(reason: &'static str) -> Decoded {
+        Decoded {
+            skipped: Some(reason),
+            ..Decoded::default()
+        }
+    }
 }
 
 /// Time bounds and size limits the decoder applies.
@@ -544,6 +570,15 @@ impl Decoder {
         self.sparkplug = state;
     }
 
+    /// Whether a message on `topic` that the broker sent with the RETAIN
+    /// flag is passed over (its subscription says `retained = "skip"`).
+    pub fn skips_retained(&self, topic: &str) -> bool {
+        self.subscriptions
+            .iter()
+            .find(|s| s.pattern.matches(topic).is_some())
+            .is_some_and(|s| s.skip_retained)
+    }
+
     /// Decodes one message received at `now_ms`.
     pub fn decode(&mut self, topic: &str, payload: &[u8], now_ms: i64) -> Decoded {
         self.decode_with(topic, payload, None, now_ms)
@@ -571,8 +606,14 @@ impl Decoder {
             .iter()
             .find_map(|s| s.pattern.matches(topic).map(|m| (s, m)))
         else {
-            out.errors
-                .push(DecodeError::UnknownTopic(topic.to_string()));
+            if topic.split('/').any(|level| level.starts_with('$')) {
+                // Metadata under a subscribed filter (Homie's `$name`,
+                // `$unit`): no pattern takes a `$` level but by a literal.
+                out.skipped = Some(SKIPPED_METADATA);
+            } else {
+                out.errors
+                    .push(DecodeError::UnknownTopic(topic.to_string()));
+            }
             return out;
         };
         let from = &sub.from_properties;

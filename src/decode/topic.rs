@@ -1,6 +1,15 @@
 //! Topic patterns: `sensors/{sensor}/telemetry`, `plant/{sensor}/{field}`,
-//! `site/+/{sensor}/#`. Each placeholder is one topic level and becomes `+`
-//! in the MQTT subscription filter.
+//! `site/+/{sensor}/#`, `homie/{sensor}/{field}/{field}`. Each placeholder
+//! is one topic level and becomes `+` in the MQTT subscription filter;
+//! `{field}` may fill several levels next to each other, and the field name
+//! is those levels with their `/` (`thermostat/temperature`).
+//!
+//! A level that begins with `$` is never matched by a placeholder or a
+//! wildcard, only by a literal: such levels are metadata, not readings
+//! (Homie's `$name`, `$unit`, `$state`; MQTT keeps a first level with `$`
+//! for the broker's own topics; and a MongoDB field name cannot begin with
+//! `$`). A message on such a topic is skipped, not refused (see
+//! [`super::Decoder::decode_with`]).
 
 use std::fmt;
 
@@ -61,17 +70,17 @@ impl TopicPattern {
             };
             levels.push(level);
         }
-        for placeholder in [Level::Sensor, Level::Field] {
-            if levels.iter().filter(|l| **l == placeholder).count() > 1 {
-                return Err(format!(
-                    "{} appears more than once",
-                    if placeholder == Level::Sensor {
-                        "{sensor}"
-                    } else {
-                        "{field}"
-                    }
-                ));
-            }
+        if levels.iter().filter(|l| **l == Level::Sensor).count() > 1 {
+            return Err("{sensor} appears more than once".into());
+        }
+        let fields: Vec<usize> = (0..levels.len())
+            .filter(|&i| levels[i] == Level::Field)
+            .collect();
+        if fields.windows(2).any(|w| w[1] != w[0] + 1) {
+            return Err(
+                "{field} levels must be next to each other (the field name is the levels they fill, with their `/`)"
+                    .into(),
+            );
         }
         Ok(TopicPattern {
             levels,
@@ -110,19 +119,29 @@ impl TopicPattern {
             sensor: None,
             field: None,
         };
+        // Where the field's levels start and end in `topic`.
+        let mut field: Option<(usize, usize)> = None;
+        let mut at = 0;
         let mut parts = topic.split('/');
         for level in &self.levels {
             let part = parts.next()?;
+            let (start, end) = (at, at + part.len());
+            at = end + 1;
+            if part.starts_with('$') && !matches!(level, Level::Literal(_)) {
+                return None;
+            }
             match level {
                 Level::Literal(s) if s != part => return None,
                 Level::Literal(_) | Level::Any => {}
                 Level::Sensor => out.sensor = Some(part),
-                Level::Field => out.field = Some(part),
+                Level::Field => field = Some((field.map_or(start, |f| f.0), end)),
             }
         }
-        if parts.next().is_some() && !self.multi {
+        let mut rest = parts.peekable();
+        if rest.peek().is_some() && (!self.multi || rest.any(|p| p.starts_with('$'))) {
             return None;
         }
+        out.field = field.map(|(start, end)| &topic[start..end]);
         Some(out)
     }
 }
@@ -165,6 +184,34 @@ mod tests {
     }
 
     #[test]
+    fn field_levels_next_to_each_other_make_one_name() {
+        let p = TopicPattern::parse("homie/{sensor}/{field}/{field}").unwrap();
+        assert_eq!(p.filter(), "homie/+/+/+");
+        let m = p.matches("homie/kitchen/thermostat/temperature").unwrap();
+        assert_eq!(m.sensor, Some("kitchen"));
+        assert_eq!(m.field, Some("thermostat/temperature"));
+        assert!(p.matches("homie/kitchen/thermostat").is_none());
+        assert!(TopicPattern::parse("a/{field}/b/{field}").is_err());
+    }
+
+    #[test]
+    fn dollar_levels_are_matched_only_by_literals() {
+        let p = TopicPattern::parse("homie/{sensor}/{field}/{field}").unwrap();
+        assert!(p.matches("homie/kitchen/thermostat/$name").is_none());
+        assert!(p.matches("homie/kitchen/$fw/name").is_none());
+        assert!(p.matches("homie/$broadcast/alert/x").is_none());
+        let p = TopicPattern::parse("site/+/{sensor}/#").unwrap();
+        assert!(p.matches("site/$SYS/a").is_none());
+        assert!(p.matches("site/x/a/$meta").is_none());
+        assert_eq!(p.matches("site/x/a/b").unwrap().sensor, Some("a"));
+        let p = TopicPattern::parse("homie/{sensor}/$state").unwrap();
+        assert_eq!(
+            p.matches("homie/kitchen/$state").unwrap().sensor,
+            Some("kitchen")
+        );
+    }
+
+    #[test]
     fn bad_patterns_are_rejected() {
         for bad in [
             "",
@@ -172,7 +219,7 @@ mod tests {
             "a/x{sensor}",
             "a/{sensor}/{sensor}",
             "a/b+",
-            "a/{field}/{field}",
+            "a/{field}/+/{field}",
         ] {
             assert!(TopicPattern::parse(bad).is_err(), "{bad}");
         }

@@ -74,6 +74,9 @@ pub struct Message {
     pub disposition: Disposition,
     /// MQTT 5: the user properties and content type the decoder may read.
     pub props: Option<Box<crate::decode::Properties>>,
+    /// The broker sent it with the RETAIN flag: a topic's last value, sent
+    /// again because palletd subscribed.
+    pub retained: bool,
 }
 
 /// A QoS 1/2 message's identity: its session's key, its packet id there,
@@ -327,6 +330,7 @@ struct Incoming {
     qos: QoS,
     pkid: u16,
     dup: bool,
+    retain: bool,
     props: Option<Box<crate::decode::Properties>>,
 }
 
@@ -383,6 +387,7 @@ fn event(ev: rumqttc::Event) -> Event {
             qos: p.qos,
             pkid: p.pkid,
             dup: p.dup,
+            retain: p.retain,
             props: None,
         }),
         rumqttc::Event::Outgoing(Outgoing::Disconnect) => Event::Disconnected,

@@ -150,6 +150,7 @@ impl Conn {
             }),
             disposition,
             props: None,
+            retained: false,
         }
     }
 
@@ -205,6 +206,7 @@ impl Conn {
             }),
             disposition,
             props: p.props,
+            retained: p.retain,
         };
         self.hand_on(msg, shared);
     }

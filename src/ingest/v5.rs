@@ -124,6 +124,7 @@ fn incoming(p: Publish) -> Incoming {
         },
         pkid: p.pkid,
         dup: p.dup,
+        retain: p.retain,
         props: p.properties.and_then(properties),
     }
 }

@@ -26,6 +26,9 @@ use tracing::warn;
 
 pub const MESSAGES_RECEIVED: &str = "palletd_messages_received_total";
 pub const SAMPLES_DECODED: &str = "palletd_samples_decoded_total";
+/// Messages passed over, by reason: a `$` metadata topic, or a retained
+/// message on a subscription with `retained = "skip"`.
+pub const MESSAGES_SKIPPED: &str = "palletd_messages_skipped_total";
 pub const SAMPLES_STORED: &str = "palletd_samples_stored_total";
 /// Readings or messages dead-lettered, by `cause` (includes
 /// `time_out_of_range`, the samples rejected for lateness or future time).
@@ -154,6 +157,10 @@ pub fn describe() {
     describe_counter!(
         FIELDS_DROPPED,
         "Fields left out of readings that were stored (the value could not be taken), by cause."
+    );
+    describe_counter!(
+        MESSAGES_SKIPPED,
+        "Messages passed over without storing or refusing anything, by reason: metadata (a topic with a `$` level no pattern names) or retained (the RETAIN flag on a subscription with retained = \"skip\")."
     );
     describe_counter!(FLUSHES, "Flushes that wrote something.");
     describe_counter!(STATEMENTS, "Bucket upsert statements applied.");
@@ -415,6 +422,12 @@ fn register_at_zero() {
     }
     for cause in FIELD_CAUSES {
         metrics::counter!(FIELDS_DROPPED, "cause" => *cause).increment(0);
+    }
+    for reason in [
+        crate::decode::SKIPPED_METADATA,
+        crate::decode::SKIPPED_RETAINED,
+    ] {
+        metrics::counter!(MESSAGES_SKIPPED, "reason" => reason).increment(0);
     }
     for kind in crate::store::mongo::ERROR_KINDS {
         metrics::counter!(DATABASE_ERRORS, "kind" => *kind).increment(0);

@@ -49,8 +49,21 @@ impl Publisher {
     }
 
     pub async fn publish(&mut self, topic: &str, payload: impl Into<Vec<u8>>) {
+        self.publish_with(topic, payload, false).await;
+    }
+
+    /// Publishes each (topic, value) with the RETAIN flag (the broker keeps
+    /// it as the topic's last value) and waits until all are acknowledged.
+    pub async fn retain(&mut self, messages: &[(&str, &str)]) {
+        for (topic, value) in messages {
+            self.publish_with(topic, *value, true).await;
+        }
+        self.flush().await;
+    }
+
+    async fn publish_with(&mut self, topic: &str, payload: impl Into<Vec<u8>>, retain: bool) {
         self.client
-            .publish(topic, QoS::AtLeastOnce, false, payload.into())
+            .publish(topic, QoS::AtLeastOnce, retain, payload.into())
             .await
             .unwrap();
         self.sent += 1;
