@@ -3,7 +3,8 @@
 //! SecantusDB: Tasmota (SENSOR with a sensor and an ENERGY object, STATE,
 //! LWT), a Zigbee2MQTT lamp and sensor, Shelly Gen2 NotifyStatus and
 //! NotifyFullStatus, RFC 8428 SenML packs in JSON and CBOR, an ESPHome
-//! state, OPC 10000-14's PubSub JSON example, a MessagePack map and
+//! state, OPC 10000-14's PubSub JSON examples (metadata with
+//! EngineeringUnits, then data), a MessagePack map and
 //! Telegraf's line protocol. They
 //! arrive while the database is down, palletd is killed with them in its
 //! spool, and the replay stores each with its sensor, time, fields and
@@ -154,6 +155,17 @@ async fn devices_payloads_are_stored_with_their_sensor_time_fields_and_units() {
         ),
     ];
     let mut p = stack.publisher().await;
+    // OPC 10000-14 A.3.2's DataSetMetaData for writer 101, its Temperature
+    // with EngineeringUnits (1.05's encoding); spooled before the data
+    // (messages on palletd's several connections are taken as they
+    // arrive).
+    p.publish(
+        "opcua/json/metadata/MyPublisher/G1/101",
+        r#"{"MessageId":"66D65CA4-92EE-4195-9867-E6E27794B692","MessageType":"ua-metadata","PublisherId":"MyPublisher","DataSetWriterId":101,"MetaData":{"Name":"DataSet1","Fields":[{"Name":"Active","FieldFlags":0,"BuiltInType":1,"DataType":"i=1","ValueRank":-1},{"Name":"Temperature","FieldFlags":0,"BuiltInType":11,"DataType":"i=11","ValueRank":-1,"Properties":[{"Key":"EngineeringUnits","Value":{"UaType":22,"Value":{"UaTypeId":"i=888","UaBody":{"NamespaceUri":"http://www.opcfoundation.org/UA/units/un/cefact","UnitId":4408652,"DisplayName":{"Locale":"en","Text":"°C"}}}}}]}]}}"#,
+    )
+    .await;
+    p.flush().await;
+    stack.all_acknowledged().await;
     for (topic, payload) in &messages {
         p.publish(topic, payload.as_bytes().to_vec()).await;
     }
@@ -282,6 +294,11 @@ async fn devices_payloads_are_stored_with_their_sensor_time_fields_and_units() {
 
     let writer = &all["MyPublisher:101"][0];
     assert_eq!((ts(writer), num(writer, "Temperature")), (t, 25.5));
+    assert_eq!(
+        units["MyPublisher:101"],
+        bson::doc! { "Temperature": "°C" },
+        "EngineeringUnits from the writer's metadata"
+    );
     assert_eq!(writer.get_bool("Active"), Ok(true));
     let writer = &all["MyPublisher:102"][0];
     assert_eq!(num(writer, "StatusCode"), 1_073_741_824.0, "Uncertain kept");

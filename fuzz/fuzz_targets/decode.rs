@@ -1,6 +1,7 @@
 //! Payload decoding and topic matching: any topic and payload bytes either
 //! decode to valid readings or to typed errors, never a panic. Every format
-//! that needs no state: JSON (flat, nested, chosen by paths, with a time
+//! that needs no state (and OPC UA, whose metadata state each input starts
+//! without): JSON (flat, nested, chosen by paths, with a time
 //! zone; CBOR and MessagePack read the same way), number, value, SenML in
 //! JSON and CBOR, OPC UA PubSub JSON and line protocol; topic patterns
 //! (several `{field}` levels, `$` levels never captured).

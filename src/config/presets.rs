@@ -381,8 +381,59 @@ mod tests {
         assert_eq!(num(p, "Pressure%2EStatusCode"), 1_073_741_824.0);
         // Metadata and keep-alives store nothing, refuse nothing.
         let meta = r#"{"MessageId":"1","MessageType":"ua-metadata","PublisherId":"plc1","DataSetWriterId":7,"MetaData":{"Name":"x"}}"#;
-        let d = decode("opcua", "opcua/json/data/plc1/G1", meta, at);
+        let d = decode("opcua", "opcua/json/metadata/plc1/G1/7", meta, at);
         assert!(d.readings.is_empty() && d.errors.is_empty(), "{d:?}");
+    }
+
+    /// EngineeringUnits from a writer's DataSetMetaData (A.3.2's message
+    /// for DataSet1, its Temperature given the property in 1.05's and
+    /// 1.04's encodings) go with that writer's fields, not another's.
+    #[test]
+    fn opcua_engineering_units_from_metadata() {
+        let mut dec = decoder("opcua");
+        let meta = |writer: u32, eu: &str| {
+            format!(
+                r#"{{"MessageId":"66D65CA4-92EE-4195-9867-E6E27794B692","MessageType":"ua-metadata","PublisherId":"MyPublisher","DataSetWriterId":{writer},"MetaData":{{"Name":"DataSet1","Fields":[{{"Name":"Active","FieldFlags":0,"BuiltInType":1,"DataType":"i=1","ValueRank":-1}},{{"Name":"Temperature","FieldFlags":0,"BuiltInType":11,"DataType":"i=11","ValueRank":-1,"Properties":[{eu}]}},{{"Name":"Counter","BuiltInType":7,"DataType":"i=7","ValueRank":-1,"Properties":[{{"Key":"EngineeringUnits","Value":{{"UaType":22,"Value":{{"UaTypeId":"i=888","UaBody":{{"UnitId":4404786}}}}}}}}]}}],"ConfigurationVersion":{{"MajorVersion":672338910,"MinorVersion":672341762}}}}}}"#
+            )
+        };
+        let v105 = r#"{"Key":"EngineeringUnits","Value":{"UaType":22,"Value":{"UaTypeId":"i=888","UaBody":{"NamespaceUri":"http://www.opcfoundation.org/UA/units/un/cefact","UnitId":4408652,"DisplayName":{"Locale":"en","Text":"°C"},"Description":{"Locale":"en","Text":"degree Celsius"}}}}}"#;
+        let v104 = r#"{"Key":{"Name":"EngineeringUnits"},"Value":{"Type":22,"Body":{"TypeId":{"Id":888},"Body":{"NamespaceUri":"http://www.opcfoundation.org/UA/units/un/cefact","UnitId":4604232,"DisplayName":{"Text":"°F"}}}}}"#;
+        for (writer, eu) in [(101, v105), (102, v104)] {
+            let d = dec.decode(
+                "opcua/json/metadata/MyPublisher/G1/W",
+                meta(writer, eu).as_bytes(),
+                NOW,
+            );
+            assert!(d.readings.is_empty() && d.errors.is_empty(), "{d:?}");
+        }
+        let data = r#"{"MessageType":"ua-data","PublisherId":"MyPublisher","Messages":[{"DataSetWriterId":101,"Payload":{"Active":true,"Temperature":25.5,"Counter":3}},{"DataSetWriterId":102,"Payload":{"Temperature":77.9}},{"DataSetWriterId":103,"Payload":{"Temperature":1.5}}]}"#;
+        let d = dec.decode("opcua/json/data/MyPublisher/G1", data.as_bytes(), NOW);
+        let units: Vec<(&str, Vec<(String, String)>)> = d
+            .readings
+            .iter()
+            .map(|r| (r.sensor.as_str(), r.units.clone()))
+            .collect();
+        let u = |f: &str, t: &str| (f.to_string(), t.to_string());
+        assert_eq!(
+            units,
+            [
+                // Counter's UnitId alone: the UNECE code it packs (C62, "one").
+                (
+                    "MyPublisher:101",
+                    vec![u("Temperature", "°C"), u("Counter", "C62")]
+                ),
+                ("MyPublisher:102", vec![u("Temperature", "°F")]),
+                ("MyPublisher:103", vec![]),
+            ]
+        );
+        // New metadata replaces the writer's units.
+        dec.decode(
+            "opcua/json/metadata/MyPublisher/G1/W",
+            meta(101, "").as_bytes(),
+            NOW,
+        );
+        let d = dec.decode("opcua/json/data/MyPublisher/G1", data.as_bytes(), NOW);
+        assert_eq!(d.readings[0].units, [u("Counter", "C62")]);
     }
 
     /// InfluxDB line protocol: the documentation's example line, and

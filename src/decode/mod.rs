@@ -8,8 +8,10 @@
 //!
 //! Each payload format is one file and one arm of [`PayloadFormat`]:
 //! [`json`] (and [`cbor`] and [`msgpack`], read as JSON is), [`number`],
-//! [`value`], [`senml`], [`opcua`], [`line`] and [`sparkplug`] (the one with state: the alias
-//! maps of Sparkplug B edge nodes, kept in the [`Decoder`]). Adding a format means a new file with a
+//! [`value`], [`senml`], [`opcua`], [`line`] and [`sparkplug`]. Two keep
+//! state in the [`Decoder`]: the alias maps of Sparkplug B edge nodes, and
+//! the EngineeringUnits of OPC UA writers' metadata (`opcua::Units`, in
+//! memory, bounded). Adding a format means a new file with a
 //! `decode` function, its arm in the enum (its name in [`PayloadFormat::NAMES`]
 //! and in `FromStr`) and its arm in [`Decoder::decode`]; the configuration
 //! learns the name from here.
@@ -542,6 +544,8 @@ pub struct Decoder {
     /// The Sparkplug B edge nodes heard from (empty without such a
     /// subscription).
     sparkplug: sparkplug::State,
+    /// The EngineeringUnits OPC UA metadata gave.
+    opcua_units: opcua::Units,
 }
 
 impl Decoder {
@@ -550,6 +554,7 @@ impl Decoder {
             subscriptions,
             limits,
             sparkplug: sparkplug::State::default(),
+            opcua_units: opcua::Units::default(),
         }
     }
 
@@ -660,7 +665,7 @@ impl Decoder {
             PayloadFormat::Number => number::decode(&message, &mut out),
             PayloadFormat::Value => value::decode(&message, &mut out),
             PayloadFormat::Senml => senml::decode(&message, &mut out),
-            PayloadFormat::OpcUa => opcua::decode(&message, &mut out),
+            PayloadFormat::OpcUa => opcua::decode(&message, &mut out, &mut self.opcua_units),
             PayloadFormat::SenmlCbor => senml::decode_cbor(&message, &mut out),
             PayloadFormat::Cbor => cbor::decode(&message, &mut out),
             PayloadFormat::MsgPack => msgpack::decode(&message, &mut out),

@@ -17,18 +17,76 @@
 //!   Timestamp, else the message's time; fields of one time are one
 //!   sample. A StatusCode other than Good (0) is kept as the field
 //!   `<name>.StatusCode`, the DataSetMessage's Status as `StatusCode`.
-//! - Other message types (`ua-metadata`, `ua-keepalive`, `ua-status`, a
-//!   DataSetMessage without Payload) store nothing and are not refused.
+//! - A `ua-metadata` message (DataSetMetaData) stores nothing; the
+//!   EngineeringUnits of its fields (a field's `Properties`) are kept
+//!   ([`Units`]) and go with that writer's fields from then on, once per
+//!   bucket (`units: {Temperature: "°C"}`): the EUInformation's
+//!   DisplayName, else the UNECE code its UnitId packs (`CEL`).
+//! - Other message types (`ua-keepalive`, `ua-status`, a DataSetMessage
+//!   without Payload) store nothing and are not refused.
+
+use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
 use super::{check_sensor, DecodeError, Decoded, FieldValue, Message, Reading};
 
+/// The most field units kept from metadata, over all writers (at most
+/// about 200 bytes each: a name within `limits.max_field_name_length`, a
+/// unit of at most [`MAX_UNIT_LEN`]): a writer beyond is refused with its
+/// metadata message.
+pub const MAX_UNITS: usize = 10_000;
+
+/// The longest unit text kept; a longer one is not read.
+pub const MAX_UNIT_LEN: usize = 64;
+
+/// The EngineeringUnits `ua-metadata` messages gave, by writer
+/// (`<PublisherId>:<DataSetWriterId>`) and field. Kept in memory only: a
+/// publisher sends its metadata when it starts and when it changes (and
+/// retains it, which palletd receives on subscribe through a plain
+/// subscription); a bucket that has its units keeps them.
+#[derive(Debug, Clone, Default)]
+pub struct Units {
+    by_writer: HashMap<String, HashMap<String, String>>,
+    count: usize,
+}
+
+impl Units {
+    fn of(&self, writer: Option<&str>, field: &str) -> Option<&str> {
+        self.by_writer.get(writer?)?.get(field).map(String::as_str)
+    }
+
+    /// A writer's units now; `false` (nothing changed) past [`MAX_UNITS`].
+    fn set(&mut self, writer: String, units: HashMap<String, String>) -> bool {
+        let old = self.by_writer.get(&writer).map_or(0, HashMap::len);
+        if self.count - old + units.len() > MAX_UNITS {
+            return false;
+        }
+        self.count = self.count - old + units.len();
+        if units.is_empty() {
+            self.by_writer.remove(&writer);
+        } else {
+            self.by_writer.insert(writer, units);
+        }
+        true
+    }
+}
+
 /// The samples of one PubSub JSON message.
-pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading>, DecodeError> {
+pub(super) fn decode(
+    msg: &Message<'_>,
+    out: &mut Decoded,
+    units: &mut Units,
+) -> Result<Vec<Reading>, DecodeError> {
     let limits = msg.limits;
     let top: Value = serde_json::from_slice(msg.payload)
         .map_err(|e| DecodeError::BadPayload(format!("invalid JSON: {e}")))?;
+    if let Value::Object(o) = &top {
+        if o.get("MessageType").and_then(Value::as_str) == Some("ua-metadata") {
+            learn_units(o, units, limits.max_field_name_length)?;
+            return Ok(Vec::new());
+        }
+    }
     let (publisher, messages): (Option<String>, Vec<&Map<String, Value>>) = match &top {
         Value::Object(o) if o.contains_key("Messages") => {
             match o.get("MessageType").and_then(Value::as_str) {
@@ -73,28 +131,21 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
             });
             continue;
         };
-        let sensor = match topic_sensor {
-            Some(s) => s.to_string(),
-            None => {
-                let publisher = id_text(m.get("PublisherId")).or_else(|| publisher.clone());
-                let writer = id_text(m.get("DataSetWriterId"))
-                    .or_else(|| id_text(m.get("DataSetWriterName")));
-                let id = match (publisher, writer) {
-                    (Some(p), Some(w)) => format!("{p}:{w}"),
-                    (None, Some(w)) => w,
-                    (Some(p), None) => p,
-                    (None, None) => {
-                        out.errors.push(DecodeError::BadSensor(format!(
-                            "DataSetMessage {i}: no PublisherId or DataSetWriterId, and the topic names no sensor"
-                        )));
-                        continue;
-                    }
-                };
-                if let Err(e) = check_sensor(&id, limits) {
+        let writer = writer_id(m, publisher.as_deref());
+        let sensor = match (topic_sensor, &writer) {
+            (Some(s), _) => s.to_string(),
+            (None, Some(id)) => {
+                if let Err(e) = check_sensor(id, limits) {
                     out.errors.push(e);
                     continue;
                 }
-                id
+                id.clone()
+            }
+            (None, None) => {
+                out.errors.push(DecodeError::BadSensor(format!(
+                    "DataSetMessage {i}: no PublisherId or DataSetWriterId, and the topic names no sensor"
+                )));
+                continue;
             }
         };
         let header_time = match m.get("Timestamp") {
@@ -110,7 +161,7 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
         };
         // Past the sample cap the message is refused; a sample past the
         // field cap is refused below (one field over is enough to know).
-        let mut add = |ts_ms: i64, name: String, value: FieldValue| {
+        let mut add = |ts_ms: i64, name: String, value: FieldValue, unit: Option<&str>| {
             let next = samples.len();
             let at = *by_time.entry((sensor.clone(), ts_ms)).or_insert(next);
             if at == next {
@@ -122,6 +173,9 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
                 });
             }
             if samples[at].fields.len() <= limits.max_fields_per_sample {
+                if let Some(unit) = unit {
+                    samples[at].units.push((name.clone(), unit.to_string()));
+                }
                 samples[at].fields.push((name, value));
             }
         };
@@ -130,6 +184,7 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
                 header_time,
                 "StatusCode".into(),
                 FieldValue::Num(code as f64),
+                None,
             );
         }
         for (name, field) in payload {
@@ -141,6 +196,7 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
                             ts.unwrap_or(header_time),
                             super::field_name(&format!("{name}.StatusCode")).into_owned(),
                             FieldValue::Num(code as f64),
+                            None,
                         );
                     }
                     let ts = match dv.source.map(time) {
@@ -162,6 +218,8 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
                 }
                 None => (field, header_time),
             };
+            // A structure's or an array's unit goes with each of its leaves.
+            let unit = units.of(writer.as_deref(), name);
             let mut leaves = Vec::new();
             flatten(name, variant(value), 0, &mut leaves);
             for (name, v) in leaves {
@@ -170,7 +228,7 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
                     .ok_or(too_deep)
                     .and_then(|v| super::take_field(&name, v, limits))
                 {
-                    Ok((field, v)) => add(ts, field, v),
+                    Ok((field, v)) => add(ts, field, v, unit),
                     Err(why) => out.dropped.push(super::Dropped::of(i, &name, why)),
                 }
             }
@@ -180,6 +238,96 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
         return Err(super::too_many_samples(samples.len(), limits));
     }
     Ok(super::within_field_cap(samples, limits, &mut out.errors))
+}
+
+/// A DataSetMessage's writer: `<PublisherId>:<DataSetWriterId>` (its own
+/// PublisherId, else the NetworkMessage's; `DataSetWriterName` when there
+/// is no writer id; either alone when the other is missing).
+fn writer_id(m: &Map<String, Value>, publisher: Option<&str>) -> Option<String> {
+    let publisher = id_text(m.get("PublisherId")).or_else(|| publisher.map(str::to_string));
+    let writer = id_text(m.get("DataSetWriterId")).or_else(|| id_text(m.get("DataSetWriterName")));
+    match (publisher, writer) {
+        (Some(p), Some(w)) => Some(format!("{p}:{w}")),
+        (p, w) => p.or(w),
+    }
+}
+
+/// Keeps the EngineeringUnits of a `ua-metadata` message's fields
+/// (`MetaData.Fields[].Properties`, the key `EngineeringUnits`) as its
+/// writer's, in place of what that writer's metadata gave before.
+fn learn_units(
+    o: &Map<String, Value>,
+    units: &mut Units,
+    max_name: usize,
+) -> Result<(), DecodeError> {
+    let Some(writer) = writer_id(o, None) else {
+        return Err(DecodeError::BadPayload(
+            "a ua-metadata message without PublisherId or DataSetWriterId".into(),
+        ));
+    };
+    let fields = o
+        .get("MetaData")
+        .and_then(|m| m.get("Fields"))
+        .and_then(Value::as_array);
+    let mut found = HashMap::new();
+    for field in fields.into_iter().flatten() {
+        let Some(name) = field
+            .get("Name")
+            .and_then(Value::as_str)
+            .filter(|n| n.len() <= max_name)
+        else {
+            continue;
+        };
+        let properties = field.get("Properties").and_then(Value::as_array);
+        let eu = properties.into_iter().flatten().find(|p| {
+            let key = p.get("Key");
+            let key = key.and_then(|k| k.get("Name")).or(key);
+            key.and_then(Value::as_str) == Some("EngineeringUnits")
+        });
+        if let Some(unit) = eu.and_then(|p| p.get("Value")).and_then(unit_text) {
+            found.insert(name.to_string(), unit);
+        }
+    }
+    if units.set(writer, found) {
+        Ok(())
+    } else {
+        Err(DecodeError::OverLimit {
+            cause: "too_many_sensors",
+            message: format!(
+                "the units of {MAX_UNITS} OPC UA fields are kept at most: this writer's metadata is not"
+            ),
+        })
+    }
+}
+
+/// An EUInformation's text, in a Variant and an ExtensionObject or bare:
+/// its DisplayName (a LocalizedText `{"Text": ...}` or, non-reversibly, a
+/// string), else its UnitId as the UNECE common code it packs (4408652:
+/// `CEL`).
+fn unit_text(v: &Value) -> Option<String> {
+    let mut eu = variant(v);
+    for body in ["Body", "UaBody"] {
+        if let Some(b) = eu.get(body).filter(|b| b.is_object()) {
+            eu = b;
+        }
+    }
+    let display = eu.get("DisplayName");
+    let text = display.and_then(|d| d.get("Text")).or(display);
+    if let Some(t) = text.and_then(Value::as_str) {
+        return (!t.is_empty() && t.len() <= MAX_UNIT_LEN).then(|| t.to_string());
+    }
+    let id = eu
+        .get("UnitId")?
+        .as_u64()
+        .filter(|&id| id > 0 && id < 1 << 24)?;
+    let code: String = id.to_be_bytes()[5..]
+        .iter()
+        .filter(|b| **b != 0)
+        .map(|b| *b as char)
+        .collect();
+    code.chars()
+        .all(|c| c.is_ascii_alphanumeric())
+        .then_some(code)
 }
 
 /// The objects of an array of DataSetMessages.
@@ -298,5 +446,31 @@ fn flatten(name: &str, v: &Value, depth: usize, out: &mut Vec<(String, Option<Fi
                 flatten(&format!("{name}.{k}"), variant(item), depth + 1, out);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The units kept are bounded in all: a writer whose metadata would
+    /// pass the bound is refused and keeps what it had; one that shrinks
+    /// makes room.
+    #[test]
+    fn units_kept_are_bounded() {
+        let mut units = Units::default();
+        let fields = |n: usize| {
+            (0..n)
+                .map(|i| (format!("f{i}"), "Cel".to_string()))
+                .collect()
+        };
+        assert!(units.set("a:1".into(), fields(MAX_UNITS - 10)));
+        assert!(!units.set("b:1".into(), fields(11)));
+        assert_eq!(units.of(Some("b:1"), "f0"), None);
+        assert!(units.set("b:1".into(), fields(10)));
+        assert!(units.set("a:1".into(), fields(1)));
+        assert!(units.set("c:1".into(), fields(MAX_UNITS - 11)));
+        assert_eq!(units.of(Some("c:1"), "f5"), Some("Cel"));
+        assert_eq!(units.count, MAX_UNITS);
     }
 }
