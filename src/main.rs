@@ -126,6 +126,11 @@ struct TryArgs {
     /// --config.
     #[arg(long, value_name = "NAME", conflicts_with = "config")]
     preset: Option<String>,
+    /// As the broker sends a topic's retained value when palletd
+    /// subscribes (the RETAIN flag set): skipped where the subscription
+    /// says retained = "skip".
+    #[arg(long)]
+    retained: bool,
     /// The payload's file; standard input when absent or "-".
     file: Option<PathBuf>,
 }
@@ -332,7 +337,14 @@ fn try_payload(args: &TryArgs, settings: &palletd::config::Settings) -> ExitCode
     let mut decoder =
         palletd::decode::Decoder::new(settings.subscriptions.clone(), settings.decode_limits());
     let now = palletd::clock::now_ms();
-    let out = decoder.decode(&args.topic, &payload, now);
+    let out = if args.retained && decoder.skips_retained(&args.topic) {
+        palletd::decode::Decoded::skipped(palletd::decode::SKIPPED_RETAINED)
+    } else {
+        decoder.decode(&args.topic, &payload, now)
+    };
+    if let Some(reason) = out.skipped {
+        println!("skipped ({reason}): nothing stored, nothing refused");
+    }
     for r in &out.readings {
         println!("{}", palletd::decode::reading_json(r));
     }

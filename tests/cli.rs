@@ -180,6 +180,24 @@ fn try_shows_the_samples_a_payload_becomes() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(out.status.code(), Some(2), "{text}");
     assert!(text.starts_with("dead letter (unknown_topic)"), "{text}");
+    // Homie's attributes, and its values as the broker resends them on
+    // subscribe, are skipped.
+    for (topic, retained, want) in [
+        ("homie/car/engine/$name", false, "skipped (metadata)"),
+        ("homie/car/engine/temperature", true, "skipped (retained)"),
+        ("homie/car/engine/temperature", false, "{\"sensor\":\"car\""),
+    ] {
+        let mut args = vec!["try", "--preset", "homie", "--topic", topic];
+        if retained {
+            args.push("--retained");
+        }
+        args.push(file.to_str().unwrap());
+        std::fs::write(&file, "21.5").unwrap();
+        let out = palletd(&args);
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(out.status.code(), Some(0), "{topic}: {text}");
+        assert!(text.starts_with(want), "{topic}: {text}");
+    }
 }
 
 /// The selection keys are checked like every other: a bad pointer, zone,
