@@ -13,16 +13,19 @@ pub struct Publisher {
 
 impl Publisher {
     pub async fn connect(broker: &Broker, id: &str) -> Publisher {
-        Self::connect_with(broker, id, true).await
+        Self::connect_with(broker, id, true, Duration::from_millis(100)).await
     }
 
     /// A publisher with a kept session: it resends unacknowledged
-    /// publishes after the broker restarts.
+    /// publishes after the broker restarts, reconnecting 500 ms after it
+    /// lost the broker (a device faster than palletd's own reconnect and
+    /// SUBSCRIBE can publish into a shared group the restarted broker has
+    /// no member of yet, which drops it; on 2 busy cores 100 ms was).
     pub async fn connect_persistent(broker: &Broker, id: &str) -> Publisher {
-        Self::connect_with(broker, id, false).await
+        Self::connect_with(broker, id, false, Duration::from_millis(500)).await
     }
 
-    async fn connect_with(broker: &Broker, id: &str, clean: bool) -> Publisher {
+    async fn connect_with(broker: &Broker, id: &str, clean: bool, retry: Duration) -> Publisher {
         let mut opts = MqttOptions::new(id, "127.0.0.1", broker.port);
         opts.set_clean_session(clean);
         opts.set_max_packet_size(4 << 20, 4 << 20);
@@ -37,7 +40,7 @@ impl Publisher {
                     }
                     Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
                     Ok(_) => {}
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    Err(_) => tokio::time::sleep(retry).await,
                 }
             }
         });
