@@ -1,7 +1,8 @@
 //! The secure paths against the real services: Mosquitto with TLS (a test
 //! CA made here with rcgen) and a password file, SecantusDB with SCRAM
-//! authentication, secrets kept out of every output, and a flood of
-//! sensor ids against `limits.max_sensors`.
+//! authentication, secrets kept out of every output, a flood of
+//! sensor ids against `limits.max_sensors`, and 2,000 idle connections to
+//! the HTTP endpoint of a palletd with 256 file descriptors.
 
 mod common;
 
@@ -409,4 +410,106 @@ async fn a_flood_of_sensor_ids_is_dead_lettered_beyond_the_limit() {
     eprintln!("palletd peak RSS with 100,000 sensor ids: {rss_mb} MB");
     assert!(rss_mb < 400, "memory stays bounded: {rss_mb} MB");
     assert_eq!(palletd.terminate(), Some(0));
+}
+
+/// Raises this process's soft limit of open files to `n` (within the hard
+/// limit), for a test that holds many connections.
+fn raise_own_fd_limit(n: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    assert!(
+        lim.rlim_max >= n,
+        "the hard limit of open files is {}: this test holds {n}",
+        lim.rlim_max
+    );
+    lim.rlim_cur = lim.rlim_cur.max(n);
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+}
+
+/// palletd's open file descriptors.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// 2,000 connections to the status page's port, opened and held without
+/// a request while readings flow, against a palletd allowed 256 file
+/// descriptors (`prlimit`) whose small spool opens segment after segment:
+/// every reading is stored once and acknowledged, palletd never holds more
+/// than its 64 HTTP connections, and it closes even those once they sent
+/// no request for the header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http_connections_do_not_stop_acknowledgements() {
+    raise_own_fd_limit(4096);
+    let mut stack = Stack::start("http-idle", |c| c.set("spool.max_size", "256KiB")).await;
+    stack.palletd.kill();
+    let run = Run {
+        under: &["prlimit", "--nofile=256:256", "--"],
+        ..Run::default()
+    };
+    stack.palletd = Palletd::start_with(&stack.config, run);
+    stack.palletd.ready().await;
+    let pid = stack.palletd.child.id();
+    let at_rest = open_fds(pid);
+
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], stack.palletd.http_port));
+    let mut held = Vec::new();
+    let mut failed = 0;
+    for _ in 0..2000 {
+        // Without the bound, palletd stops accepting at its limit and the
+        // kernel's queue fills: then connects time out (ten in a row end
+        // the loop).
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+            Ok(s) => {
+                s.set_nonblocking(true).unwrap();
+                held.push(s);
+                failed = 0;
+            }
+            Err(_) if failed == 10 => break,
+            Err(_) => failed += 1,
+        }
+    }
+    let held_at_most = held.len();
+    let stream = tokio::spawn(publish_steadily(stack.publisher().await, 20, 200.0, 3000));
+    let mut most = 0;
+    while !stream.is_finished() {
+        most = most.max(open_fds(pid));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sent = stream.await.unwrap();
+    assert_exactly_once(&stack.client, "http-idle", &sent, Duration::from_secs(60)).await;
+    stack.all_acknowledged().await;
+    assert!(
+        most <= at_rest + 64 + 8,
+        "palletd held {most} file descriptors ({at_rest} at rest) with 2,000 connections waiting"
+    );
+    // Every held connection ends: closed at once, or after the header
+    // timeout.
+    eventually(
+        Duration::from_secs(30),
+        "palletd closed every idle HTTP connection",
+        || {
+            use std::io::Read;
+            // Open: nothing to read yet; ended: end of file or reset.
+            held.retain_mut(|s| {
+                matches!(s.read(&mut [0u8; 1]), Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            });
+            let open = held.len();
+            async move { open == 0 }
+        },
+    )
+    .await;
+    let refused = stack
+        .palletd
+        .metric("palletd_http_connections_refused_total", None);
+    // Most were closed as accepted (64 at a time were served, more than
+    // once while the header timeout freed their places).
+    assert!(
+        refused >= 1000.0 && refused <= held_at_most as f64,
+        "refused {refused} of {held_at_most}"
+    );
+    stack.palletd.ready().await;
+    stack.stop();
 }

@@ -1,6 +1,15 @@
 //! The HTTP endpoint: `/` (the status page), `/metrics` (Prometheus text),
 //! `/healthz` (the process runs) and `/readyz` (200 when ready, else 503
 //! with the reason).
+//!
+//! Bounded, so that no client can take what palletd needs to acknowledge
+//! readings (a file descriptor for the next spool segment, the broker's
+//! connection): at most [`MAX_CONNECTIONS`] at once (one more is closed as
+//! soon as it is accepted, counted in
+//! `palletd_http_connections_refused_total`), a request's headers within
+//! [`HEADER_TIMEOUT`] of the connection or of the previous response (an
+//! idle connection is closed then), and a connection for at most
+//! [`CONNECTION_LIFETIME`] in all.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,6 +24,15 @@ use tracing::{info, warn};
 
 use super::status::{self, Figures, History};
 use super::Health;
+
+/// Connections served at once; a scraper and a few browsers need a handful.
+pub const MAX_CONNECTIONS: usize = 64;
+/// How long a connection may take to send a request's headers, from when
+/// it opened or the previous response went out.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a connection may stay open in all (a client that does not
+/// read the page it asked for).
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 
 #[derive(Clone)]
 struct HttpState {
@@ -47,14 +65,49 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .with_state(state);
-    Ok(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(e) = served {
-            warn!(error = %e, "HTTP endpoint stopped.");
-        }
-    })
+    Ok(accept(listener, app, stop))
+}
+
+/// Accepts connections until `stop`, each served in a task of its own
+/// within the bounds above.
+async fn accept(listener: tokio::net::TcpListener, app: axum::Router, stop: CancellationToken) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut warned: Option<std::time::Instant> = None;
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, most likely: let some go first.
+                warn!(error = %e, "The HTTP endpoint cannot accept a connection; trying again in 100 ms.");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            metrics::counter!(super::HTTP_REFUSED).increment(1);
+            if warned.is_none_or(|at| at.elapsed() > Duration::from_secs(60)) {
+                warn!(
+                    max = MAX_CONNECTIONS,
+                    "The HTTP endpoint has its most connections open: closing a new one (counted in palletd_http_connections_refused_total; logged at most once a minute)."
+                );
+                warned = Some(std::time::Instant::now());
+            }
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_LIFETIME, connection).await;
+            drop(permit);
+        });
+    }
 }
 
 async fn metrics_page(

@@ -75,6 +75,8 @@ pub const BROKER_CONNECTIONS_UP: &str = "palletd_broker_connections_up";
 pub const BROKER_SHARED: &str = "palletd_broker_shared_subscriptions";
 /// 1 while `/readyz` answers 200.
 pub const READY: &str = "palletd_ready";
+/// HTTP connections closed as accepted: the endpoint had its most open.
+pub const HTTP_REFUSED: &str = "palletd_http_connections_refused_total";
 /// `spool.max_size`, for an alert on the spool filling up.
 pub const SPOOL_MAX_BYTES: &str = "palletd_spool_max_bytes";
 pub const DATABASE_ERRORS: &str = "palletd_database_errors_total";
@@ -161,6 +163,10 @@ pub fn describe() {
     describe_counter!(
         MESSAGES_SKIPPED,
         "Messages passed over without storing or refusing anything, by reason: metadata (a topic with a `$` level no pattern names) or retained (the RETAIN flag on a subscription with retained = \"skip\")."
+    );
+    describe_counter!(
+        HTTP_REFUSED,
+        "HTTP connections closed as soon as accepted: the endpoint had its most (64) open."
     );
     describe_counter!(FLUSHES, "Flushes that wrote something.");
     describe_counter!(STATEMENTS, "Bucket upsert statements applied.");
@@ -407,6 +413,7 @@ fn register_at_zero() {
         SPOOL_FSYNCS,
         SPOOL_DROPPED,
         REDELIVERIES_SKIPPED,
+        HTTP_REFUSED,
         SPARKPLUG_SEQ_GAPS,
         SPARKPLUG_OUT_OF_ORDER,
         SPARKPLUG_STALE_DEATHS,
