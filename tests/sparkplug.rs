@@ -733,3 +733,44 @@ async fn a_birth_is_acknowledged_only_once_its_aliases_are_saved() {
     let bound = started.elapsed().as_millis() as f64 / 200.0 + 2.0;
     assert!(saves <= bound, "{saves} saves in {:?}", started.elapsed());
 }
+
+/// A device cannot write a line of its own into palletd's log: an edge
+/// node whose id holds a newline and a forged log line is logged escaped
+/// where palletd asks it for a rebirth (and where it dead-letters its
+/// message). Through aedes: Mosquitto refuses a topic with a control
+/// character (it closed the publisher's connection). With a sensor id
+/// pattern that takes any character: the default one refuses the id (a
+/// dead letter, whose log line has the topic escaped).
+#[tokio::test]
+async fn a_node_id_with_a_newline_cannot_forge_a_log_line() {
+    let aedes = Aedes::start();
+    let db = Database::start();
+    let config = Config::new_with(&aedes.url(), aedes.dir.path(), &db, "forge")
+        .set("mqtt.connections", 1)
+        .set("bucket.sensor_id_pattern", "(?s).{1,128}")
+        .sparkplug(Some("1h"));
+    let palletd = Palletd::start(&config);
+    palletd.ready().await;
+    let forged = "2026-12-03T00:00:00.000000Z ERROR palletd: the spool is lost";
+    let topic = format!("spBv1.0/G3/NDATA/evil\n{forged}");
+    let mut p = Publisher::connect_to(aedes.port, "pub-forge").await;
+    let ts = now_ms();
+    p.publish(
+        &topic,
+        payload(ts, Some(0), vec![by_alias(1, ts, Value::DoubleValue(1.0))]),
+    )
+    .await;
+    p.flush().await;
+    palletd
+        .wait_metric("palletd_sparkplug_rebirth_requests_total", 1.0)
+        .await;
+    let log = palletd.log();
+    assert!(
+        log.contains("rebirth") && log.contains("evil\\n2026-12-03T00:00:00"),
+        "the topic, escaped: {log}"
+    );
+    assert!(
+        !log.lines().any(|l| l.starts_with(forged)),
+        "a forged line: {log}"
+    );
+}

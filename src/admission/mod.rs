@@ -521,7 +521,7 @@ impl Admission {
             let sent = self.acker.publish_nowait(topic.clone(), payload);
             let outcome = if sent { "sent" } else { "dropped" };
             metrics::counter!(telemetry::SPARKPLUG_REBIRTHS, "outcome" => outcome).increment(1);
-            info!(topic = %topic, sent, "Asked a Sparkplug B edge node for a rebirth.");
+            info!(topic = ?topic, sent, "Asked a Sparkplug B edge node for a rebirth.");
         }
     }
 
@@ -687,7 +687,7 @@ impl Admission {
                     _ => {
                         let suppressed = room.logged.map_or(0, |l| l.1);
                         tracing::warn!(
-                            topic = %m.topic,
+                            topic = ?m.topic,
                             cause,
                             share_bytes = room.limit,
                             suppressed,

@@ -745,8 +745,8 @@ impl Passes {
         tracing::warn!(
             rollup,
             keys,
-            sensor = %failed[0].0.sensor,
-            error = %failed[0].1,
+            sensor = ?failed[0].0.sensor,
+            error = ?failed[0].1,
             again = ?PARKED_FOR,
             "Rollups that cannot be written are set aside (the others go on); tried again later."
         );

@@ -13,7 +13,12 @@ pub struct Publisher {
 
 impl Publisher {
     pub async fn connect(broker: &Broker, id: &str) -> Publisher {
-        Self::connect_with(broker, id, true, Duration::from_millis(100)).await
+        Self::connect_to(broker.port, id).await
+    }
+
+    /// A publisher on the broker at this local port (aedes).
+    pub async fn connect_to(port: u16, id: &str) -> Publisher {
+        Self::connect_with(port, id, true, Duration::from_millis(100)).await
     }
 
     /// A publisher with a kept session: it resends unacknowledged
@@ -22,11 +27,11 @@ impl Publisher {
     /// SUBSCRIBE can publish into a shared group the restarted broker has
     /// no member of yet, which drops it; on 2 busy cores 100 ms was).
     pub async fn connect_persistent(broker: &Broker, id: &str) -> Publisher {
-        Self::connect_with(broker, id, false, Duration::from_millis(500)).await
+        Self::connect_with(broker.port, id, false, Duration::from_millis(500)).await
     }
 
-    async fn connect_with(broker: &Broker, id: &str, clean: bool, retry: Duration) -> Publisher {
-        let mut opts = MqttOptions::new(id, "127.0.0.1", broker.port);
+    async fn connect_with(port: u16, id: &str, clean: bool, retry: Duration) -> Publisher {
+        let mut opts = MqttOptions::new(id, "127.0.0.1", port);
         opts.set_clean_session(clean);
         opts.set_max_packet_size(4 << 20, 4 << 20);
         opts.set_inflight(200);
