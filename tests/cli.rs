@@ -236,3 +236,45 @@ fn selection_keys_are_validated() {
         "{text}"
     );
 }
+
+/// A configuration file that holds a secret itself (`mqtt.password`, a
+/// password in `mongodb.uri`) is warned about while every user can read
+/// it (the package installs it 0644), and not once it is 0600.
+#[test]
+fn a_readable_config_with_inline_secrets_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let example =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml.example"))
+            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("palletd.toml");
+    let check = |mode: u32| {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let out = palletd(&["check-config", "--config", path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(0));
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+    };
+    std::fs::write(&path, &example).unwrap();
+    assert!(!check(0o644).contains("readable by every user"));
+    let secret = example
+        .replacen(
+            "[mqtt]\n",
+            "[mqtt]\nusername = \"palletd\"\npassword = \"s3cret\"\n",
+            1,
+        )
+        .replace(
+            "mongodb://127.0.0.1:27017",
+            "mongodb://palletd:pw@127.0.0.1:27017",
+        );
+    assert_ne!(secret, example);
+    std::fs::write(&path, &secret).unwrap();
+    let text = check(0o644);
+    assert!(
+        text.contains(
+            "holds mqtt.password and a password in mongodb.uri and is readable by every user"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("s3cret") && !text.contains(":pw@"), "{text}");
+    assert!(!check(0o600).contains("readable by every user"));
+}

@@ -154,10 +154,43 @@ pub fn load(path: &Path) -> Result<Settings, ConfigErrors> {
             message: format!("cannot read file: {e}"),
         }],
     })?;
-    parse(&text, path.parent()).map_err(|errors| ConfigErrors {
+    let mut settings = parse(&text, path.parent()).map_err(|errors| ConfigErrors {
         file: path.to_owned(),
         errors,
-    })
+    })?;
+    let inline = inline_secrets(&text);
+    if !inline.is_empty() && validate::readable_by_others(path) {
+        settings.warnings.push(format!(
+            "{} holds {} and is readable by every user; make it readable by palletd only (chmod 600), or keep the secret in a file of its own (mqtt.password_file, mongodb.uri_file)",
+            path.display(),
+            inline.join(" and ")
+        ));
+    }
+    Ok(settings)
+}
+
+/// The secrets a configuration's text holds itself: `mqtt.password`, a
+/// `mongodb.uri` with a password.
+fn inline_secrets(text: &str) -> Vec<&'static str> {
+    let Ok(table) = toml::from_str::<toml::Table>(text) else {
+        return Vec::new();
+    };
+    let key = |section: &str, key: &str| table.get(section)?.get(key)?.as_str().map(str::to_string);
+    let mut found = Vec::new();
+    if key("mqtt", "password").is_some() {
+        found.push("mqtt.password");
+    }
+    let uri_password = key("mongodb", "uri").is_some_and(|uri| {
+        let rest = uri.split_once("://").map_or("", |(_, r)| r);
+        let authority = rest.split(['/', '?']).next().unwrap_or_default();
+        authority
+            .rsplit_once('@')
+            .is_some_and(|(user, _)| user.contains(':'))
+    });
+    if uri_password {
+        found.push("a password in mongodb.uri");
+    }
+    found
 }
 
 /// Parses and validates configuration text. `base` resolves relative

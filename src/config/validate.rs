@@ -159,16 +159,19 @@ impl Validator {
 
     /// A secret file others can read is a leak waiting to happen: warn.
     pub(super) fn warn_if_readable_by_others(&mut self, key: &str, path: &Path) {
-        use std::os::unix::fs::PermissionsExt;
-        if let Ok(meta) = std::fs::metadata(path) {
-            if meta.permissions().mode() & 0o004 != 0 {
-                self.warnings.push(format!(
-                    "{key}: {} is readable by every user; make it readable by palletd only (chmod 600)",
-                    path.display()
-                ));
-            }
+        if readable_by_others(path) {
+            self.warnings.push(format!(
+                "{key}: {} is readable by every user; make it readable by palletd only (chmod 600)",
+                path.display()
+            ));
         }
     }
+}
+
+/// Whether every user may read the file.
+pub(super) fn readable_by_others(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o004 != 0)
 }
 
 /// Removes the key at `path` from nested tables; false if it was not there.
