@@ -674,13 +674,17 @@ impl Decoder {
             PayloadFormat::SparkplugB => self.sparkplug.decode(&message, &mut out),
         };
         match result {
-            Ok(readings) => {
-                for r in readings {
-                    match self.check_time(&r, now_ms, r.index) {
-                        Ok(()) => out.readings.push(r),
-                        Err(e) => out.errors.push(e),
+            // In place: a message's readings are not moved again.
+            Ok(mut readings) => {
+                readings.retain(|r| match self.check_time(r, now_ms, r.index) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        out.errors.push(e);
+                        false
                     }
-                }
+                });
+                debug_assert!(out.readings.is_empty());
+                out.readings = readings;
             }
             Err(e) => out.errors.push(e),
         }

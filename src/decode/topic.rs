@@ -121,25 +121,28 @@ impl TopicPattern {
         };
         // Where the field's levels start and end in `topic`.
         let mut field: Option<(usize, usize)> = None;
-        let mut at = 0;
         let mut parts = topic.split('/');
         for level in &self.levels {
             let part = parts.next()?;
-            let (start, end) = (at, at + part.len());
-            at = end + 1;
-            if part.starts_with('$') && !matches!(level, Level::Literal(_)) {
-                return None;
-            }
             match level {
                 Level::Literal(s) if s != part => return None,
-                Level::Literal(_) | Level::Any => {}
+                Level::Literal(_) => {}
+                _ if part.starts_with('$') => return None,
+                Level::Any => {}
                 Level::Sensor => out.sensor = Some(part),
-                Level::Field => field = Some((field.map_or(start, |f| f.0), end)),
+                Level::Field => {
+                    let start = part.as_ptr() as usize - topic.as_ptr() as usize;
+                    field = Some((field.map_or(start, |f| f.0), start + part.len()));
+                }
             }
         }
-        let mut rest = parts.peekable();
-        if rest.peek().is_some() && (!self.multi || rest.any(|p| p.starts_with('$'))) {
-            return None;
+        match parts.next() {
+            None => {}
+            Some(_) if !self.multi => return None,
+            Some(next) if next.starts_with('$') || parts.any(|p| p.starts_with('$')) => {
+                return None
+            }
+            Some(_) => {}
         }
         out.field = field.map(|(start, end)| &topic[start..end]);
         Some(out)
