@@ -81,8 +81,12 @@ async fn accept(listener: tokio::net::TcpListener, app: axum::Router, stop: Canc
         let stream = match accepted {
             Ok((stream, _)) => stream,
             Err(e) => {
-                // Out of file descriptors, most likely: let some go first.
-                warn!(error = %e, "The HTTP endpoint cannot accept a connection; trying again in 100 ms.");
+                // Out of file descriptors, most likely: let some go first
+                // (logged at most once a minute, as refusals are).
+                if warned.is_none_or(|at| at.elapsed() > Duration::from_secs(60)) {
+                    warn!(error = %e, "The HTTP endpoint cannot accept a connection; trying again every 100 ms (logged at most once a minute).");
+                    warned = Some(std::time::Instant::now());
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
