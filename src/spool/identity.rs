@@ -11,9 +11,15 @@
 //!
 //! - `id`: a random 32-bit id, chosen when the spool is made.
 //! - `machine`: a fingerprint of the box the spool belongs to (a digest of
-//!   `/etc/machine-id`, the device tree's or the CPU's serial number and
-//!   the MAC addresses of the physical network interfaces, whichever
-//!   exist). A spool opened on a box with another fingerprint was copied
+//!   `/etc/machine-id`, the device tree's serial number and the MAC
+//!   addresses of the physical network interfaces, whichever exist). Only
+//!   files the systemd unit leaves visible count, so palletd run by hand
+//!   (`palletd spool ...`, a migration) and as the service read the same
+//!   fingerprint: `/proc/cpuinfo`, which the unit's `ProcSubset=pid`
+//!   hides, is not read (on a Raspberry Pi its `Serial` is the device
+//!   tree's serial number anyway). Spools made outside the unit by an
+//!   earlier version on a box whose `/proc/cpuinfo` has a `Serial` line
+//!   take one renewal on the first start after the upgrade. A spool opened on a box with another fingerprint was copied
 //!   there (edge boxes flashed from one image made after a first start,
 //!   a directory restored on a new box): it takes a new id for what it
 //!   spools from then on, so two boxes never write under one id, and keeps
@@ -120,41 +126,43 @@ fn fresh_id(taken: &[u32]) -> u32 {
 }
 
 /// The fingerprint of this box (see the module docs); stable across
-/// restarts and users.
+/// restarts, users and the systemd unit's sandbox.
 pub fn machine_fingerprint() -> String {
-    let read = |p: &str| {
-        std::fs::read_to_string(p)
+    fingerprint_under(Path::new("/"))
+}
+
+/// [`machine_fingerprint`] of the file tree under `root`.
+fn fingerprint_under(root: &Path) -> String {
+    let read = |p: &Path| {
+        std::fs::read_to_string(root.join(p.strip_prefix("/").unwrap_or(p)))
             .ok()
             .map(|s| s.trim().to_string())
     };
     let mut parts = Vec::new();
-    if let Some(id) = read("/etc/machine-id").or_else(|| read("/var/lib/dbus/machine-id")) {
+    if let Some(id) =
+        read(Path::new("/etc/machine-id")).or_else(|| read(Path::new("/var/lib/dbus/machine-id")))
+    {
         parts.push(format!("machine-id {id}"));
     }
-    if let Some(serial) = read("/sys/firmware/devicetree/base/serial-number") {
+    if let Some(serial) = read(Path::new("/sys/firmware/devicetree/base/serial-number")) {
         parts.push(format!("serial {}", serial.trim_end_matches('\0')));
     }
-    if let Some(cpu) = read("/proc/cpuinfo") {
-        if let Some(serial) = cpu
-            .lines()
-            .find(|l| l.starts_with("Serial"))
-            .and_then(|l| l.split(':').nth(1))
-        {
-            parts.push(format!("cpu {}", serial.trim()));
-        }
-    }
-    let mut macs: Vec<String> = std::fs::read_dir("/sys/class/net")
+    let mut macs: Vec<String> = std::fs::read_dir(root.join("sys/class/net"))
         .into_iter()
         .flatten()
         .flatten()
         .filter(|e| e.path().join("device").exists())
-        .filter_map(|e| read(&e.path().join("address").to_string_lossy()))
+        .filter_map(|e| {
+            std::fs::read_to_string(e.path().join("address"))
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
         .collect();
     macs.sort();
     parts.extend(macs.into_iter().map(|m| format!("mac {m}")));
     if parts.is_empty() {
         // A container without any of them: its hostname, at least.
-        if let Some(host) = read("/etc/hostname") {
+        if let Some(host) = read(Path::new("/etc/hostname")) {
             parts.push(format!("host {host}"));
         }
     }
@@ -290,5 +298,48 @@ mod tests {
     fn the_fingerprint_is_stable() {
         assert_eq!(machine_fingerprint(), machine_fingerprint());
         assert_eq!(machine_fingerprint().len(), 32);
+    }
+
+    /// The systemd unit's `ProcSubset=pid` hides `/proc/cpuinfo`: a box's
+    /// fingerprint must not depend on it, or a spool used both by hand and
+    /// by the service renews its id at every switch.
+    #[test]
+    fn the_fingerprint_is_the_same_with_proc_hidden() {
+        let root = tempfile::tempdir().unwrap();
+        let write = |path: &str, text: &str| {
+            let path = root.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        write("etc/machine-id", "5e6f7a8b9c0d1e2f5e6f7a8b9c0d1e2f\n");
+        write(
+            "sys/firmware/devicetree/base/serial-number",
+            "10000000abcdef01\0",
+        );
+        write("sys/class/net/eth0/address", "dc:a6:32:01:02:03\n");
+        write("sys/class/net/eth0/device/vendor", "0x14e4\n");
+        write("sys/class/net/lo/address", "00:00:00:00:00:00\n");
+        write(
+            "proc/cpuinfo",
+            "processor\t: 0\nHardware\t: BCM2835\nSerial\t\t: 10000000abcdef01\nModel\t\t: Raspberry Pi 4\n",
+        );
+        let outside = fingerprint_under(root.path());
+        std::fs::remove_dir_all(root.path().join("proc")).unwrap();
+        let inside = fingerprint_under(root.path());
+        assert_eq!(outside, inside, "the unit hides /proc/cpuinfo");
+        // The parts that are read do count.
+        write("sys/class/net/eth1/address", "dc:a6:32:01:02:04\n");
+        write("sys/class/net/eth1/device/vendor", "0x14e4\n");
+        assert_ne!(
+            fingerprint_under(root.path()),
+            inside,
+            "a MAC address counts"
+        );
+        std::fs::remove_dir_all(root.path().join("sys/class/net/eth1")).unwrap();
+        write(
+            "sys/firmware/devicetree/base/serial-number",
+            "10000000abcdef02\0",
+        );
+        assert_ne!(fingerprint_under(root.path()), inside, "the serial counts");
     }
 }
