@@ -835,6 +835,7 @@ async fn sink(args: SinkArgs) -> anyhow::Result<()> {
     let stop = tokio_util::sync::CancellationToken::new();
     let server = palletd::telemetry::http::serve(
         ([127, 0, 0, 1], args.metrics_port).into(),
+        &Default::default(),
         handle,
         Arc::new(palletd::telemetry::Health::default()),
         Arc::default(),

@@ -329,6 +329,7 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
     if let Some(addr) = settings.http.listen {
         let server = telemetry::http::serve(
             addr,
+            &settings.http.auth,
             metrics.clone(),
             health.clone(),
             history,

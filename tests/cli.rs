@@ -277,4 +277,18 @@ fn a_readable_config_with_inline_secrets_is_warned_about() {
     );
     assert!(!text.contains("s3cret") && !text.contains(":pw@"), "{text}");
     assert!(!check(0o600).contains("readable by every user"));
+    // The HTTP endpoint's token too.
+    let token = example.replacen(
+        "listen = \"127.0.0.1:9464\"\n",
+        "listen = \"127.0.0.1:9464\"\ntoken = \"t0ken\"\n",
+        1,
+    );
+    assert_ne!(token, example);
+    std::fs::write(&path, &token).unwrap();
+    let text = check(0o644);
+    assert!(
+        text.contains("holds http.token and is readable by every user"),
+        "{text}"
+    );
+    assert!(!text.contains("t0ken"), "{text}");
 }

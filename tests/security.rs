@@ -2,7 +2,8 @@
 //! CA made here with rcgen) and a password file, SecantusDB with SCRAM
 //! authentication, secrets kept out of every output, a flood of
 //! sensor ids against `limits.max_sensors`, and 2,000 idle connections to
-//! the HTTP endpoint of a palletd with 256 file descriptors.
+//! the HTTP endpoint of a palletd with 256 file descriptors, and the
+//! endpoint's credentials.
 
 mod common;
 
@@ -511,5 +512,79 @@ async fn idle_http_connections_do_not_stop_acknowledgements() {
         "refused {refused} of {held_at_most}"
     );
     stack.palletd.ready().await;
+    stack.stop();
+}
+
+/// `[http]` credentials: the status page and `/metrics` answer 401 without
+/// them or with wrong ones, 200 with the Basic pair or the bearer token
+/// (each from a file of its own); `/healthz` and `/readyz` stay open, and
+/// readings flow as before.
+#[tokio::test]
+async fn http_credentials_guard_the_page_and_metrics_but_not_the_probes() {
+    use std::os::unix::fs::PermissionsExt;
+    let secrets = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let p = write_file(secrets.path(), name, text);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let password = file("http.password", "correct horse\n");
+    let token = file("http.token", "t0ken-8f3a\n");
+    let mut stack = Stack::start("http-auth", |c| {
+        c.set("http.username", "ops")
+            .set("http.password_file", password.as_str())
+            .set("http.token_file", token.as_str())
+    })
+    .await;
+    let port = stack.palletd.http_port;
+    let basic = |pair: &str| {
+        use base64::Engine;
+        format!(
+            "Authorization: Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(pair)
+        )
+    };
+    let refused = [
+        vec![],
+        vec![basic("ops:wrong")],
+        vec![basic("ops:correct horse\n")],
+        vec![basic("ops2:correct horse")],
+        vec!["Authorization: Bearer t0ken".to_string()],
+        vec!["Authorization: Bearer t0ken-8f3ax".to_string()],
+        vec!["Authorization: Token t0ken-8f3a".to_string()],
+        vec!["Authorization: Basic t0ken-8f3a".to_string()],
+    ];
+    for path in ["/", "/metrics"] {
+        for headers in &refused {
+            let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+            let (status, head, body) = http_get_with(port, path, &headers);
+            assert_eq!(status, 401, "{path} with {headers:?}: {head}\n{body}");
+            assert!(
+                head.to_ascii_lowercase()
+                    .contains("www-authenticate: basic realm=\"palletd\""),
+                "{head}"
+            );
+            assert!(!body.contains("palletd_"), "{body}");
+        }
+    }
+    let good_basic = basic("ops:correct horse");
+    let (status, _, page) = http_get_with(port, "/", &[&good_basic]);
+    assert_eq!(status, 200);
+    assert!(page.contains("<html"), "{page}");
+    // The scheme's case does not matter (RFC 9110).
+    let (status, _, metrics) =
+        http_get_with(port, "/metrics", &["Authorization: bearer t0ken-8f3a"]);
+    assert_eq!(status, 200);
+    let lines = metrics.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).unwrap();
+    assert_eq!(
+        common::metric(&scrape, "palletd_http_unauthorized_total", None),
+        (2 * refused.len()) as f64
+    );
+    for probe in ["/healthz", "/readyz"] {
+        assert_eq!(http_get(port, probe).0, 200, "{probe}");
+    }
+    let sent = publish_steadily(stack.publisher().await, 5, 50.0, 100).await;
+    assert_exactly_once(&stack.client, "http-auth", &sent, Duration::from_secs(60)).await;
     stack.stop();
 }

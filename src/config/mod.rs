@@ -169,16 +169,22 @@ pub fn load(path: &Path) -> Result<Settings, ConfigErrors> {
     Ok(settings)
 }
 
-/// The secrets a configuration's text holds itself: `mqtt.password`, a
-/// `mongodb.uri` with a password.
+/// The secrets a configuration's text holds itself: `mqtt.password`,
+/// `http.password`, `http.token`, a `mongodb.uri` with a password.
 fn inline_secrets(text: &str) -> Vec<&'static str> {
     let Ok(table) = toml::from_str::<toml::Table>(text) else {
         return Vec::new();
     };
     let key = |section: &str, key: &str| table.get(section)?.get(key)?.as_str().map(str::to_string);
     let mut found = Vec::new();
-    if key("mqtt", "password").is_some() {
-        found.push("mqtt.password");
+    for (section, name, what) in [
+        ("mqtt", "password", "mqtt.password"),
+        ("http", "password", "http.password"),
+        ("http", "token", "http.token"),
+    ] {
+        if key(section, name).is_some() {
+            found.push(what);
+        }
     }
     let uri_password = key("mongodb", "uri").is_some_and(|uri| {
         let rest = uri.split_once("://").map_or("", |(_, r)| r);
@@ -264,7 +270,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     let latest = LatestSettings {
         enabled: latest.enabled.unwrap_or(true),
     };
-    let http = v.http(http);
+    let http = v.http(http, base);
     let mut spool = v.spool(spool, base);
     let limits = v.limits(limits);
     spool.max_queued = limits.split().spool;

@@ -154,46 +154,13 @@ impl Validator {
             }
             (false, None) => None,
         };
-        let sources = [
-            m.password.is_some(),
-            m.password_file.is_some(),
-            m.password_env.is_some(),
-        ];
-        if sources.iter().filter(|s| **s).count() > 1 {
-            self.err(
-                "mqtt.password",
-                "set only one of password, password_file and password_env",
-            );
-        }
-        let password = if let Some(p) = m.password {
-            Some(Secret::new(p))
-        } else if let Some(f) = m.password_file {
-            let p = resolve(base, &f);
-            self.warn_if_readable_by_others("mqtt.password_file", &p);
-            match std::fs::read_to_string(&p) {
-                Ok(s) => Some(Secret::new(s.trim_end_matches(['\r', '\n']))),
-                Err(e) => {
-                    self.err(
-                        "mqtt.password_file",
-                        format!("cannot read {}: {e}", p.display()),
-                    );
-                    None
-                }
-            }
-        } else if let Some(var) = m.password_env {
-            match std::env::var(&var) {
-                Ok(v) => Some(Secret::new(v)),
-                Err(_) => {
-                    self.err(
-                        "mqtt.password_env",
-                        format!("environment variable {var:?} is not set"),
-                    );
-                    None
-                }
-            }
-        } else {
-            None
-        };
+        let password = self.secret(
+            "mqtt.password",
+            m.password,
+            m.password_file,
+            m.password_env,
+            base,
+        );
         if password.is_some() && m.username.is_none() {
             self.err("mqtt.username", "a password needs a username");
         }

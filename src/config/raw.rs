@@ -143,6 +143,13 @@ pub struct RawSpool {
 #[serde(deny_unknown_fields)]
 pub struct RawHttp {
     pub listen: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub password_file: Option<String>,
+    pub password_env: Option<String>,
+    pub token: Option<String>,
+    pub token_file: Option<String>,
+    pub token_env: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -326,16 +326,53 @@ impl Validator {
         }
     }
 
-    pub(super) fn http(&mut self, h: RawHttp) -> HttpSettings {
+    pub(super) fn http(&mut self, h: RawHttp, base: Option<&Path>) -> HttpSettings {
+        let password = self.secret(
+            "http.password",
+            h.password,
+            h.password_file,
+            h.password_env,
+            base,
+        );
+        let token = self.secret("http.token", h.token, h.token_file, h.token_env, base);
+        let basic = match (h.username, password) {
+            (Some(user), Some(password)) => {
+                if user.is_empty() || user.contains(':') {
+                    self.err("http.username", "must be non-empty and without ':'");
+                }
+                Some((user, password))
+            }
+            (None, Some(_)) => {
+                self.err("http.username", "a password needs a username");
+                None
+            }
+            (Some(_), None) => {
+                self.err("http.password", "a username needs a password");
+                None
+            }
+            (None, None) => None,
+        };
+        for (key, secret) in [
+            ("http.password", basic.as_ref().map(|b| &b.1)),
+            ("http.token", token.as_ref()),
+        ] {
+            if secret.is_some_and(|s| s.expose().is_empty()) {
+                self.err(key, "must not be empty");
+            }
+        }
+        let auth = HttpAuth { basic, token };
         let text = h.listen.unwrap_or_else(|| "127.0.0.1:9464".into());
         if text.trim().is_empty() {
-            return HttpSettings { listen: None };
+            return HttpSettings { listen: None, auth };
         }
         match text.trim().parse() {
-            Ok(addr) => HttpSettings { listen: Some(addr) },
+            Ok(addr) => HttpSettings {
+                listen: Some(addr),
+                auth,
+            },
             Err(_) => {
                 self.err("http.listen", format!("{text:?} is not an address:port (e.g. \"127.0.0.1:9464\"; empty to turn off)"));
-                HttpSettings { listen: None }
+                HttpSettings { listen: None, auth }
             }
         }
     }

@@ -257,4 +257,23 @@ pub struct HttpSettings {
     /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` (an
     /// empty `listen`) turns the endpoint off.
     pub listen: Option<std::net::SocketAddr>,
+    /// Credentials the status page and `/metrics` require (`/healthz` and
+    /// `/readyz` stay open for probes); both `None`: no credentials.
+    pub auth: HttpAuth,
+}
+
+/// `[http]` credentials: a request passes with either.
+#[derive(Debug, Clone, Default)]
+pub struct HttpAuth {
+    /// HTTP Basic: `username` and `password`.
+    pub basic: Option<(String, Secret)>,
+    /// `Authorization: Bearer <token>`.
+    pub token: Option<Secret>,
+}
+
+impl HttpAuth {
+    /// Whether any credentials are required.
+    pub fn required(&self) -> bool {
+        self.basic.is_some() || self.token.is_some()
+    }
 }

@@ -324,6 +324,59 @@ fn secrets_do_not_print() {
 }
 
 #[test]
+fn http_credentials_come_from_one_source_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("http.token");
+    std::fs::write(&token, "t0ken\n").unwrap();
+    let http = |keys: &str| format!("{MINIMAL}\n[http]\n{keys}\n");
+    let s = parse(
+        &http("username = \"ops\"\npassword = \"pw\"\ntoken_file = \"http.token\""),
+        Some(dir.path()),
+    )
+    .unwrap();
+    let basic = s
+        .http
+        .auth
+        .basic
+        .as_ref()
+        .map(|(u, p)| (u.as_str(), p.expose()));
+    assert_eq!(basic, Some(("ops", "pw")));
+    assert_eq!(
+        s.http.auth.token.as_ref().map(Secret::expose),
+        Some("t0ken")
+    );
+    assert!(!format!("{s:?}").contains("t0ken"));
+    assert!(!parse(MINIMAL, None).unwrap().http.auth.required());
+    for (keys, want) in [
+        (
+            "password = \"pw\"",
+            "http.username: a password needs a username",
+        ),
+        (
+            "username = \"ops\"",
+            "http.password: a username needs a password",
+        ),
+        (
+            "username = \"a:b\"\npassword = \"pw\"",
+            "http.username: must be non-empty and without ':'",
+        ),
+        (
+            "token = \"x\"\ntoken_env = \"X\"",
+            "http.token: set only one of token, token_file and token_env",
+        ),
+        ("token = \"\"", "http.token: must not be empty"),
+        ("token_file = \"missing\"", "http.token_file: cannot read"),
+        (
+            "token_env = \"PALLETD_NO_SUCH_VARIABLE\"",
+            "http.token_env: environment variable",
+        ),
+    ] {
+        let e = errors(&http(keys)).join("\n");
+        assert!(e.contains(want), "{keys}: {e}");
+    }
+}
+
+#[test]
 fn mqtt5_settings_and_properties_need_protocol_5() {
     let s = parse(MINIMAL, None).unwrap();
     assert_eq!(s.mqtt.protocol, MqttProtocol::V311);

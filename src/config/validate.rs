@@ -157,6 +157,58 @@ impl Validator {
         n
     }
 
+    /// A secret given by one of `<key>` (inline), `<key>_file` (a file
+    /// palletd reads at start, trailing newline dropped) or `<key>_env` (an
+    /// environment variable); more than one is an error.
+    pub(super) fn secret(
+        &mut self,
+        key: &str,
+        inline: Option<String>,
+        file: Option<String>,
+        env: Option<String>,
+        base: Option<&Path>,
+    ) -> Option<Secret> {
+        let name = key.rsplit('.').next().unwrap_or(key);
+        if [inline.is_some(), file.is_some(), env.is_some()]
+            .iter()
+            .filter(|s| **s)
+            .count()
+            > 1
+        {
+            self.err(
+                key,
+                format!("set only one of {name}, {name}_file and {name}_env"),
+            );
+        }
+        if let Some(s) = inline {
+            Some(Secret::new(s))
+        } else if let Some(f) = file {
+            let key = format!("{key}_file");
+            let p = resolve(base, &f);
+            self.warn_if_readable_by_others(&key, &p);
+            match std::fs::read_to_string(&p) {
+                Ok(s) => Some(Secret::new(s.trim_end_matches(['\r', '\n']))),
+                Err(e) => {
+                    self.err(&key, format!("cannot read {}: {e}", p.display()));
+                    None
+                }
+            }
+        } else if let Some(var) = env {
+            match std::env::var(&var) {
+                Ok(v) => Some(Secret::new(v)),
+                Err(_) => {
+                    self.err(
+                        format!("{key}_env"),
+                        format!("environment variable {var:?} is not set"),
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        }
+    }
+
     /// A secret file others can read is a leak waiting to happen: warn.
     pub(super) fn warn_if_readable_by_others(&mut self, key: &str, path: &Path) {
         if readable_by_others(path) {

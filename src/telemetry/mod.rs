@@ -77,6 +77,8 @@ pub const BROKER_SHARED: &str = "palletd_broker_shared_subscriptions";
 pub const READY: &str = "palletd_ready";
 /// HTTP connections closed as accepted: the endpoint had its most open.
 pub const HTTP_REFUSED: &str = "palletd_http_connections_refused_total";
+/// Requests for `/` or `/metrics` refused for missing or wrong credentials.
+pub const HTTP_UNAUTHORIZED: &str = "palletd_http_unauthorized_total";
 /// `spool.max_size`, for an alert on the spool filling up.
 pub const SPOOL_MAX_BYTES: &str = "palletd_spool_max_bytes";
 pub const DATABASE_ERRORS: &str = "palletd_database_errors_total";
@@ -167,6 +169,10 @@ pub fn describe() {
     describe_counter!(
         HTTP_REFUSED,
         "HTTP connections closed as soon as accepted: the endpoint had its most (64) open."
+    );
+    describe_counter!(
+        HTTP_UNAUTHORIZED,
+        "Requests for the status page or /metrics answered 401: credentials missing or wrong ([http] username/password or token)."
     );
     describe_counter!(FLUSHES, "Flushes that wrote something.");
     describe_counter!(STATEMENTS, "Bucket upsert statements applied.");
@@ -414,6 +420,7 @@ fn register_at_zero() {
         SPOOL_DROPPED,
         REDELIVERIES_SKIPPED,
         HTTP_REFUSED,
+        HTTP_UNAUTHORIZED,
         SPARKPLUG_SEQ_GAPS,
         SPARKPLUG_OUT_OF_ORDER,
         SPARKPLUG_STALE_DEATHS,

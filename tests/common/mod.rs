@@ -124,28 +124,36 @@ where
 /// A plain HTTP/1.0 GET on 127.0.0.1: (status, body); status 0 when
 /// nothing listens.
 pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    let (status, _, body) = http_get_with(port, path, &[]);
+    (status, body)
+}
+
+/// [`http_get`] with extra header lines (`"Authorization: ..."`):
+/// (status, the response's header lines, body).
+pub fn http_get_with(port: u16, path: &str, headers: &[&str]) -> (u16, String, String) {
     use std::io::{Read, Write};
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new());
+        return (0, String::new(), String::new());
     };
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n");
+    for h in headers {
+        request.push_str(&format!("{h}\r\n"));
+    }
+    write!(stream, "{request}\r\n").unwrap();
     let mut text = String::new();
     if stream.read_to_string(&mut text).is_err() {
-        return (0, String::new());
+        return (0, String::new(), String::new());
     }
     let status = text
         .split(' ')
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (status, head.to_string(), body.to_string())
 }
 
 pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
