@@ -66,6 +66,12 @@ impl Arrivals {
 /// Messages taken from the channel at once, when that many are waiting.
 const MAX_BATCH_MESSAGES: usize = 512;
 
+/// A batch takes no more messages once its records hold this many bytes:
+/// one spool append stays within the bytes a group commit leaves unsynced
+/// ([`crate::spool`]'s `MAX_UNSYNCED`), so a power cut tears only whole
+/// batches' worth at the end.
+pub const MAX_BATCH_BYTES: usize = 256 << 10;
+
 /// How often the spool gauges are refreshed.
 const GAUGE_EVERY: Duration = Duration::from_millis(100);
 /// How often the quietest sensors are told to the status page.
@@ -326,7 +332,9 @@ impl Admission {
                         // Take what else is waiting: one append, one feed.
                         let mut batch = Arrivals::new(self.next_lsn);
                         self.receive(m, &mut acks, &mut reporter, &mut batch);
-                        while batch.messages < MAX_BATCH_MESSAGES {
+                        while batch.messages < MAX_BATCH_MESSAGES
+                            && batch.bytes.len() < MAX_BATCH_BYTES
+                        {
                             match rx.try_recv() {
                                 Ok(m) => self.receive(m, &mut acks, &mut reporter, &mut batch),
                                 Err(_) => break,

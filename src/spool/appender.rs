@@ -48,6 +48,15 @@ use crate::telemetry;
 /// Under load, group commits are at least this far apart.
 const COMMIT_GAP: Duration = Duration::from_millis(5);
 
+/// At most this many bytes of the open segment are ever written and not
+/// yet synced, unless one append (one admission batch, whole messages, at
+/// most [`crate::admission::MAX_BATCH_BYTES`] but for one message larger
+/// than that) is larger: a group commit syncs (and moves the durable LSN)
+/// before an append would take it past this. So a power cut can tear only
+/// the last this many bytes of the newest segment, and every record
+/// before them belongs to a commit that completed ([`super::recover`]).
+pub(super) const MAX_UNSYNCED: u64 = 1 << 20;
+
 /// A group commit of at least this many bytes counts as load.
 const COMMIT_GAP_BYTES: usize = 4096;
 
@@ -443,7 +452,8 @@ impl Appender {
     }
 
     /// Writes every staged append into segments (rotating when one is
-    /// full) and syncs: on success everything appended is durable.
+    /// full) and syncs (every [`MAX_UNSYNCED`] bytes): on success
+    /// everything appended is durable.
     pub(super) fn commit(&mut self) -> io::Result<()> {
         while let Some((bytes, end)) = self.staged.pop_front() {
             let full = self
@@ -452,6 +462,15 @@ impl Appender {
                 .is_none_or(|s| s.len() >= self.segment_size);
             if full {
                 if let Err(e) = self.seal_and_rotate() {
+                    self.staged.push_front((bytes, end));
+                    return Err(e);
+                }
+            }
+            let over = self.open.as_ref().is_some_and(|s| {
+                !s.unsynced.is_empty() && s.unsynced.len() + bytes.len() > MAX_UNSYNCED as usize
+            });
+            if over {
+                if let Err(e) = self.sync_open() {
                     self.staged.push_front((bytes, end));
                     return Err(e);
                 }

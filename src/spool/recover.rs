@@ -9,11 +9,15 @@
 //!   the checkpoint are counted and logged at ERROR ([`damage::report`]).
 //!   Nothing is cut.
 //! - At the end of the newest segment: a torn write (power lost while it
-//!   was appended) when it starts at or above the durable LSN last recorded
-//!   (`durable`, see [`checkpoint`]): those records were never
-//!   acknowledged, the broker redelivers them, and the tail is cut off
-//!   (WARN). Below it, the records were acknowledged: damage, counted, and
-//!   the bytes stay.
+//!   was appended) when it starts within the last [`MAX_UNSYNCED`] bytes
+//!   of the file (no more are ever unsynced) and at or above the durable
+//!   LSN last recorded (`durable`, see [`checkpoint`]): those records were
+//!   never acknowledged, the broker redelivers them, and the tail is cut
+//!   off from the end of the last whole message before it (WARN). Anywhere
+//!   else the bytes were synced by a commit that completed, whatever
+//!   `durable` says (written without a sync, after a power cut it may lag,
+//!   be missing or be damaged): damage, counted, and the intact records
+//!   after it kept; and a cut never goes back past those bytes.
 //! - A compression cut short leaves a temporary file (removed) or both
 //!   forms of a segment (the compressed one is complete: it is renamed into
 //!   place only once synced, so the plain one goes).
@@ -31,6 +35,7 @@ use std::path::{Path, PathBuf};
 
 use tracing::warn;
 
+use super::appender::MAX_UNSYNCED;
 use super::checkpoint;
 use super::damage::{self, Damage};
 use super::fs::{read_all, remove_if_there, Storage};
@@ -123,6 +128,14 @@ pub fn recover(
         // is part of a message the broker sends again: kept, it would be
         // stored twice. (offset, records and last LSN there.)
         let mut keep = (0, rec.records, last_lsn);
+        // Records that end here or before were synced by a commit that
+        // completed (no more than MAX_UNSYNCED bytes are ever unsynced, and
+        // commits sync at append boundaries): whole messages, kept.
+        let committed = if newest && !compressed {
+            file_len(storage, path)?.saturating_sub(MAX_UNSYNCED)
+        } else {
+            u64::MAX
+        };
         loop {
             let at = scanner.offset();
             match scanner.next()? {
@@ -146,17 +159,25 @@ pub fn recover(
                             replay.record(key, lsn, Seen { pkid, digest });
                         }
                     }
-                    if matches!(entry, Some(EntryRef::MessageId { .. })) || lsn < acknowledged {
-                        keep = (at + bytes.len() as u64, rec.records, last_lsn);
+                    let end = at + bytes.len() as u64;
+                    if matches!(entry, Some(EntryRef::MessageId { .. }))
+                        || lsn < acknowledged
+                        || end <= committed
+                    {
+                        keep = (end, rec.records, last_lsn);
                     }
                 }
-                // In the newest segment, what lies at or above the durable
-                // LSN was never acknowledged: the first bad byte there is
-                // where a write was torn (blocks reach the disk in any
-                // order, so intact records may follow it); everything from
-                // there on is cut, and the broker sends it again.
+                // In the newest segment, in the bytes a power cut may have
+                // caught unsynced and at or above the durable LSN: never
+                // acknowledged, the first bad byte there is where a write
+                // was torn (blocks reach the disk in any order, so intact
+                // records may follow it); everything from there on is cut,
+                // and the broker sends it again.
                 Item::Damage(region) | Item::Tail(region)
-                    if newest && !compressed && region.after + 1 >= acknowledged =>
+                    if newest
+                        && !compressed
+                        && region.after + 1 >= acknowledged
+                        && region.offset >= committed =>
                 {
                     let (offset, records, last) = keep;
                     let cut = file_len(storage, path)?.saturating_sub(offset);

@@ -293,6 +293,92 @@ fn a_torn_write_past_the_durable_lsn_is_cut_and_the_rest_kept() {
     assert_eq!(got.len(), 10);
 }
 
+/// A power cut can catch unsynced only the last [`appender::MAX_UNSYNCED`]
+/// bytes of the newest segment. A bad page before them (an SD card that
+/// lost a page it had long since written) is damage to records that were
+/// acknowledged, even when the `durable` file, written without a sync, is
+/// missing after the cut: counted, and every intact record after it kept.
+/// (It was taken for a tear: the segment was cut back to its start, and
+/// thousands of acknowledged readings went, uncounted.)
+#[test]
+fn a_damaged_synced_page_is_damage_even_without_the_durable_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = recover(dir.path()).unwrap().next_lsn;
+    let records: Vec<Record> = (base..base + 30_000).map(reading).collect();
+    write_all(dir.path(), &records, 1 << 30);
+    let (_, path) = list_segments(&Os, dir.path()).unwrap().pop().unwrap();
+    let mut bytes = stdfs::read(&path).unwrap();
+    assert!(
+        bytes.len() as u64 > 2 * appender::MAX_UNSYNCED,
+        "{}",
+        bytes.len()
+    );
+    // A 4 KiB page a third of the way in, well before the last MiB.
+    let page = bytes.len() / 3 / 4096 * 4096;
+    for b in &mut bytes[page..page + 4096] {
+        *b = 0xff;
+    }
+    stdfs::write(&path, &bytes).unwrap();
+    stdfs::remove_file(dir.path().join("durable")).unwrap();
+    let rec = recover(dir.path()).unwrap();
+    assert_eq!(rec.torn_bytes, 0, "damage far from the end is no tear");
+    assert_eq!(stdfs::metadata(&path).unwrap().len() as usize, bytes.len());
+    // A page holds a few dozen of these records; those it touched are lost.
+    assert!(
+        rec.damaged > 0 && rec.damaged < 100,
+        "damaged {}",
+        rec.damaged
+    );
+    assert_eq!(rec.records + rec.damaged, records.len() as u64);
+    let mut reader = Reader::new(os(), dir.path().to_path_buf(), 0);
+    let mut got = Vec::new();
+    loop {
+        let batch = reader.read_records(5000, u64::MAX).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        got.extend(batch);
+    }
+    assert_eq!(got.len() as u64, rec.records);
+    assert_eq!(got.last(), records.last(), "the records after it are kept");
+    let lost: Vec<u64> = records
+        .iter()
+        .map(|r| r.lsn)
+        .filter(|l| !got.iter().any(|g| g.lsn == *l))
+        .collect();
+    assert_eq!(lost.len() as u64, rec.damaged);
+    assert_eq!(
+        lost.last().unwrap() - lost[0] + 1,
+        rec.damaged,
+        "one stretch: {lost:?}"
+    );
+
+    // A tear in the last bytes is still one, cut and not counted.
+    let torn = reading(base + 30_000).encode();
+    let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+    std::io::Write::write_all(&mut f, &torn[..torn.len() / 2]).unwrap();
+    drop(f);
+    let damaged_before = rec.damaged;
+    let rec = recover(dir.path()).unwrap();
+    assert_eq!(
+        rec.damaged, 0,
+        "the page was counted once ({damaged_before})"
+    );
+    // Cut from the last record that surely belongs to a finished commit:
+    // these records carry no message identity to cut at.
+    assert!(
+        rec.torn_bytes > 0 && rec.torn_bytes <= appender::MAX_UNSYNCED + torn.len() as u64,
+        "cut {}",
+        rec.torn_bytes
+    );
+    let shortest = records.iter().map(|r| r.encode().len()).min().unwrap() as u64;
+    assert!(
+        rec.records >= 30_000 - damaged_before - appender::MAX_UNSYNCED / shortest,
+        "kept {}",
+        rec.records
+    );
+}
+
 /// The last record was acknowledged (the `durable` file says so): a bad
 /// byte in it is damage, counted, and the file is not cut.
 #[test]
@@ -505,6 +591,25 @@ use super::sim::{Faults, Sim};
 
 fn sim_dir() -> PathBuf {
     PathBuf::from("/spool")
+}
+
+/// A group commit larger than [`appender::MAX_UNSYNCED`] syncs on the way,
+/// at append boundaries, so a power cut can tear no more than that much
+/// at the end of the newest segment (what recovery relies on).
+#[test]
+fn a_large_group_commit_syncs_every_max_unsynced_bytes() {
+    let (mut rig, _) = Rig::open(Sim::new(7), 64 << 20);
+    let pad = 200 << 10;
+    // Fifteen appends of 200 KiB waiting for one commit: 3 MB.
+    for _ in 0..15 {
+        rig.append(1, pad);
+    }
+    let before = rig.app.shared.fsyncs.load(Ordering::Relaxed);
+    assert!(rig.commit());
+    let syncs = rig.app.shared.fsyncs.load(Ordering::Relaxed) - before;
+    // Five appends fit in 1 MiB: three syncs.
+    assert_eq!(syncs, 3, "one per MAX_UNSYNCED bytes");
+    assert_eq!(rig.app.durable(), rig.next);
 }
 
 /// The appender driven by hand over a simulated disk, and what was
