@@ -112,8 +112,9 @@ impl Store {
     /// tells its statements from other instances' in a bucket).
     pub fn set_spool(&mut self, tags: Tags) {
         self.tags = tags.clone();
-        if let Mode::Buckets(b) = &mut self.mode {
-            b.set_spool(tags);
+        match &mut self.mode {
+            Mode::Buckets(b) => b.set_spool(tags),
+            Mode::Timeseries(t) => t.set_spool(tags),
         }
     }
 

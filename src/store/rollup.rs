@@ -869,7 +869,7 @@ impl Passes {
             doc! { "$project": { "sensorId": 1, "ts": 1, "kv": { "$objectToArray": "$$ROOT" } } },
             doc! { "$unwind": "$kv" },
             doc! { "$match": {
-                "kv.k": { "$nin": ["_id", "sensorId", "ts", "lsn"] },
+                "kv.k": { "$nin": ["_id", "sensorId", "ts", "lsn", super::timeseries::SPOOL] },
                 "$expr": { "$isNumber": "$kv.v" },
             } },
             doc! { "$sort": { "ts": 1, "kv.v": 1 } },

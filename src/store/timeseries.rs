@@ -1,6 +1,8 @@
 //! `storage.mode = "timeseries"`: a MongoDB native time series collection,
-//! one document per reading, `{ts, sensorId, lsn, <fields>}`; the server
-//! builds, compresses and expires its own buckets.
+//! one document per reading, `{ts, sensorId, lsn, _spool, <fields>}`
+//! (`_spool`: the id of the spool the reading came through, `s<8 hex>`,
+//! as in bucket mode's `lsns.s<id>`); the server builds, compresses and
+//! expires its own buckets.
 //!
 //! - **Schema**: the collection is created if missing (`timeField: "ts"`,
 //!   `metaField: "sensorId"`, the configured granularity, `expireAfterSeconds`
@@ -12,7 +14,10 @@
 //!   again, one refused for good is dead-lettered.
 //! - **What a replay already applied**: an unordered insert may apply any
 //!   subset, so there is no prefix rule: the uncertain LSNs themselves are
-//!   looked up (bounded by sensor, LSN range and time).
+//!   looked up (bounded by sensor, LSN range and time), each with its
+//!   spool's id: LSNs come from each box's clock, so another box writing
+//!   the same sensor id may hold the same LSN (a document without
+//!   `_spool`, from a version before it, matches any).
 //! - **Seal**: nothing to do; the server manages its buckets.
 //! - **Read**: readings in `ts` order on `{sensorId, ts}`; per-window
 //!   rollups computed from them (windows of `bucket.window`).
@@ -34,6 +39,7 @@ use crate::bucket::SampleRef;
 use crate::config::Settings;
 use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
 use crate::retry::{Aborted, Backoff};
+use crate::tags::Tags;
 
 /// The time series collection.
 pub struct Timeseries {
@@ -44,6 +50,8 @@ pub struct Timeseries {
     /// How far a reading's `ts` may lie before its receipt (lateness plus
     /// future, and an hour for clock steps): bounds the LSN lookups.
     margin_ms: i64,
+    /// The spool's ids, by LSN.
+    tags: Tags,
 }
 
 impl Timeseries {
@@ -55,7 +63,13 @@ impl Timeseries {
             expire_after: settings.retention.expire_after,
             window_ms: b.window.as_millis() as i64,
             margin_ms: (b.max_lateness + b.max_future).as_millis() as i64 + 3_600_000,
+            tags: Tags::new(0),
         }
+    }
+
+    /// The spool whose readings this writes and looks up.
+    pub fn set_spool(&mut self, tags: Tags) {
+        self.tags = tags;
     }
 
     fn coll(&self, db: &Database) -> Collection<Document> {
@@ -149,9 +163,10 @@ impl Timeseries {
     ) -> Result<Resolution, Aborted> {
         let coll = self.collection.clone();
         let margin_ms = self.margin_ms;
+        let tags = &self.tags;
         let applied = mongo
             .read_retrying("read stored LSNs", abort, |db, concern| {
-                present_lsns(db.collection(&coll), concern, req, margin_ms)
+                present_lsns(db.collection(&coll), concern, req, tags, margin_ms)
             })
             .await?;
         Ok(Resolution {
@@ -182,11 +197,13 @@ impl Timeseries {
         let mut backoff = Backoff::default();
         while !todo.is_empty() {
             let runs = &batch.runs;
+            let tags = &self.tags;
             let (batch_len, reply) = mongo
                 .write_until_answered("write readings", &mut backoff, abort, |m| {
-                    let docs = todo
-                        .iter()
-                        .map(|&(r, s)| reading_doc(&runs[r].sensor, runs[r].samples.get(s)));
+                    let docs = todo.iter().map(|&(r, s)| {
+                        let sample = runs[r].samples.get(s);
+                        reading_doc(&runs[r].sensor, sample, tags.of(sample.lsn))
+                    });
                     m.batch_command("insert", &self.collection, "documents", docs, false)
                 })
                 .await?;
@@ -245,7 +262,7 @@ impl Timeseries {
         let mut n = 0;
         while let Some(d) = cursor.try_next().await? {
             let ts = d.get_datetime("ts")?.timestamp_millis();
-            emit(ts, read::fields(&d, &["sensorId", "lsn"]))?;
+            emit(ts, read::fields(&d, OWN_FIELDS))?;
             n += 1;
         }
         Ok(n)
@@ -298,12 +315,26 @@ impl Timeseries {
     }
 }
 
-/// A reading as a time series document: `{ts, sensorId, lsn, <fields>}`.
-pub fn reading_doc(sensor: &str, sample: SampleRef<'_>) -> RawDocumentBuf {
+/// The fields of a time series document that palletd writes besides the
+/// reading's own (and `ts`).
+pub const OWN_FIELDS: &[&str] = &["sensorId", "lsn", SPOOL];
+
+/// The spool's id, `s<8 hex>` (a name no payload's field maps to: it
+/// starts with `_`).
+pub const SPOOL: &str = "_spool";
+
+fn spool_id(tag: u32) -> String {
+    format!("s{tag:08x}")
+}
+
+/// A reading as a time series document: `{ts, sensorId, lsn, _spool,
+/// <fields>}`; `tag`: the id of the spool it came through.
+pub fn reading_doc(sensor: &str, sample: SampleRef<'_>, tag: u32) -> RawDocumentBuf {
     let mut d = RawDocumentBuf::new();
     d.append("ts", bson::DateTime::from_millis(sample.ts_ms));
     d.append("sensorId", sensor);
     d.append("lsn", sample.lsn as i64);
+    d.append(SPOOL, spool_id(tag));
     for (name, value) in sample.doc.iter().flatten() {
         // Units stay out: a time series has no bucket document of
         // palletd's to keep them once in.
@@ -328,14 +359,16 @@ async fn collection_info(db: &Database, name: &str) -> mongodb::error::Result<Op
         .cloned())
 }
 
-/// Which of the requested LSNs the collection holds. Bounded by sensor,
-/// LSN range and time: a reading's `ts` is at most `max_lateness` before
-/// and `max_future` after its receipt, so nothing received at or after the
-/// earliest of them has a `ts` before this bound.
+/// Which of the requested LSNs the collection holds, under this spool's
+/// id for each. Bounded by sensor, LSN range and time: a reading's `ts` is
+/// at most `max_lateness` before and `max_future` after its receipt, so
+/// nothing received at or after the earliest of them has a `ts` before
+/// this bound.
 async fn present_lsns(
     coll: Collection<Document>,
     concern: Option<ReadConcern>,
     req: &[Resolve],
+    tags: &Tags,
     margin_ms: i64,
 ) -> mongodb::error::Result<HashSet<u64>> {
     let all = || req.iter().flat_map(|r| r.samples.iter());
@@ -350,7 +383,9 @@ async fn present_lsns(
         "ts": { "$gte": bson::DateTime::from_millis(min_ts.saturating_sub(margin_ms)) },
         "lsn": { "$gte": min_lsn as i64, "$lte": max_lsn as i64 },
     };
-    let find = coll.find(filter).projection(doc! { "_id": 0, "lsn": 1 });
+    let find = coll
+        .find(filter)
+        .projection(doc! { "_id": 0, "lsn": 1, SPOOL: 1 });
     let mut cursor = match concern {
         Some(c) => find.read_concern(c).await?,
         None => find.await?,
@@ -358,14 +393,17 @@ async fn present_lsns(
     let wanted: HashSet<u64> = all().map(|s| s.0).collect();
     let mut out = HashSet::new();
     while cursor.advance().await? {
-        if let Some(lsn) = cursor
-            .deserialize_current()?
-            .get("lsn")
-            .and_then(mongo::as_u64)
-        {
-            if wanted.contains(&lsn) {
-                out.insert(lsn);
-            }
+        let d = cursor.deserialize_current()?;
+        let Some(lsn) = d.get("lsn").and_then(mongo::as_u64) else {
+            continue;
+        };
+        let ours = match d.get_str(SPOOL) {
+            Ok(id) => id == spool_id(tags.of(lsn)),
+            // Written before documents named their spool.
+            Err(_) => true,
+        };
+        if ours && wanted.contains(&lsn) {
+            out.insert(lsn);
         }
     }
     Ok(out)
