@@ -33,7 +33,6 @@ pub const CAUSES: &[&str] = &[
     "too_many_fields",
     "field_name_too_long",
     "string_too_long",
-    "too_many_sparkplug_nodes",
     "too_many_sparkplug_devices",
     "too_many_sparkplug_aliases",
     "too_many_sensors",

@@ -774,3 +774,134 @@ async fn a_node_id_with_a_newline_cannot_forge_a_log_line() {
         "a forged line: {log}"
     );
 }
+
+/// An NBIRTH of `bdSeq` 0 and no other metric, at `ts`.
+fn nbirth(ts: i64) -> Vec<u8> {
+    let bd_seq = metric(Some("bdSeq"), 0, DataType::Int64, Value::LongValue(0));
+    payload(ts, Some(0), vec![bd_seq])
+}
+
+/// A flood of BIRTHs under ever new edge nodes and devices (60 nodes x 40
+/// devices, twice what fits) keeps the Sparkplug B state within its share
+/// of `limits.max_memory` (an eighth: 512 KiB of 4 MiB) by forgetting the
+/// nodes silent the longest; a real node born after the flood is taken and
+/// its DATA stored by name, also after a restart. (Before, the state had
+/// no total in bytes, and a new node beyond max_sparkplug_nodes was
+/// refused for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_births_stays_within_the_budget_and_a_new_node_is_taken() {
+    let mut stack = Stack::start("sparkplug-flood", |c| {
+        c.sparkplug(None)
+            .set("limits.max_memory", "4MiB")
+            .set("limits.max_sparkplug_nodes", 50)
+    })
+    .await;
+    let budget = 512.0 * 1024.0;
+    let now = now_ms();
+    let mut p = stack.publisher().await;
+    for n in 0..60 {
+        let node = format!("junk{n:03}");
+        p.publish(&format!("spBv1.0/flood/NBIRTH/{node}"), nbirth(now))
+            .await;
+        for d in 0..40 {
+            let metrics = ["temperature", "humidity", "pressure"]
+                .iter()
+                .enumerate()
+                .map(|(k, name)| {
+                    metric(
+                        Some(name),
+                        1 + k as u64,
+                        DataType::Double,
+                        Value::DoubleValue(1.0),
+                    )
+                })
+                .collect();
+            p.publish(
+                &format!("spBv1.0/flood/DBIRTH/{node}/dev{d:03}"),
+                payload(now, Some(1 + d), metrics),
+            )
+            .await;
+        }
+    }
+    p.flush().await;
+    eventually(Duration::from_secs(120), "the flood admitted", || async {
+        let m = stack.palletd.scrape();
+        common::metric(
+            &m,
+            "palletd_sparkplug_messages_total",
+            Some(("type", "DBIRTH")),
+        ) >= 2400.0
+    })
+    .await;
+    let evicted = stack
+        .palletd
+        .metric("palletd_sparkplug_nodes_evicted_total", None);
+    assert!(evicted >= 10.0, "evicted {evicted}");
+    let used = stack
+        .palletd
+        .metric("palletd_memory_bytes", Some(("part", "sparkplug")));
+    eprintln!("after the flood: {evicted} nodes evicted, state {used} bytes of {budget}");
+    assert!(used > 0.0 && used <= budget, "state {used} bytes");
+
+    // A real node after the flood.
+    p.publish("spBv1.0/site/NBIRTH/line1", nbirth(now_ms()))
+        .await;
+    p.publish(
+        "spBv1.0/site/DBIRTH/line1/press",
+        payload(
+            now_ms(),
+            Some(1),
+            vec![metric(
+                Some("force"),
+                7,
+                DataType::Double,
+                Value::DoubleValue(1.0),
+            )],
+        ),
+    )
+    .await;
+    let data = |seq: u64, x: f64| {
+        let ts = now_ms();
+        payload(ts, Some(seq), vec![by_alias(7, ts, Value::DoubleValue(x))])
+    };
+    p.publish("spBv1.0/site/DDATA/line1/press", data(2, 42.5))
+        .await;
+    p.flush().await;
+    let force = |x: f64| {
+        move |all: &BTreeMap<String, Vec<Document>>| {
+            with_field(all, "site:line1:press", "force")
+                .iter()
+                .any(|s| stored_f64(s, "force") == x)
+        }
+    };
+    wait_samples(&stack, "the new node's DATA stored by name", force(42.5)).await;
+
+    // Across a restart the state is read back within the budget.
+    stack.palletd.terminate();
+    stack.palletd = Palletd::start(&stack.config);
+    stack.palletd.ready().await;
+    let used = stack
+        .palletd
+        .metric("palletd_memory_bytes", Some(("part", "sparkplug")));
+    assert!(
+        used > 0.0 && used <= budget,
+        "state {used} bytes after the restart"
+    );
+    p.publish("spBv1.0/site/DDATA/line1/press", data(3, 43.5))
+        .await;
+    p.flush().await;
+    wait_samples(
+        &stack,
+        "its DATA stored by name after the restart",
+        force(43.5),
+    )
+    .await;
+    let letters = stack.docs("readings_deadletter").await;
+    assert!(
+        letters
+            .iter()
+            .all(|d| !d.get_str("topic").unwrap_or_default().contains("/line1")),
+        "nothing of line1 dead-lettered: {letters:?}"
+    );
+    stack.stop();
+}

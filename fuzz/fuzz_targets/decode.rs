@@ -75,6 +75,7 @@ fn decoder() -> Decoder {
             max_sparkplug_nodes: 100,
             max_sparkplug_devices_per_node: 100,
             max_sparkplug_aliases: 10_000,
+            max_sparkplug_bytes: 64 << 20,
         },
     )
 }

@@ -242,6 +242,8 @@ impl Admission {
         let sparkplug = decoder.has_sparkplug().then(|| {
             let file = sparkplug::StateFile::new(&settings.spool.dir);
             decoder.set_sparkplug_state(file.load());
+            let bytes = decoder.sparkplug_state().bytes();
+            metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "sparkplug").set(bytes as f64);
             file
         });
         Admission {
@@ -522,6 +524,12 @@ impl Admission {
         if o.state_changed {
             if let Some(file) = &mut self.sparkplug {
                 file.changed();
+                let state = self.decoder.sparkplug_state();
+                if o.evicted > 0 {
+                    file.evicted(o.evicted, state, self.decoder.limits().max_sparkplug_bytes);
+                }
+                metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "sparkplug")
+                    .set(state.bytes() as f64);
             }
         }
         if let Some(topic) = &o.rebirth {

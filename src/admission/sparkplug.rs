@@ -37,6 +37,10 @@ pub struct StateFile {
     /// A change in the batch being made.
     changed: bool,
     last_save: Option<std::time::Instant>,
+    /// When evictions were last said (at most once a minute).
+    evictions_said: Option<std::time::Instant>,
+    /// Evictions since.
+    evictions_unsaid: u64,
 }
 
 impl StateFile {
@@ -46,7 +50,34 @@ impl StateFile {
             unsaved_from: None,
             changed: false,
             last_save: None,
+            evictions_said: None,
+            evictions_unsaid: 0,
         }
+    }
+
+    /// Counts edge nodes evicted from a full state, said at most once a
+    /// minute; `state` as it is now.
+    pub fn evicted(&mut self, nodes: u32, state: &State, budget: usize) {
+        metrics::counter!(telemetry::SPARKPLUG_EVICTED).increment(u64::from(nodes));
+        self.evictions_unsaid += u64::from(nodes);
+        if self
+            .evictions_said
+            .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(60))
+        {
+            return;
+        }
+        let (nodes_now, devices, aliases) = state.size();
+        warn!(
+            evicted = self.evictions_unsaid,
+            nodes = nodes_now,
+            devices,
+            aliases,
+            bytes = state.bytes(),
+            budget,
+            "The Sparkplug B state is full (limits.max_sparkplug_nodes, max_sparkplug_aliases, or its share of limits.max_memory): palletd forgot the edge nodes silent the longest; each is asked for a rebirth when heard again, its DATA dead-lettered as unknown_alias until then. Counted in palletd_sparkplug_nodes_evicted_total (said at most once a minute). If these nodes are real, raise the limit."
+        );
+        self.evictions_said = Some(std::time::Instant::now());
+        self.evictions_unsaid = 0;
     }
 
     /// Messages whose records lie at or above this LSN wait for a save.

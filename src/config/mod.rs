@@ -272,13 +272,16 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     };
     let http = v.http(http, base);
     let mut spool = v.spool(spool, base);
-    let limits = v.limits(limits);
-    spool.max_queued = limits.split().spool;
+    let mut limits = v.limits(limits);
     let subscriptions: Vec<Subscription> = subs
         .into_iter()
         .enumerate()
         .filter_map(|(i, s)| v.subscription(s, &format!("subscription[{i}]")))
         .collect();
+    limits.sparkplug = subscriptions
+        .iter()
+        .any(|s| s.format == PayloadFormat::SparkplugB);
+    spool.max_queued = limits.split().spool;
     let rollups = v.rollups(raw_rollups, bucket.window);
     if let (Some(m), Some(i)) = (
         &mqtt,

@@ -274,6 +274,8 @@ impl Validator {
             max_memory,
             max_memory_from,
             max_deadletter_rate,
+            // Set once the subscriptions are read.
+            sparkplug: false,
         }
     }
 

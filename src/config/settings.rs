@@ -41,6 +41,7 @@ impl Settings {
             max_sparkplug_nodes: self.limits.max_sparkplug_nodes,
             max_sparkplug_devices_per_node: self.limits.max_sparkplug_devices_per_node,
             max_sparkplug_aliases: self.limits.max_sparkplug_aliases,
+            max_sparkplug_bytes: self.limits.split().sparkplug,
         }
     }
 
@@ -75,6 +76,8 @@ pub struct LimitSettings {
     pub max_memory: u64,
     /// Where `max_memory` came from.
     pub max_memory_from: MemoryBudgetFrom,
+    /// A subscription decodes Sparkplug B: its state takes a share.
+    pub sparkplug: bool,
     /// Bytes of dead letters spooled per second in the long run (a minute's
     /// worth at once).
     pub max_deadletter_rate: u64,
@@ -105,18 +108,25 @@ pub struct MemorySplit {
     /// Samples and dead letters waiting for MongoDB (beyond: they wait on
     /// disk).
     pub pending: usize,
+    /// What Sparkplug B BIRTHs taught (beyond: the longest-silent edge
+    /// node is forgotten); 0 without a Sparkplug B subscription.
+    pub sparkplug: usize,
 }
 
 impl LimitSettings {
     /// An eighth for the ingest queue, a sixteenth for the spool's write
-    /// queue, an eighth for the feed, the rest for what waits for MongoDB.
+    /// queue, an eighth for the feed, an eighth for the Sparkplug B state
+    /// (with a Sparkplug B subscription), the rest for what waits for
+    /// MongoDB.
     pub fn split(&self) -> MemorySplit {
         let all = self.max_memory as usize;
+        let sparkplug = if self.sparkplug { all / 8 } else { 0 };
         MemorySplit {
             ingest: all / 8,
             spool: all / 16,
             feed: all / 8,
-            pending: all - 2 * (all / 8) - all / 16,
+            pending: all - 2 * (all / 8) - all / 16 - sparkplug,
+            sparkplug,
         }
     }
 }

@@ -792,6 +792,7 @@ mod tests {
             max_sparkplug_nodes: 100,
             max_sparkplug_devices_per_node: 100,
             max_sparkplug_aliases: 10_000,
+            max_sparkplug_bytes: 64 << 20,
         }
     }
 

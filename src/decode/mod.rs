@@ -534,6 +534,9 @@ pub struct Limits {
     pub max_sparkplug_nodes: usize,
     pub max_sparkplug_devices_per_node: usize,
     pub max_sparkplug_aliases: usize,
+    /// The Sparkplug B state's estimated bytes in all (its share of
+    /// `limits.max_memory`).
+    pub max_sparkplug_bytes: usize,
 }
 
 /// Decodes messages for a set of subscriptions.
@@ -556,6 +559,11 @@ impl Decoder {
             sparkplug: sparkplug::State::default(),
             opcua_units: opcua::Units::default(),
         }
+    }
+
+    /// The limits every message is checked against.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
     }
 
     /// Whether a subscription has `format = "sparkplug_b"`.
@@ -871,6 +879,7 @@ mod tests {
             max_sparkplug_nodes: 100,
             max_sparkplug_devices_per_node: 100,
             max_sparkplug_aliases: 10_000,
+            max_sparkplug_bytes: 64 << 20,
         }
     }
 

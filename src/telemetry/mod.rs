@@ -137,6 +137,9 @@ pub const SPARKPLUG_SKIPPED: &str = "palletd_sparkplug_metrics_skipped_total";
 pub const SPARKPLUG_STALE_DEATHS: &str = "palletd_sparkplug_stale_deaths_total";
 /// Rebirth requests (NCMD) published, and not published for a full queue.
 pub const SPARKPLUG_REBIRTHS: &str = "palletd_sparkplug_rebirth_requests_total";
+/// Edge nodes forgotten to make room in the Sparkplug B state (the
+/// longest-silent first).
+pub const SPARKPLUG_EVICTED: &str = "palletd_sparkplug_nodes_evicted_total";
 /// Saves of the Sparkplug B state (sparkplug.json).
 pub const SPARKPLUG_STATE_SAVES: &str = "palletd_sparkplug_state_saves_total";
 /// Saves of the Sparkplug B state (sparkplug.json) that failed.
@@ -388,6 +391,10 @@ pub fn describe() {
         SPARKPLUG_SAVE_ERRORS,
         "Failed saves of the Sparkplug B alias maps (sparkplug.json in the spool directory); retried with the next BIRTH or DEATH batch."
     );
+    describe_counter!(
+        SPARKPLUG_EVICTED,
+        "Edge nodes forgotten, the longest-silent first, to take a BIRTH within limits.max_sparkplug_nodes, max_sparkplug_aliases and the Sparkplug B share of limits.max_memory; each is asked for a rebirth when heard again."
+    );
 }
 
 /// Every counter, each labelled series whose labels are known in advance,
@@ -426,6 +433,7 @@ fn register_at_zero() {
         SPARKPLUG_STALE_DEATHS,
         SPARKPLUG_STATE_SAVES,
         SPARKPLUG_SAVE_ERRORS,
+        SPARKPLUG_EVICTED,
     ] {
         metrics::counter!(name).increment(0);
     }

@@ -54,7 +54,7 @@ mod metric;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
@@ -115,6 +115,40 @@ struct Node {
     seq: Option<u8>,
     #[serde(skip)]
     rebirth_asked_ms: Option<i64>,
+    /// When the node was last heard from, to the second (0 after a
+    /// restart: not heard since); the longest-silent is evicted first.
+    #[serde(skip)]
+    heard_ms: i64,
+    /// What it holds in memory, estimated ([`node_bytes`]).
+    #[serde(skip)]
+    bytes: usize,
+}
+
+/// Estimated bytes a node, a device and an alias hold in memory besides
+/// their names (map entries, strings' and maps' own overhead, the
+/// allocator's rounding); the state's budget counts these.
+const NODE_BYTES: usize = 256;
+const DEVICE_BYTES: usize = 160;
+const ALIAS_BYTES: usize = 96;
+
+fn aliases_bytes(aliases: &Aliases) -> usize {
+    aliases.values().map(|d| ALIAS_BYTES + d.name.len()).sum()
+}
+
+fn device_bytes(name: &str, d: &Device) -> usize {
+    DEVICE_BYTES + name.len() + aliases_bytes(&d.aliases)
+}
+
+/// A node's estimated bytes: its own, its aliases', its devices'.
+fn node_bytes(key: &str, node: &Node) -> usize {
+    NODE_BYTES
+        + key.len()
+        + aliases_bytes(&node.aliases)
+        + node
+            .devices
+            .iter()
+            .map(|(name, d)| device_bytes(name, d))
+            .sum::<usize>()
 }
 
 /// What palletd knows of the edge nodes it has heard from (see the module
@@ -132,6 +166,12 @@ pub struct State {
     /// Aliases of all nodes and devices (kept up to date; counted at load).
     #[serde(skip)]
     aliases: usize,
+    /// The nodes' estimated bytes in all (within `Limits::max_sparkplug_bytes`).
+    #[serde(skip)]
+    bytes: usize,
+    /// (heard_ms, key) of every node: the longest-silent first.
+    #[serde(skip)]
+    silence: BTreeSet<(i64, String)>,
 }
 
 /// Nodes never born whose rebirth requests are remembered for the rate
@@ -149,6 +189,84 @@ impl State {
             .sum();
         (self.nodes.len(), devices, aliases)
     }
+
+    /// The estimated bytes the state holds in memory (within
+    /// `limits.max_memory`'s Sparkplug share).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Recounts aliases and bytes and indexes the nodes as not heard from
+    /// since the start (after a load).
+    fn recount(&mut self) {
+        self.aliases = self.size().2;
+        self.silence.clear();
+        self.bytes = 0;
+        for (key, node) in &mut self.nodes {
+            node.bytes = node_bytes(key, node);
+            node.heard_ms = 0;
+            self.bytes += node.bytes;
+            self.silence.insert((0, key.clone()));
+        }
+    }
+
+    /// The node was heard from at `now_ms` (kept to the second, so the
+    /// index moves at most once a second per node).
+    fn heard(&mut self, key: &str, now_ms: i64) {
+        let Some(node) = self.nodes.get_mut(key) else {
+            return;
+        };
+        if now_ms.abs_diff(node.heard_ms) < 1000 {
+            return;
+        }
+        let mut entry = (node.heard_ms, key.to_string());
+        self.silence.remove(&entry);
+        node.heard_ms = now_ms;
+        entry.0 = now_ms;
+        self.silence.insert(entry);
+    }
+
+    /// Forgets an edge node and its devices: its next DATA is an unknown
+    /// alias and asks for a rebirth, as for a node never born.
+    fn evict(&mut self, key: &str) {
+        if let Some(node) = self.nodes.remove(key) {
+            self.silence.remove(&(node.heard_ms, key.to_string()));
+            self.bytes -= node.bytes;
+            self.aliases -= node.aliases.len()
+                + node
+                    .devices
+                    .values()
+                    .map(|d| d.aliases.len())
+                    .sum::<usize>();
+        }
+    }
+
+    /// Replaces what the node (or one of its devices) had learnt with
+    /// `learnt`, keeping the counts.
+    fn teach(&mut self, key: &str, device: Option<&str>, learnt: Aliases) {
+        let node = self.nodes.get_mut(key).expect("admitted");
+        let (old, new) = match device {
+            None => {
+                let old = (node.aliases.len(), aliases_bytes(&node.aliases));
+                let new = (learnt.len(), aliases_bytes(&learnt));
+                node.aliases = learnt;
+                (old, new)
+            }
+            Some(name) => {
+                let old = node
+                    .devices
+                    .get(name)
+                    .map_or((0, 0), |d| (d.aliases.len(), device_bytes(name, d)));
+                let d = node.devices.entry(name.to_string()).or_default();
+                d.aliases = learnt;
+                d.online = true;
+                (old, (d.aliases.len(), device_bytes(name, d)))
+            }
+        };
+        node.bytes = node.bytes - old.1 + new.1;
+        self.bytes = self.bytes - old.1 + new.1;
+        self.aliases = self.aliases - old.0 + new.0;
+    }
 }
 
 /// The state as saved in `sparkplug.json` (JSON).
@@ -159,7 +277,7 @@ pub fn save(state: &State) -> Vec<u8> {
 /// A state saved by [`save`].
 pub fn load(bytes: &[u8]) -> Result<State, String> {
     let mut state: State = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-    state.aliases = state.size().2;
+    state.recount();
     Ok(state)
 }
 
@@ -178,6 +296,9 @@ pub struct Effects {
     pub stale_death: bool,
     /// The durable part of [`State`] changed: save it before acknowledging.
     pub state_changed: bool,
+    /// Edge nodes forgotten (the longest-silent) to make room for this
+    /// BIRTH within the state's budget.
+    pub evicted: u32,
     /// Ask this edge node for a rebirth: the NCMD topic to publish to.
     pub rebirth: Option<String>,
 }
@@ -359,6 +480,7 @@ impl State {
             return Ok(Vec::new());
         }
         let m = Incoming::read(msg, t)?;
+        self.heard(&m.key, msg.now_ms);
         match t.kind {
             Kind::NBirth => self.on_nbirth(msg, m, out),
             Kind::DBirth => self.on_dbirth(msg, m, out),
@@ -377,13 +499,12 @@ impl State {
         m: Incoming<'_>,
         out: &mut Decoded,
     ) -> Result<Vec<Reading>, DecodeError> {
-        self.admit(msg, &m)?;
         let learnt = learn(&m.p.metrics, msg.limits.max_field_name_length);
+        self.admit(msg, &m, &learnt, out)?;
+        self.teach(&m.key, None, learnt);
         let node = self.nodes.get_mut(&m.key).expect("admitted");
         node.seq = m.p.seq.map(|s| s as u8);
         node.online = true;
-        self.aliases = self.aliases - node.aliases.len() + learnt.len();
-        node.aliases = learnt;
         node.bd_seq = bd_seq_of(&m.p.metrics);
         let bd_seq = node.bd_seq;
         self.with_state("online", bd_seq, msg, &m, out)
@@ -397,17 +518,11 @@ impl State {
         m: Incoming<'_>,
         out: &mut Decoded,
     ) -> Result<Vec<Reading>, DecodeError> {
-        self.admit(msg, &m)?;
         let learnt = learn(&m.p.metrics, msg.limits.max_field_name_length);
+        self.admit(msg, &m, &learnt, out)?;
+        self.teach(&m.key, Some(m.t.device.unwrap_or_default()), learnt);
         let node = self.nodes.get_mut(&m.key).expect("admitted");
         track_seq(node, m.p.seq, &mut out.sparkplug);
-        let d = node
-            .devices
-            .entry(m.t.device.unwrap_or_default().to_string())
-            .or_default();
-        d.online = true;
-        self.aliases = self.aliases - d.aliases.len() + learnt.len();
-        d.aliases = learnt;
         let bd_seq = node.bd_seq;
         self.with_state("online", bd_seq, msg, &m, out)
     }
@@ -528,51 +643,96 @@ impl State {
         )))
     }
 
-    /// A BIRTH's node is known (or taken on, within
-    /// `max_sparkplug_nodes`), and what it teaches fits: the node's
-    /// devices, the aliases in all.
-    fn admit(&mut self, msg: &Message<'_>, m: &Incoming<'_>) -> Result<(), DecodeError> {
+    /// A BIRTH's node is known or taken on, and what it teaches (`learnt`)
+    /// fits: the node's devices within `max_sparkplug_devices_per_node`,
+    /// and in all the nodes, the aliases and the state's estimated bytes
+    /// within their limits, the longest-silent other nodes evicted to make
+    /// room. Nothing changes when it is refused.
+    fn admit(
+        &mut self,
+        msg: &Message<'_>,
+        m: &Incoming<'_>,
+        learnt: &Aliases,
+        out: &mut Decoded,
+    ) -> Result<(), DecodeError> {
         let limits = msg.limits;
-        if !self.nodes.contains_key(&m.key) {
-            if self.nodes.len() >= limits.max_sparkplug_nodes {
+        let device = m.t.device;
+        let known = self.nodes.get(&m.key);
+        if let (Some(node), Some(name)) = (known, device) {
+            if !node.devices.contains_key(name)
+                && node.devices.len() >= limits.max_sparkplug_devices_per_node
+            {
                 return Err(over_limit(
-                    "too_many_sparkplug_nodes",
+                    "too_many_sparkplug_devices",
                     format!(
-                        "a BIRTH of a new edge node beyond limits.max_sparkplug_nodes ({})",
-                        limits.max_sparkplug_nodes
+                        "a DBIRTH of a new device beyond limits.max_sparkplug_devices_per_node ({})",
+                        limits.max_sparkplug_devices_per_node
                     ),
                 ));
             }
-            self.unborn_asked.remove(&m.key);
-            self.nodes.insert(m.key.clone(), Node::default());
         }
-        let node = &self.nodes[&m.key];
-        let device = m.t.device.unwrap_or_default();
-        if m.t.kind == Kind::DBirth
-            && !node.devices.contains_key(device)
-            && node.devices.len() >= limits.max_sparkplug_devices_per_node
-        {
-            return Err(over_limit(
-                "too_many_sparkplug_devices",
-                format!(
-                    "a DBIRTH of a new device beyond limits.max_sparkplug_devices_per_node ({})",
-                    limits.max_sparkplug_devices_per_node
-                ),
-            ));
-        }
-        let replaced = match m.t.kind {
-            Kind::NBirth => node.aliases.len(),
-            _ => node.devices.get(device).map_or(0, |d| d.aliases.len()),
+        // What the BIRTH replaces and what it brings: (aliases, bytes).
+        let old = match (known, device) {
+            (None, _) => (0, 0),
+            (Some(node), None) => (node.aliases.len(), aliases_bytes(&node.aliases)),
+            (Some(node), Some(name)) => node
+                .devices
+                .get(name)
+                .map_or((0, 0), |d| (d.aliases.len(), device_bytes(name, d))),
         };
-        let taught = m.p.metrics.iter().filter(|m| m.alias.is_some()).count();
-        if self.aliases - replaced + taught > limits.max_sparkplug_aliases {
+        let mut new = (learnt.len(), aliases_bytes(learnt));
+        if let Some(name) = device {
+            new.1 += DEVICE_BYTES + name.len();
+        }
+        if known.is_none() {
+            new.1 += NODE_BYTES + m.key.len();
+        }
+        // The node alone, after this BIRTH.
+        let own = known.map_or((0, 0), |n| {
+            let devices = n.devices.values().map(|d| d.aliases.len()).sum::<usize>();
+            (n.aliases.len() + devices, n.bytes)
+        });
+        let own = (own.0 - old.0 + new.0, own.1 - old.1 + new.1);
+        if own.0 > limits.max_sparkplug_aliases || own.1 > limits.max_sparkplug_bytes {
             return Err(over_limit(
                 "too_many_sparkplug_aliases",
                 format!(
-                    "this BIRTH's {taught} aliases would pass limits.max_sparkplug_aliases ({}) in all",
-                    limits.max_sparkplug_aliases
+                    "edge node {:?} would hold {} aliases, about {} bytes, alone: more than limits.max_sparkplug_aliases ({}) or the Sparkplug B share of limits.max_memory ({} bytes)",
+                    truncate(&m.key, 128),
+                    own.0,
+                    own.1,
+                    limits.max_sparkplug_aliases,
+                    limits.max_sparkplug_bytes
                 ),
             ));
+        }
+        loop {
+            let nodes = self.nodes.len() + usize::from(!self.nodes.contains_key(&m.key));
+            let fits = nodes <= limits.max_sparkplug_nodes
+                && self.aliases - old.0 + new.0 <= limits.max_sparkplug_aliases
+                && self.bytes - old.1 + new.1 <= limits.max_sparkplug_bytes;
+            if fits {
+                break;
+            }
+            let victim = self
+                .silence
+                .iter()
+                .find(|(_, k)| *k != m.key)
+                .map(|(_, k)| k.clone())
+                .expect("the node alone fits, so another is there to evict");
+            self.evict(&victim);
+            out.sparkplug.evicted += 1;
+        }
+        if !self.nodes.contains_key(&m.key) {
+            self.unborn_asked.remove(&m.key);
+            let node = Node {
+                heard_ms: msg.now_ms,
+                bytes: NODE_BYTES + m.key.len(),
+                ..Node::default()
+            };
+            self.bytes += node.bytes;
+            self.silence.insert((msg.now_ms, m.key.clone()));
+            self.nodes.insert(m.key.clone(), node);
         }
         Ok(())
     }

@@ -24,6 +24,7 @@ fn decoder(rebirth: bool) -> Decoder {
         max_sparkplug_nodes: 100,
         max_sparkplug_devices_per_node: 100,
         max_sparkplug_aliases: 10_000,
+        max_sparkplug_bytes: 64 << 20,
     };
     Decoder::new(
         vec![Subscription {
@@ -111,63 +112,126 @@ fn a_float_is_stored_as_the_shortest_decimal_of_its_f32() {
     );
 }
 
-/// BIRTHs teach at most the nodes, devices per node and aliases in all
-/// the limits allow, and no metric name longer than a field name may
-/// be; beyond, a BIRTH is refused (the state unchanged) with a cause
-/// of its own. Before, BIRTHs under ever new ids grew the state (kept
-/// in memory, rewritten whole to sparkplug.json) without bound.
+/// BIRTHs teach at most the nodes, aliases and estimated bytes in all
+/// the limits allow: beyond, the edge nodes heard from the longest ago are
+/// forgotten (evicted) to make room, so junk nodes never keep a real one
+/// out; a node that alone would pass them, or a new device beyond
+/// `max_sparkplug_devices_per_node`, is refused, the state unchanged.
+/// Before, a new node beyond the limits was refused for good (junk nodes
+/// kept their places across restarts), and a refused BIRTH of a new node
+/// left it behind, empty.
 #[test]
-fn births_teach_no_more_than_the_limits() {
+fn births_teach_no_more_than_the_limits_and_evict_the_longest_silent() {
+    let cause = |out: &crate::decode::Decoded| out.errors.first().map(|e| e.cause());
+    let at = |s: i64| NOW + s * 1000;
     let mut d = decoder(false);
     d.limits.max_sparkplug_nodes = 2;
     d.limits.max_sparkplug_devices_per_node = 1;
-    let cause = |out: &crate::decode::Decoded| out.errors.first().map(|e| e.cause());
     assert_eq!(
-        cause(&d.decode("spBv1.0/G/NBIRTH/N1", &nbirth(0), NOW)),
+        cause(&d.decode("spBv1.0/G/NBIRTH/N1", &nbirth(0), at(0))),
         None
     );
     assert_eq!(
-        cause(&d.decode("spBv1.0/G/NBIRTH/N2", &nbirth(0), NOW)),
+        cause(&d.decode("spBv1.0/G/NBIRTH/N2", &nbirth(0), at(2))),
+        None
+    );
+    // N1 speaks again: N2 is now the longest silent.
+    let data = payload(
+        1,
+        vec![metric(None, 1, DataType::Float, Value::FloatValue(1.0))],
+    );
+    assert_eq!(cause(&d.decode("spBv1.0/G/NDATA/N1", &data, at(4))), None);
+    let third = d.decode("spBv1.0/G/NBIRTH/N3", &nbirth(0), at(6));
+    assert_eq!(cause(&third), None);
+    assert_eq!(third.sparkplug.evicted, 1);
+    assert!(third.sparkplug.state_changed);
+    assert_eq!(d.sparkplug_state().size().0, 2);
+    // N2 was forgotten: its DATA cannot be named.
+    let out = d.decode("spBv1.0/G/NDATA/N2", &data, at(7));
+    assert_eq!(cause(&out), Some("unknown_alias"));
+    assert_eq!(cause(&d.decode("spBv1.0/G/NDATA/N1", &data, at(7))), None);
+    assert_eq!(
+        cause(&d.decode("spBv1.0/G/DBIRTH/N1/D1", &nbirth(0), at(8))),
         None
     );
     assert_eq!(
-        cause(&d.decode("spBv1.0/G/NBIRTH/N3", &nbirth(0), NOW)),
-        Some("too_many_sparkplug_nodes")
-    );
-    // Born again, a known node is no new one.
-    assert_eq!(
-        cause(&d.decode("spBv1.0/G/NBIRTH/N2", &nbirth(1), NOW)),
-        None
-    );
-    assert_eq!(
-        cause(&d.decode("spBv1.0/G/DBIRTH/N1/D1", &nbirth(0), NOW)),
-        None
-    );
-    assert_eq!(
-        cause(&d.decode("spBv1.0/G/DBIRTH/N1/D2", &nbirth(0), NOW)),
+        cause(&d.decode("spBv1.0/G/DBIRTH/N1/D2", &nbirth(0), at(8))),
         Some("too_many_sparkplug_devices")
     );
-    // Three aliases per BIRTH: a third BIRTH would pass 7 in all.
+
+    // Three aliases per BIRTH, at most 7 in all.
     let mut d = decoder(false);
     d.limits.max_sparkplug_aliases = 7;
-    assert_eq!(
-        cause(&d.decode("spBv1.0/G/NBIRTH/N1", &nbirth(0), NOW)),
-        None
-    );
-    assert_eq!(
-        cause(&d.decode("spBv1.0/G/NBIRTH/N2", &nbirth(0), NOW)),
-        None
-    );
-    assert_eq!(
-        cause(&d.decode("spBv1.0/G/DBIRTH/N1/D1", &nbirth(0), NOW)),
-        Some("too_many_sparkplug_aliases")
-    );
+    d.decode("spBv1.0/G/NBIRTH/N1", &nbirth(0), at(0));
+    d.decode("spBv1.0/G/NBIRTH/N2", &nbirth(0), at(2));
     // Replacing a node's own aliases is no growth.
+    let again = d.decode("spBv1.0/G/NBIRTH/N2", &nbirth(2), at(3));
+    assert_eq!((cause(&again), again.sparkplug.evicted), (None, 0));
+    // N1's device would make 9: N2, silent the longest, goes.
+    let out = d.decode("spBv1.0/G/DBIRTH/N1/D1", &nbirth(0), at(4));
+    assert_eq!((cause(&out), out.sparkplug.evicted), (None, 1));
+    assert_eq!(d.sparkplug_state().size(), (1, 1, 6));
+    // A node that alone would pass the limit is refused, and not kept.
+    let big: Vec<proto::Metric> = (0..8)
+        .map(|a| {
+            metric(
+                Some(&format!("m{a}")),
+                a,
+                DataType::Double,
+                Value::DoubleValue(1.0),
+            )
+        })
+        .collect();
+    let out = d.decode("spBv1.0/G/NBIRTH/BIG", &payload(0, big), at(5));
+    assert_eq!(cause(&out), Some("too_many_sparkplug_aliases"));
+    assert_eq!(d.sparkplug_state().size(), (1, 1, 6), "nothing changed");
+
+    // Bytes: each node of three aliases is about 570 bytes here.
+    let mut d = decoder(false);
+    d.limits.max_sparkplug_bytes = 2_000;
+    for n in 0..10 {
+        let out = d.decode(&format!("spBv1.0/G/NBIRTH/N{n}"), &nbirth(0), at(n));
+        assert_eq!(cause(&out), None, "N{n}");
+        let state = d.sparkplug_state();
+        assert!(state.bytes() <= 2_000, "{} after N{n}", state.bytes());
+    }
+    let (nodes, _, _) = d.sparkplug_state().size();
+    assert_eq!(nodes, 3, "{} bytes", d.sparkplug_state().bytes());
+    // The newest three stayed.
+    for n in 7..10 {
+        let out = d.decode(&format!("spBv1.0/G/NDATA/N{n}"), &data, at(20));
+        assert_eq!(cause(&out), None, "N{n}");
+    }
+    let saved = load(&save(d.sparkplug_state())).unwrap();
     assert_eq!(
-        cause(&d.decode("spBv1.0/G/NBIRTH/N1", &nbirth(2), NOW)),
-        None
+        saved.bytes(),
+        d.sparkplug_state().bytes(),
+        "recounted at load"
     );
-    assert_eq!(d.sparkplug_state().size(), (2, 0, 6));
+    let out = d.decode(
+        "spBv1.0/G/NBIRTH/N1",
+        &payload(
+            0,
+            (0..30)
+                .map(|a| {
+                    metric(
+                        Some(&format!("metric{a}")),
+                        a,
+                        DataType::Double,
+                        Value::DoubleValue(1.0),
+                    )
+                })
+                .collect(),
+        ),
+        at(21),
+    );
+    assert_eq!(
+        cause(&out),
+        Some("too_many_sparkplug_aliases"),
+        "alone over the bytes"
+    );
+    assert_eq!(d.sparkplug_state().size().0, 3, "and not kept");
+
     // A name too long for a field is not learnt.
     let mut d = decoder(false);
     d.limits.max_field_name_length = 5;
@@ -527,5 +591,35 @@ proptest! {
         let mut d = decoder(true);
         let topic = if kind.starts_with('D') { format!("spBv1.0/G/{kind}/N/D") } else { format!("spBv1.0/G/{kind}/N") };
         let _ = d.decode(&topic, &bytes, NOW);
+    }
+
+    /// Whatever BIRTHs, DATA and DEATHs come, under small limits, the
+    /// counts kept up to date are the state's own, and within the limits.
+    #[test]
+    fn the_counts_kept_are_the_states_own(steps in proptest::collection::vec((0..6usize, 0..4u8, 0..3u8, 0..6u64, 0..40i64), 1..60)) {
+        let mut d = decoder(true);
+        d.limits.max_sparkplug_nodes = 4;
+        d.limits.max_sparkplug_devices_per_node = 2;
+        d.limits.max_sparkplug_aliases = 20;
+        d.limits.max_sparkplug_bytes = 3_000;
+        for (node, kind, device, aliases, second) in steps {
+            let metrics: Vec<proto::Metric> = (0..aliases)
+                .map(|a| metric(Some(&format!("m{a}")), a, DataType::Double, Value::DoubleValue(1.0)))
+                .collect();
+            let body = payload(0, metrics);
+            let topic = match kind {
+                0 => format!("spBv1.0/G/NBIRTH/N{node}"),
+                1 => format!("spBv1.0/G/DBIRTH/N{node}/D{device}"),
+                2 => format!("spBv1.0/G/NDATA/N{node}"),
+                _ => format!("spBv1.0/G/NDEATH/N{node}"),
+            };
+            let _ = d.decode(&topic, &body, NOW + second * 1000);
+            let state = d.sparkplug_state();
+            let recounted = load(&save(state)).unwrap();
+            prop_assert_eq!(state.bytes(), recounted.bytes());
+            prop_assert_eq!(state.aliases, recounted.aliases);
+            prop_assert_eq!(state.silence.len(), state.nodes.len());
+            prop_assert!(state.bytes() <= 3_000 && state.aliases <= 20 && state.nodes.len() <= 4);
+        }
     }
 }
