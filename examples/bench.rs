@@ -106,6 +106,11 @@ enum Cli {
     /// database stopped for a while with both flowing: palletd's RSS and
     /// the dead letters' bytes in the spool against their budgets.
     Hostile(HostileArgs),
+    /// A flood of Sparkplug B BIRTHs under ever new edge nodes and devices
+    /// (1,000 x 1,000 by default): palletd's peak RSS against its RSS
+    /// before the flood (the yardstick) and the state's budget, the nodes
+    /// forgotten, and whether a node born after the flood is stored.
+    SparkplugFlood(SparkplugFloodArgs),
     /// History arriving late: years of hourly readings of a few weather
     /// stations published as fast as the broker takes them, window 1h
     /// (every reading its own bucket), rollups off and then 1h + 1d + 7d,
@@ -226,6 +231,21 @@ struct BackfillArgs {
     /// Hours of history per station, one reading an hour (a year: 8,760).
     #[arg(long, default_value_t = 8760)]
     hours: usize,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(clap::Args)]
+struct SparkplugFloodArgs {
+    /// Edge nodes, each with an NBIRTH.
+    #[arg(long, default_value_t = 1000)]
+    nodes: usize,
+    /// Devices per node, each with a DBIRTH of three metrics.
+    #[arg(long, default_value_t = 1000)]
+    devices: usize,
+    /// palletd's limits.max_memory (the state may take an eighth).
+    #[arg(long, default_value = "256MiB")]
+    max_memory: String,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -425,6 +445,7 @@ fn main() -> anyhow::Result<()> {
         Cli::Windows(args) => windows(args),
         Cli::Closer(args) => closer(args),
         Cli::Hostile(args) => hostile(args),
+        Cli::SparkplugFlood(args) => sparkplug_flood(args),
         Cli::LiveRollups(args) => live_rollups(args),
         Cli::Soak(args) => soak(args),
         Cli::Replay(args) => replay(args),
@@ -2254,6 +2275,292 @@ fn sample_peaks(
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// See [`Cli::SparkplugFlood`].
+fn sparkplug_flood(args: SparkplugFloodArgs) -> anyhow::Result<()> {
+    use palletd::decode::sparkplug::{proto, DataType};
+    use prost::Message as _;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let svc = Services::start(&args.run)?;
+    let sink = start_sink_with(
+        &args.run,
+        "buckets",
+        &svc,
+        &svc.mongodb_uri(),
+        "",
+        "",
+        &format!(
+            "[[subscription]]\ntopic = \"spBv1.0/#\"\nformat = \"sparkplug_b\"\n\n\
+             [limits]\nmax_memory = \"{}\"\nmax_sparkplug_nodes = 1000000\n",
+            args.max_memory
+        ),
+    )?;
+    let (pid, port) = (sink.pids()[0], sink.procs[0].1);
+    let budget = palletd::config::parse(
+        &format!(
+            "[mqtt]\nurl = \"mqtt://x\"\nclient_id = \"x\"\n[mongodb]\nuri = \"mongodb://x\"\ndatabase = \"x\"\n\
+             [[subscription]]\ntopic = \"spBv1.0/#\"\nformat = \"sparkplug_b\"\n[limits]\nmax_memory = \"{}\"\n",
+            args.max_memory
+        ),
+        None,
+    )
+    .map_err(|e| anyhow::anyhow!("{e:?}"))?
+    .limits
+    .split()
+    .sparkplug;
+    let rss_now = || {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    let metric = |name: &str, alias: u64, t: DataType, v: proto::metric::Value| proto::Metric {
+        name: Some(name.into()),
+        alias: Some(alias),
+        datatype: Some(t as u32),
+        value: Some(v),
+        ..Default::default()
+    };
+    let payload = |seq: u64, metrics: Vec<proto::Metric>| {
+        proto::Payload {
+            timestamp: Some(chrono::Utc::now().timestamp_millis() as u64),
+            seq: Some(seq % 256),
+            metrics,
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    let nbirth = payload(
+        0,
+        vec![metric(
+            "bdSeq",
+            0,
+            DataType::Int64,
+            proto::metric::Value::LongValue(0),
+        )],
+    );
+    let dbirth = |seq: u64| {
+        let metrics = ["temperature", "humidity", "pressure"]
+            .iter()
+            .enumerate()
+            .map(|(k, n)| {
+                metric(
+                    n,
+                    1 + k as u64,
+                    DataType::Double,
+                    proto::metric::Value::DoubleValue(1.0),
+                )
+            })
+            .collect();
+        payload(seq, metrics)
+    };
+    let rt = tokio::runtime::Runtime::new()?;
+    let client = rt.block_on(async {
+        let mut opts = MqttOptions::new("bench-flood", "127.0.0.1", svc.broker_port);
+        opts.set_inflight(100);
+        opts.set_keep_alive(Duration::from_secs(30));
+        let (client, mut eventloop) = AsyncClient::new(opts, 1000);
+        tokio::spawn(async move { while eventloop.poll().await.is_ok() {} });
+        client
+    });
+    let births = |prefix: &str| {
+        let client = client.clone();
+        let (prefix, nbirth) = (prefix.to_string(), nbirth.clone());
+        let (nodes, devices) = (args.nodes, args.devices);
+        rt.block_on(async move {
+            for n in 0..nodes {
+                let node = format!("{prefix}{n:05}");
+                client
+                    .publish(
+                        format!("spBv1.0/flood/NBIRTH/{node}"),
+                        QoS::AtLeastOnce,
+                        false,
+                        nbirth.clone(),
+                    )
+                    .await?;
+                for d in 0..devices {
+                    let topic = format!("spBv1.0/flood/DBIRTH/{node}/d{d:04}");
+                    client
+                        .publish(topic, QoS::AtLeastOnce, false, dbirth(1 + d as u64))
+                        .await?;
+                }
+            }
+            anyhow::Ok(())
+        })
+    };
+    let dbirths = |port: u16| {
+        http_get(port, "/metrics")
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("palletd_sparkplug_messages_total{type=\"DBIRTH\"}"))
+            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let wait_for = |n: f64| -> anyhow::Result<f64> {
+        let started = Instant::now();
+        while dbirths(port) < n {
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(3600),
+                "the flood was not taken in an hour"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(started.elapsed().as_secs_f64())
+    };
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (peak, stop) = (peak.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                    .unwrap_or_default()
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                    .map_or(0, |kb| kb * 1024);
+                peak.fetch_max(rss, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    // The yardstick: one node of the same shape, then RSS at rest.
+    eprintln!("== a first node of {} devices", args.devices);
+    {
+        let client = client.clone();
+        let nbirth = nbirth.clone();
+        let devices = args.devices;
+        rt.block_on(async move {
+            client
+                .publish(
+                    "spBv1.0/flood/NBIRTH/first",
+                    QoS::AtLeastOnce,
+                    false,
+                    nbirth,
+                )
+                .await?;
+            for d in 0..devices {
+                client
+                    .publish(
+                        format!("spBv1.0/flood/DBIRTH/first/d{d:04}"),
+                        QoS::AtLeastOnce,
+                        false,
+                        dbirth(1 + d as u64),
+                    )
+                    .await?;
+            }
+            anyhow::Ok(())
+        })?;
+    }
+    wait_for(args.devices as f64)?;
+    std::thread::sleep(Duration::from_secs(5));
+    let rest = rss_now();
+    peak.store(0, Ordering::Relaxed);
+    let cpu_before = cpu_of(pid);
+    eprintln!("== flood: {} nodes x {} devices", args.nodes, args.devices);
+    let started = Instant::now();
+    births("n")?;
+    let published_s = started.elapsed().as_secs_f64();
+    let taken_s = wait_for((args.devices * (args.nodes + 1)) as f64)? + published_s;
+    let cpu = cpu_of(pid) - cpu_before;
+    let evicted = counter_sum(port, palletd::telemetry::SPARKPLUG_EVICTED);
+    let state = http_get(port, "/metrics")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("palletd_memory_bytes{part=\"sparkplug\"}"))
+        .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    // A real node after the flood: its DATA must be stored by name.
+    let unknown_before = counter_sum(port, palletd::telemetry::DEAD_LETTERS);
+    rt.block_on(async {
+        client
+            .publish(
+                "spBv1.0/site/NBIRTH/line1",
+                QoS::AtLeastOnce,
+                false,
+                nbirth.clone(),
+            )
+            .await?;
+        client
+            .publish(
+                "spBv1.0/site/DBIRTH/line1/press",
+                QoS::AtLeastOnce,
+                false,
+                dbirth(1),
+            )
+            .await?;
+        let data = proto::Payload {
+            timestamp: Some(chrono::Utc::now().timestamp_millis() as u64),
+            seq: Some(2),
+            metrics: vec![proto::Metric {
+                alias: Some(1),
+                value: Some(proto::metric::Value::DoubleValue(42.5)),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        client
+            .publish(
+                "spBv1.0/site/DDATA/line1/press",
+                QoS::AtLeastOnce,
+                false,
+                data,
+            )
+            .await?;
+        anyhow::Ok(())
+    })?;
+    let uri = svc.mongodb_uri();
+    let stored = rt.block_on(async {
+        let db = mongodb::Client::with_uri_str(&uri).await?.database("bench");
+        let coll = db.collection::<bson::Document>("readings");
+        let started = Instant::now();
+        loop {
+            let found = coll
+                .find_one(
+                    bson::doc! { "sensorId": "site:line1:press", "samples.temperature": 42.5 },
+                )
+                .await?;
+            if found.is_some() || started.elapsed() > Duration::from_secs(120) {
+                return anyhow::Ok(found.is_some());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })?;
+    let unknown_after = counter_sum(port, palletd::telemetry::DEAD_LETTERS);
+    stop.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    let births_total = (args.nodes * (args.devices + 1)) as f64;
+    let row = json!({
+        "nodes": args.nodes,
+        "devices_per_node": args.devices,
+        "max_memory": args.max_memory,
+        "state_budget_mb": budget as f64 / 1e6,
+        "state_estimated_mb": state / 1e6,
+        "rss_at_rest_mb": rest as f64 / 1e6,
+        "peak_rss_mb": peak.load(Ordering::Relaxed) as f64 / 1e6,
+        "growth_over_budget": (peak.load(Ordering::Relaxed) as f64 - rest as f64) / budget as f64,
+        "nodes_evicted": evicted,
+        "births_per_s": births_total / taken_s,
+        "cpu_us_per_birth": cpu.as_secs_f64() * 1e6 / births_total,
+        "new_node_stored": stored,
+        "dead_letters_meanwhile": unknown_after - unknown_before,
+    });
+    println!("{}", serde_json::to_string_pretty(&row)?);
+    let path = args.run.out.join(format!(
+        "sparkplug-flood-{}.json",
+        chrono::Utc::now().format("%Y-%m-%dT%H%M%SZ")
+    ));
+    std::fs::create_dir_all(&args.run.out)?;
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&json!({"machine": machine(), "result": row}))?,
+    )?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
 }
 
 /// A counter's value summed over its labels.
