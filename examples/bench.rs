@@ -2277,26 +2277,21 @@ fn sample_peaks(
     }
 }
 
-/// See [`Cli::SparkplugFlood`].
+/// See [`Cli::SparkplugFlood`]. Every DBIRTH is also a reading of a new
+/// sensor (its `_state`), which costs palletd what any new sensor costs;
+/// the yardstick, in the same run on fresh services, is the same number of
+/// one-reading JSON messages under the same sensor ids, so the difference
+/// in peak RSS is what the Sparkplug B state costs.
 fn sparkplug_flood(args: SparkplugFloodArgs) -> anyhow::Result<()> {
-    use palletd::decode::sparkplug::{proto, DataType};
-    use prost::Message as _;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let svc = Services::start(&args.run)?;
-    let sink = start_sink_with(
-        &args.run,
-        "buckets",
-        &svc,
-        &svc.mongodb_uri(),
-        "",
-        "",
-        &format!(
-            "[[subscription]]\ntopic = \"spBv1.0/#\"\nformat = \"sparkplug_b\"\n\n\
-             [limits]\nmax_memory = \"{}\"\nmax_sparkplug_nodes = 1000000\n",
+    use std::sync::atomic::Ordering;
+    // The `[limits]` keys of this scenario, through the sinks' hook for them.
+    std::env::set_var(
+        "BENCH_PALLETD_LIMITS",
+        format!(
+            "max_memory = \"{}\"\nmax_sparkplug_nodes = 1000000\n",
             args.max_memory
         ),
-    )?;
-    let (pid, port) = (sink.pids()[0], sink.procs[0].1);
+    );
     let budget = palletd::config::parse(
         &format!(
             "[mqtt]\nurl = \"mqtt://x\"\nclient_id = \"x\"\n[mongodb]\nuri = \"mongodb://x\"\ndatabase = \"x\"\n\
@@ -2309,14 +2304,190 @@ fn sparkplug_flood(args: SparkplugFloodArgs) -> anyhow::Result<()> {
     .limits
     .split()
     .sparkplug;
-    let rss_now = || {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
+    let births = (args.nodes * (args.devices + 1)) as u64;
+    let mut rows = Vec::new();
+    for kind in ["sparkplug", "json"] {
+        let svc = Services::start(&args.run)?;
+        let sink = start_sink(
+            &args.run,
+            if kind == "json" { "buckets" } else { kind },
+            &svc,
+        )?;
+        let (pid, port) = (sink.pids()[0], sink.procs[0].1);
+        let rt = tokio::runtime::Runtime::new()?;
+        let client = rt.block_on(async {
+            let mut opts = MqttOptions::new("bench-flood", "127.0.0.1", svc.broker_port);
+            opts.set_inflight(100);
+            opts.set_keep_alive(Duration::from_secs(30));
+            let (client, mut eventloop) = AsyncClient::new(opts, 1000);
+            tokio::spawn(async move { while eventloop.poll().await.is_ok() {} });
+            client
+        });
+        let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        // The buffers' bytes (limits.max_memory's parts but the state's).
+        let buffers = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sampler = {
+            let (peak, buffers, stop) = (peak.clone(), buffers.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    peak.fetch_max(rss_of(pid), Ordering::Relaxed);
+                    let held: f64 = http_get(port, "/metrics")
+                        .unwrap_or_default()
+                        .lines()
+                        .filter(|l| l.starts_with(palletd::telemetry::MEMORY_BYTES))
+                        .filter(|l| !l.contains("sparkplug"))
+                        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+                        .sum();
+                    buffers.fetch_max(held as u64, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            })
+        };
+        let taken = || match kind {
+            "json" => counter_sum(port, palletd::telemetry::MESSAGES_RECEIVED),
+            _ => counter_sum(port, palletd::telemetry::SPARKPLUG_MESSAGES),
+        };
+        let wait_for = |n: f64| -> anyhow::Result<f64> {
+            let started = Instant::now();
+            while taken() < n {
+                anyhow::ensure!(
+                    started.elapsed() < Duration::from_secs(3600),
+                    "the flood was not taken in an hour"
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Ok(started.elapsed().as_secs_f64())
+        };
+        let flood = |prefix: String, nodes: usize| {
+            let client = client.clone();
+            let devices = args.devices;
+            rt.block_on(async move {
+                for n in 0..nodes {
+                    let node = format!("{prefix}{n:05}");
+                    for (topic, payload) in flood_node(kind, &node, devices) {
+                        client
+                            .publish(topic, QoS::AtLeastOnce, false, payload)
+                            .await?;
+                    }
+                }
+                anyhow::Ok(())
+            })
+        };
+        // One node of the shape, then the RSS at rest.
+        flood("first".into(), 1)?;
+        wait_for((args.devices + 1) as f64)?;
+        std::thread::sleep(Duration::from_secs(5));
+        let rest = rss_of(pid);
+        peak.store(0, Ordering::Relaxed);
+        buffers.store(0, Ordering::Relaxed);
+        let cpu_before = cpu_of(pid);
+        eprintln!("== {kind}: {} nodes x {} devices", args.nodes, args.devices);
+        let started = Instant::now();
+        flood("n".into(), args.nodes)?;
+        wait_for((births + args.devices as u64 + 1) as f64)?;
+        let secs = started.elapsed().as_secs_f64();
+        // What was received is being written: the peak may come after.
+        std::thread::sleep(Duration::from_secs(5));
+        let cpu = cpu_of(pid) - cpu_before;
+        let mut row = json!({
+            "kind": kind,
+            "rss_at_rest_mb": rest as f64 / 1e6,
+            "peak_rss_mb": peak.load(Ordering::Relaxed) as f64 / 1e6,
+            "peak_buffers_mb": buffers.load(Ordering::Relaxed) as f64 / 1e6,
+            "messages_per_s": births as f64 / secs,
+            "cpu_us_per_message": cpu.as_secs_f64() * 1e6 / births as f64,
+        });
+        if kind == "sparkplug" {
+            let state = http_get(port, "/metrics")
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.starts_with("palletd_memory_bytes{part=\"sparkplug\"}"))
+                .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+                .unwrap_or(0.0);
+            // A node born after the flood: its DATA decodes by alias (its
+            // new sensor may still be refused by limits.max_sensors, which
+            // the flood's sensors filled: that is not the state's doing).
+            let unknown = || {
+                http_get(port, "/metrics")
+                    .unwrap_or_default()
+                    .lines()
+                    .find(|l| l.starts_with("palletd_dead_letters_total{cause=\"unknown_alias\"}"))
+                    .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            let before = (unknown(), taken());
+            for (topic, payload) in flood_node(kind, "line1", 1) {
+                rt.block_on(client.publish(
+                    topic.replace("/flood/", "/site/"),
+                    QoS::AtLeastOnce,
+                    false,
+                    payload,
+                ))?;
+            }
+            let data = flood_data(7.5);
+            rt.block_on(client.publish(
+                "spBv1.0/site/DDATA/line1/d0000",
+                QoS::AtLeastOnce,
+                false,
+                data,
+            ))?;
+            wait_for(before.1 + 3.0)?;
+            row["state_budget_mb"] = json!(budget as f64 / 1e6);
+            row["state_estimated_mb"] = json!(state / 1e6);
+            row["nodes_evicted"] = json!(counter_sum(port, palletd::telemetry::SPARKPLUG_EVICTED));
+            row["new_node_decoded"] = json!(unknown() == before.0);
+        }
+        stop.store(true, Ordering::Relaxed);
+        let _ = sampler.join();
+        eprintln!("  {row}");
+        rows.push(row);
+    }
+    let growth = |r: &serde_json::Value| {
+        r["peak_rss_mb"].as_f64().unwrap_or(0.0) - r["rss_at_rest_mb"].as_f64().unwrap_or(0.0)
     };
+    let state_mb = growth(&rows[0]) - growth(&rows[1]);
+    let result = json!({
+        "nodes": args.nodes,
+        "devices_per_node": args.devices,
+        "max_memory": args.max_memory,
+        "runs": rows,
+        "state_rss_mb": state_mb,
+        "state_rss_over_budget": state_mb * 1e6 / budget as f64,
+    });
+    println!("{}", serde_json::to_string_pretty(&result)?);
+    let path = args.run.out.join(format!(
+        "sparkplug-flood-{}.json",
+        chrono::Utc::now().format("%Y-%m-%dT%H%M%SZ")
+    ));
+    std::fs::create_dir_all(&args.run.out)?;
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&json!({"machine": machine(), "result": result}))?,
+    )?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+/// One node's messages of the flood: for `sparkplug` an NBIRTH and a
+/// DBIRTH of three metrics per device; for `json` one message per device
+/// sensor with the same three fields, and one for the node.
+fn flood_node(kind: &str, node: &str, devices: usize) -> Vec<(String, Vec<u8>)> {
+    use palletd::decode::sparkplug::{proto, DataType};
+    use prost::Message as _;
+    let now = chrono::Utc::now().timestamp_millis();
+    if kind == "json" {
+        let one = |sensor: String| {
+            let body = json!({"ts": now, "temperature": 1.0, "humidity": 1.0, "pressure": 1.0});
+            (
+                format!("bench/{sensor}/data"),
+                body.to_string().into_bytes(),
+            )
+        };
+        return std::iter::once(one(format!("flood:{node}")))
+            .chain((0..devices).map(|d| one(format!("flood:{node}:d{d:04}"))))
+            .collect();
+    }
     let metric = |name: &str, alias: u64, t: DataType, v: proto::metric::Value| proto::Metric {
         name: Some(name.into()),
         alias: Some(alias),
@@ -2326,23 +2497,24 @@ fn sparkplug_flood(args: SparkplugFloodArgs) -> anyhow::Result<()> {
     };
     let payload = |seq: u64, metrics: Vec<proto::Metric>| {
         proto::Payload {
-            timestamp: Some(chrono::Utc::now().timestamp_millis() as u64),
+            timestamp: Some(now as u64),
             seq: Some(seq % 256),
             metrics,
             ..Default::default()
         }
         .encode_to_vec()
     };
-    let nbirth = payload(
+    let bd_seq = metric(
+        "bdSeq",
         0,
-        vec![metric(
-            "bdSeq",
-            0,
-            DataType::Int64,
-            proto::metric::Value::LongValue(0),
-        )],
+        DataType::Int64,
+        proto::metric::Value::LongValue(0),
     );
-    let dbirth = |seq: u64| {
+    let mut out = vec![(
+        format!("spBv1.0/flood/NBIRTH/{node}"),
+        payload(0, vec![bd_seq]),
+    )];
+    for d in 0..devices {
         let metrics = ["temperature", "humidity", "pressure"]
             .iter()
             .enumerate()
@@ -2355,212 +2527,41 @@ fn sparkplug_flood(args: SparkplugFloodArgs) -> anyhow::Result<()> {
                 )
             })
             .collect();
-        payload(seq, metrics)
-    };
-    let rt = tokio::runtime::Runtime::new()?;
-    let client = rt.block_on(async {
-        let mut opts = MqttOptions::new("bench-flood", "127.0.0.1", svc.broker_port);
-        opts.set_inflight(100);
-        opts.set_keep_alive(Duration::from_secs(30));
-        let (client, mut eventloop) = AsyncClient::new(opts, 1000);
-        tokio::spawn(async move { while eventloop.poll().await.is_ok() {} });
-        client
-    });
-    let births = |prefix: &str| {
-        let client = client.clone();
-        let (prefix, nbirth) = (prefix.to_string(), nbirth.clone());
-        let (nodes, devices) = (args.nodes, args.devices);
-        rt.block_on(async move {
-            for n in 0..nodes {
-                let node = format!("{prefix}{n:05}");
-                client
-                    .publish(
-                        format!("spBv1.0/flood/NBIRTH/{node}"),
-                        QoS::AtLeastOnce,
-                        false,
-                        nbirth.clone(),
-                    )
-                    .await?;
-                for d in 0..devices {
-                    let topic = format!("spBv1.0/flood/DBIRTH/{node}/d{d:04}");
-                    client
-                        .publish(topic, QoS::AtLeastOnce, false, dbirth(1 + d as u64))
-                        .await?;
-                }
-            }
-            anyhow::Ok(())
-        })
-    };
-    let dbirths = |port: u16| {
-        http_get(port, "/metrics")
-            .unwrap_or_default()
-            .lines()
-            .find(|l| l.starts_with("palletd_sparkplug_messages_total{type=\"DBIRTH\"}"))
-            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    let wait_for = |n: f64| -> anyhow::Result<f64> {
-        let started = Instant::now();
-        while dbirths(port) < n {
-            anyhow::ensure!(
-                started.elapsed() < Duration::from_secs(3600),
-                "the flood was not taken in an hour"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        Ok(started.elapsed().as_secs_f64())
-    };
-    let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (peak, stop) = (peak.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
-                    .unwrap_or_default()
-                    .lines()
-                    .find_map(|l| l.strip_prefix("VmRSS:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-                    .map_or(0, |kb| kb * 1024);
-                peak.fetch_max(rss, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-    };
-    // The yardstick: one node of the same shape, then RSS at rest.
-    eprintln!("== a first node of {} devices", args.devices);
-    {
-        let client = client.clone();
-        let nbirth = nbirth.clone();
-        let devices = args.devices;
-        rt.block_on(async move {
-            client
-                .publish(
-                    "spBv1.0/flood/NBIRTH/first",
-                    QoS::AtLeastOnce,
-                    false,
-                    nbirth,
-                )
-                .await?;
-            for d in 0..devices {
-                client
-                    .publish(
-                        format!("spBv1.0/flood/DBIRTH/first/d{d:04}"),
-                        QoS::AtLeastOnce,
-                        false,
-                        dbirth(1 + d as u64),
-                    )
-                    .await?;
-            }
-            anyhow::Ok(())
-        })?;
+        out.push((
+            format!("spBv1.0/flood/DBIRTH/{node}/d{d:04}"),
+            payload(1 + d as u64, metrics),
+        ));
     }
-    wait_for(args.devices as f64)?;
-    std::thread::sleep(Duration::from_secs(5));
-    let rest = rss_now();
-    peak.store(0, Ordering::Relaxed);
-    let cpu_before = cpu_of(pid);
-    eprintln!("== flood: {} nodes x {} devices", args.nodes, args.devices);
-    let started = Instant::now();
-    births("n")?;
-    let published_s = started.elapsed().as_secs_f64();
-    let taken_s = wait_for((args.devices * (args.nodes + 1)) as f64)? + published_s;
-    let cpu = cpu_of(pid) - cpu_before;
-    let evicted = counter_sum(port, palletd::telemetry::SPARKPLUG_EVICTED);
-    let state = http_get(port, "/metrics")
+    out
+}
+
+/// A DDATA of the flood's first metric (alias 1) by alias.
+fn flood_data(x: f64) -> Vec<u8> {
+    use palletd::decode::sparkplug::proto;
+    use prost::Message as _;
+    let ts = chrono::Utc::now().timestamp_millis() as u64;
+    proto::Payload {
+        timestamp: Some(ts),
+        seq: Some(2),
+        metrics: vec![proto::Metric {
+            alias: Some(1),
+            timestamp: Some(ts),
+            value: Some(proto::metric::Value::DoubleValue(x)),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// The resident set size of a process now, in bytes.
+fn rss_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find(|l| l.starts_with("palletd_memory_bytes{part=\"sparkplug\"}"))
-        .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    // A real node after the flood: its DATA must be stored by name.
-    let unknown_before = counter_sum(port, palletd::telemetry::DEAD_LETTERS);
-    rt.block_on(async {
-        client
-            .publish(
-                "spBv1.0/site/NBIRTH/line1",
-                QoS::AtLeastOnce,
-                false,
-                nbirth.clone(),
-            )
-            .await?;
-        client
-            .publish(
-                "spBv1.0/site/DBIRTH/line1/press",
-                QoS::AtLeastOnce,
-                false,
-                dbirth(1),
-            )
-            .await?;
-        let data = proto::Payload {
-            timestamp: Some(chrono::Utc::now().timestamp_millis() as u64),
-            seq: Some(2),
-            metrics: vec![proto::Metric {
-                alias: Some(1),
-                value: Some(proto::metric::Value::DoubleValue(42.5)),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }
-        .encode_to_vec();
-        client
-            .publish(
-                "spBv1.0/site/DDATA/line1/press",
-                QoS::AtLeastOnce,
-                false,
-                data,
-            )
-            .await?;
-        anyhow::Ok(())
-    })?;
-    let uri = svc.mongodb_uri();
-    let stored = rt.block_on(async {
-        let db = mongodb::Client::with_uri_str(&uri).await?.database("bench");
-        let coll = db.collection::<bson::Document>("readings");
-        let started = Instant::now();
-        loop {
-            let found = coll
-                .find_one(
-                    bson::doc! { "sensorId": "site:line1:press", "samples.temperature": 42.5 },
-                )
-                .await?;
-            if found.is_some() || started.elapsed() > Duration::from_secs(120) {
-                return anyhow::Ok(found.is_some());
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })?;
-    let unknown_after = counter_sum(port, palletd::telemetry::DEAD_LETTERS);
-    stop.store(true, Ordering::Relaxed);
-    let _ = sampler.join();
-    let births_total = (args.nodes * (args.devices + 1)) as f64;
-    let row = json!({
-        "nodes": args.nodes,
-        "devices_per_node": args.devices,
-        "max_memory": args.max_memory,
-        "state_budget_mb": budget as f64 / 1e6,
-        "state_estimated_mb": state / 1e6,
-        "rss_at_rest_mb": rest as f64 / 1e6,
-        "peak_rss_mb": peak.load(Ordering::Relaxed) as f64 / 1e6,
-        "growth_over_budget": (peak.load(Ordering::Relaxed) as f64 - rest as f64) / budget as f64,
-        "nodes_evicted": evicted,
-        "births_per_s": births_total / taken_s,
-        "cpu_us_per_birth": cpu.as_secs_f64() * 1e6 / births_total,
-        "new_node_stored": stored,
-        "dead_letters_meanwhile": unknown_after - unknown_before,
-    });
-    println!("{}", serde_json::to_string_pretty(&row)?);
-    let path = args.run.out.join(format!(
-        "sparkplug-flood-{}.json",
-        chrono::Utc::now().format("%Y-%m-%dT%H%M%SZ")
-    ));
-    std::fs::create_dir_all(&args.run.out)?;
-    std::fs::write(
-        &path,
-        serde_json::to_string_pretty(&json!({"machine": machine(), "result": row}))?,
-    )?;
-    eprintln!("wrote {}", path.display());
-    Ok(())
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// A counter's value summed over its labels.

@@ -186,14 +186,14 @@ fn births_teach_no_more_than_the_limits_and_evict_the_longest_silent() {
     assert_eq!(cause(&out), Some("too_many_sparkplug_aliases"));
     assert_eq!(d.sparkplug_state().size(), (1, 1, 6), "nothing changed");
 
-    // Bytes: each node of three aliases is about 570 bytes here.
+    // Bytes: each node of three aliases is 820 bytes here.
     let mut d = decoder(false);
-    d.limits.max_sparkplug_bytes = 2_000;
+    d.limits.max_sparkplug_bytes = 2_500;
     for n in 0..10 {
         let out = d.decode(&format!("spBv1.0/G/NBIRTH/N{n}"), &nbirth(0), at(n));
         assert_eq!(cause(&out), None, "N{n}");
         let state = d.sparkplug_state();
-        assert!(state.bytes() <= 2_000, "{} after N{n}", state.bytes());
+        assert!(state.bytes() <= 2_500, "{} after N{n}", state.bytes());
     }
     let (nodes, _, _) = d.sparkplug_state().size();
     assert_eq!(nodes, 3, "{} bytes", d.sparkplug_state().bytes());
