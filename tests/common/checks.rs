@@ -209,11 +209,25 @@ pub async fn assert_exactly_once(
     within: Duration,
 ) {
     // Every reading seen, not a count reached: a scan while buckets grow
-    // may see one twice.
-    eventually(within, "every published reading stored", || async {
-        let stored = stored_counts(client, db).await;
-        sent.iter().all(|k| stored.contains_key(k))
-    })
+    // may see one twice. On a timeout, say which are missing.
+    let last = std::sync::Mutex::new((0, Vec::new()));
+    poll_until(
+        within,
+        || async {
+            let stored = stored_counts(client, db).await;
+            let missing: Vec<_> = sent.iter().filter(|k| !stored.contains_key(*k)).collect();
+            let shown = missing.iter().take(10).map(|k| (*k).clone()).collect();
+            *last.lock().unwrap() = (missing.len(), shown);
+            missing.is_empty()
+        },
+        || {
+            let (n, shown) = &*last.lock().unwrap();
+            format!(
+                "every published reading stored: {n} of {} missing, e.g. {shown:?}",
+                sent.len()
+            )
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let stored = stored_counts(client, db).await;
