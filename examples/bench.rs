@@ -2126,7 +2126,7 @@ fn windows(args: WindowsArgs) -> anyhow::Result<()> {
 /// device whose clock is ten years ahead (JSON, 53 KB), an object of
 /// 15,000 distinct keys (195 KB), and a Sparkplug DBIRTH of a new device
 /// with 2,000 metrics, half of them named over `max_field_name_length`
-/// (140 KB), after BIRTHs that used up `limits.max_sparkplug_aliases`.
+/// (140 KB), after 50 such BIRTHs under one node (see [`publish_hostile`]).
 struct Hostile {
     clock: Vec<u8>,
     wide: Vec<u8>,
@@ -2176,8 +2176,13 @@ impl Hostile {
 }
 
 /// Publishes hostile messages at `per_s` until `stop`, in turn; before
-/// that, an NBIRTH and the DBIRTHs that fill the alias limit (so every
-/// BIRTH after is refused). Counts what it sent by kind.
+/// that, an NBIRTH and 50 DBIRTHs of 2,000 metrics under it. Only the
+/// names short enough for a field are learnt (1,000 a device), so the
+/// node holds 50,000 aliases: the next 50 hostile DBIRTHs are taken, and
+/// every one after is refused, the node alone passing
+/// `limits.max_sparkplug_aliases` (100,000). (Before the state's budget,
+/// every metric with an alias counted and all of them were refused.)
+/// Counts what it sent by kind.
 async fn publish_hostile(
     port: u16,
     per_s: f64,
