@@ -2,8 +2,9 @@
 //! yet to read, `[from, to)`, and the rules that spare it second reads.
 //!
 //! - When the live lane falls behind ([`falls_behind`]), the range grows
-//!   to take what the live lane held and everything on disk up to the
-//!   durable end ([`Backlog::take_in`]); it stays one range (it continues
+//!   to take what the live lane held and what waits on disk up to the
+//!   records spooled within the last `behind` ([`Backlog::take_in`],
+//!   which the live lane keeps); it stays one range (it continues
 //!   where the unread one is, or starts at the live lane's oldest sample).
 //! - Of the part the live lane had read, only the samples it still held
 //!   are read again ([`Backlog::skips`]): the others are in MongoDB or
@@ -87,15 +88,16 @@ impl Backlog {
                 .any(|(from, to, pending)| (*from..*to).contains(&lsn) && !pending.contains(&lsn))
     }
 
-    /// The live lane falls back: the range takes `[live_low, durable)` (or
+    /// The live lane falls back: the range takes `[live_low, to)` (or
     /// continues from its end), where the live lane had read up to
     /// `cursor` and still held `pending`; the dead letters waiting in
-    /// memory (`deadletters`, by LSN) are not read again.
+    /// memory (`deadletters`, by LSN) are not read again. The live lane goes
+    /// on from `to` (at most the durable end).
     pub fn take_in(
         &mut self,
         live_low: u64,
         cursor: u64,
-        durable: u64,
+        to: u64,
         pending: HashSet<u64>,
         deadletters: impl Iterator<Item = u64>,
     ) {
@@ -106,13 +108,13 @@ impl Backlog {
             self.unread = 0;
             live_low
         };
-        self.unread += pending.len() as u64 + durable.saturating_sub(cursor);
+        self.unread += pending.len() as u64 + to.saturating_sub(cursor);
         if from < cursor {
             self.reread.push((from, cursor, pending));
         }
         let low = self.from;
         self.refused.extend(deadletters.filter(|l| *l >= low));
-        self.to = durable;
+        self.to = to;
     }
 }
 

@@ -14,9 +14,11 @@
 //! second. When the live lane falls behind (across an outage its oldest
 //! sample, in memory or unread on disk, waited [`Config::behind`], or more
 //! unread records piled up than half of memory), memory lets go of the live
-//! lane's samples, the backlog range grows to take them and everything on
-//! disk up to the durable end, and the live lane starts again at the newest
-//! records: live readings are written with their normal lag while the
+//! lane's samples, the backlog range grows to take them and what waits on
+//! disk, and the live lane starts again at the records spooled within the
+//! last `behind` (the spool's history of its durable end says which; the
+//! readings that arrived while the database came back are not behind):
+//! live readings are written with their normal lag while the
 //! backlog drains with the capacity left. Of the part of that range the
 //! live lane had read, only the samples it still held are read again (the
 //! others are in MongoDB or dead letters), and what it had not read is
@@ -342,6 +344,10 @@ pub struct Core {
     /// When the live lane had last read everything durable (mono ms): what
     /// waits on disk unread is at most this old.
     caught_up_ms: i64,
+    /// The durable end as it was [`Core::behind`] ago, from the spool's
+    /// history (`None`: it does not reach back that far): records from it
+    /// on are not behind, and a fall-back leaves them to the live lane.
+    recent_from: Option<u64>,
     /// Samples per record read back (to estimate the backlog on disk).
     samples_per_record: f64,
     /// Bytes per record taken in lately (to size reads by bytes).
@@ -400,6 +406,7 @@ impl Core {
             backlog_batch: policy::BACKLOG_FLUSH_MIN,
             outage: false,
             caught_up_ms: 0,
+            recent_from: None,
             samples_per_record: 0.5,
             record_bytes: 128.0,
             deadletter_bytes: 0,
@@ -487,7 +494,18 @@ impl Core {
 
     /// `behind`, or three delays while the policy stretched the delay.
     fn behind_ms(&self) -> i64 {
-        (self.config.behind.max(self.policy.delay() * 3)).as_millis() as i64
+        self.behind().as_millis() as i64
+    }
+
+    /// How long the live lane's oldest sample waits before it is behind:
+    /// `behind`, or three delays while the policy stretched the delay.
+    pub fn behind(&self) -> Duration {
+        self.config.behind.max(self.policy.delay() * 3)
+    }
+
+    /// The durable end as it was [`Core::behind`] ago (`None`: unknown).
+    pub fn set_recent_from(&mut self, lsn: Option<u64>) {
+        self.recent_from = lsn;
     }
 
     /// How long a sensor's oldest reading waits now (`flush.max_delay`, or
@@ -785,8 +803,12 @@ impl Core {
         )
     }
 
-    /// The live lane's samples and everything on disk up to the durable
-    /// end become backlog; the live lane starts again at the durable end.
+    /// The live lane's samples and the records on disk that are behind
+    /// become backlog; the live lane starts again at the first record
+    /// spooled less than [`Core::behind`] ago (at the durable end when the
+    /// spool's history does not say; at most half of memory's worth from
+    /// it). The readings that arrived while the database came back are
+    /// not behind: as backlog, they would wait for all of it.
     /// Nothing may be in flight, and the live lane must be durable.
     fn fall_back(&mut self) {
         // What the live lane read of the range and no longer holds is in
@@ -795,12 +817,22 @@ impl Core {
         let live_low = self.live.min_lsn().unwrap_or(self.cursor);
         let (pending, uncertain) = self.live.held_lsns();
         let deadletters = self.deadletters.iter().map(|d| d.0);
+        let half_memory = (self.config.max_pending / 2) as u64;
+        let to = self
+            .recent_from
+            .unwrap_or(self.durable)
+            .max(self.durable.saturating_sub(half_memory))
+            .clamp(self.cursor, self.durable);
         self.range
-            .take_in(live_low, self.cursor, self.durable, pending, deadletters);
+            .take_in(live_low, self.cursor, to, pending, deadletters);
         self.backlog.mark_uncertain(uncertain);
         let dropped = self.live.evict();
         self.outage = false;
-        self.cursor = self.durable;
+        self.cursor = to;
+        if to < self.durable {
+            // What it left on disk for the live lane is at most this old.
+            self.caught_up_ms = self.mono(self.now) - self.behind_ms();
+        }
         tracing::info!(
             samples = dropped,
             records = self.range.to().saturating_sub(self.range.from()),
@@ -825,9 +857,18 @@ impl Core {
         // backlog lane reads only durable records).
         let live_durable = self.durable >= self.cursor;
         // A flush being prepared goes on (its samples were resolved); a
-        // resolve before a fall-back goes on to the fall-back.
+        // resolve before a fall-back goes on to the fall-back, and so does
+        // a live one whose resolve met an outage that left the live lane
+        // behind (written, it would end the outage with everything that
+        // waited still ahead of new readings).
         if let Some((lane, ids)) = self.flushing.take() {
-            if !std::mem::take(&mut self.resolving_to_fall_back) {
+            let to_fall_back = std::mem::take(&mut self.resolving_to_fall_back)
+                || (lane == Lane::Live
+                    && !self.stopping
+                    && live_durable
+                    && self.outage
+                    && self.live_behind(self.mono(now)));
+            if !to_fall_back {
                 return self.flush_or_wait(lane, ids, live_durable || lane == Lane::Backlog, now);
             }
         }

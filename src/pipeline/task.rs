@@ -199,6 +199,8 @@ impl Task {
     fn publish(&mut self) {
         let core = &mut self.core;
         core.set_durable(self.spool.durable());
+        let behind = Instant::now().checked_sub(core.behind());
+        core.set_recent_from(behind.and_then(|t| self.spool.durable_as_of(t)));
         self.gauges.pending.set(core.unwritten() as f64);
         self.gauges.pending_bytes.set(core.held_bytes() as f64);
         self.gauges.delay.set(core.delay().as_secs_f64());
@@ -413,6 +415,7 @@ impl Task {
             );
         }
         debug!(
+            lane = ?report.lane,
             statements = report.statements,
             samples = report.samples_stored,
             elapsed_ms = started.elapsed().as_millis() as u64,

@@ -451,6 +451,8 @@ impl World {
     /// Carries out one action; false when there was none.
     fn act(&mut self) -> Result<bool, TestCaseError> {
         self.core.check();
+        let recent = self.recent_from();
+        self.core.set_recent_from(recent);
         let Some(action) = self.core.poll(self.now, self.now_ms) else {
             return Ok(false);
         };
@@ -532,8 +534,21 @@ impl World {
                 self.lost += lost.len() as u64;
             }
             Action::Resolve(req) => {
-                let r = self.resolve(&req);
+                // An outage meets the resolve as it would a write.
+                let outage = match self.fate {
+                    Fate::Outage { secs } => {
+                        self.fate = Fate::Fine;
+                        self.wait_out(secs);
+                        true
+                    }
+                    _ => false,
+                };
+                let mut r = self.resolve(&req);
+                r.met_errors = outage;
                 self.core.resolved(r);
+                if outage {
+                    self.sync();
+                }
             }
             Action::Write(mut batch) => {
                 for r in &batch.runs {
@@ -543,23 +558,10 @@ impl World {
                     );
                 }
                 let fate = std::mem::replace(&mut self.fate, Fate::Fine);
-                let mut took = self.write_cost * batch.samples() as u32;
                 if let Fate::Outage { secs } = fate {
-                    took += Duration::from_secs(secs as u64);
-                    // Readings keep arriving while the write waits: the
-                    // admission appends them, the pipeline reads none.
-                    for i in 0..secs {
-                        let ts = self.now_ms + i as i64 * 1000;
-                        let doc = sample(0, ts, 1).doc.into_bytes();
-                        self.append(
-                            Entry::Sample {
-                                sensor: "s7".into(),
-                                doc,
-                            },
-                            false,
-                        );
-                    }
+                    self.wait_out(secs);
                 }
+                let took = self.write_cost * batch.samples() as u32;
                 self.now += took;
                 self.now_ms += took.as_millis() as i64;
                 match self.write(&mut batch, fate) {
@@ -621,6 +623,35 @@ impl World {
             Action::Done => return Ok(false),
         }
         Ok(true)
+    }
+
+    /// The database is away for `secs` while an action waits: readings
+    /// keep arriving (the admission appends them), the pipeline reads none.
+    fn wait_out(&mut self, secs: u8) {
+        for _ in 0..secs {
+            let doc = sample(0, self.now_ms, 1).doc.into_bytes();
+            self.append(
+                Entry::Sample {
+                    sensor: "s7".into(),
+                    doc,
+                },
+                false,
+            );
+            self.now += Duration::from_secs(1);
+            self.now_ms += 1000;
+        }
+    }
+
+    /// The first durable record received less than `behind` ago (the
+    /// durable end when none is), as the spool's history says.
+    fn recent_from(&self) -> Option<u64> {
+        let horizon = self.now_ms - self.core.behind().as_millis() as i64;
+        let mut durable = self.log.iter().filter(|r| r.lsn < self.durable);
+        Some(
+            durable
+                .find(|r| r.received_ms > horizon)
+                .map_or(self.durable, |r| r.lsn),
+        )
     }
 
     fn resolve(&self, req: &[Resolve]) -> Resolution {
@@ -1066,6 +1097,64 @@ fn readings_left_on_disk_across_an_outage_become_backlog() {
     w.drain().unwrap();
     w.check().unwrap();
     assert_eq!(w.db.stored.len(), 10);
+}
+
+/// The link is cut under a write (its reply lost) and stays cut while
+/// palletd asks what that write applied: once the database is back, what
+/// waited is backlog, as across an outage met by a write, and the flush
+/// that was being prepared does not write it all ahead of new readings
+/// (it did: the first write after the resolve cleared the outage; `bench
+/// wan` saw the probe's lag p99 at 14 s after a 60 s cut, 4.5 s before).
+#[test]
+fn an_outage_met_while_resolving_a_cut_write_makes_a_backlog() {
+    let mut w = World::new(Mode::Buckets, 1_000);
+    for ts_s in [30, 31] {
+        w.step(&Step::Sample {
+            sensor: 0,
+            ts_s,
+            value: 1,
+            offered: true,
+        })
+        .unwrap();
+    }
+    w.sync();
+    w.fate = Fate::Ambiguous {
+        at: 0,
+        len: 1,
+        applied: 0,
+    };
+    let mut cut = false;
+    let mut fell_back = false;
+    for _ in 0..200 {
+        if !w.act().unwrap() {
+            w.now += Duration::from_millis(100);
+            w.now_ms += 100;
+        }
+        // The write was cut: the database is away while it is resolved.
+        if !cut && matches!(w.fate, Fate::Fine) {
+            cut = true;
+            w.fate = Fate::Outage { secs: 9 };
+        }
+        if cut && matches!(w.fate, Fate::Fine) && w.core.backlog_status().readings > 0 {
+            fell_back = true;
+            break;
+        }
+    }
+    assert!(
+        fell_back,
+        "the readings that waited out the outage became backlog"
+    );
+    // Those that arrived within `behind` (3 s, a reading a second) of the
+    // database's return are not behind: the live lane read them (and the
+    // backlog lane nothing yet).
+    let live = w.core.pending();
+    assert!(
+        (2..=3).contains(&live),
+        "the live lane goes on from the records of the last 3 s, not the durable end ({live} held)"
+    );
+    w.drain().unwrap();
+    w.check().unwrap();
+    assert_eq!(w.db.stored.len(), 11);
 }
 
 #[test]

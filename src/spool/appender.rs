@@ -360,6 +360,7 @@ impl Appender {
                         backoff = MIN_BACKOFF;
                     }
                     if *durable.borrow() != self.durable {
+                        self.shared.durable_moved(self.durable);
                         let _ = durable.send(self.durable);
                     }
                     self.committed();

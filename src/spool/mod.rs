@@ -111,7 +111,14 @@ struct Shared {
     failing: AtomicBool,
     /// The appender is asked to stop (also while writes fail).
     closing: AtomicBool,
+    /// When the durable end moved, and to where ([`Spool::durable_as_of`]).
+    history: std::sync::Mutex<std::collections::VecDeque<(Instant, u64)>>,
 }
+
+/// Entries of the durable end's history, at least [`HISTORY_STEP`] apart:
+/// under a steady flow about 100 s of it (an idle spool's reaches further).
+const HISTORY_LEN: usize = 1024;
+const HISTORY_STEP: Duration = Duration::from_millis(100);
 
 impl Shared {
     fn new(max_queued: usize) -> Shared {
@@ -124,7 +131,23 @@ impl Shared {
             stuck: AtomicBool::new(false),
             failing: AtomicBool::new(false),
             closing: AtomicBool::new(false),
+            history: Default::default(),
         }
+    }
+
+    /// The durable end moved to `lsn` (the appender, at each sync).
+    fn durable_moved(&self, lsn: u64) {
+        let now = Instant::now();
+        let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        if h.back()
+            .is_some_and(|(t, _)| now.duration_since(*t) < HISTORY_STEP)
+        {
+            return;
+        }
+        if h.len() == HISTORY_LEN {
+            h.pop_front();
+        }
+        h.push_back((now, lsn));
     }
 }
 
@@ -194,6 +217,7 @@ fn start(
     let (tx, rx) = mpsc::channel(1024);
     let (durable_tx, durable) = watch::channel(recovery.next_lsn);
     let shared = Arc::new(Shared::new(settings.max_queued));
+    shared.durable_moved(recovery.next_lsn);
     shared.bytes.store(recovery.bytes, Ordering::Relaxed);
     shared
         .checkpoint
@@ -284,6 +308,20 @@ impl Spool {
     /// Everything below this LSN is durable on local disk.
     pub fn durable(&self) -> u64 {
         *self.durable.borrow()
+    }
+
+    /// The durable end as it was at `at` (to within [`HISTORY_STEP`], never
+    /// beyond it): records from it on became durable after `at`. `None`
+    /// when the history does not reach back that far (it keeps the last
+    /// [`HISTORY_LEN`] moves).
+    pub fn durable_as_of(&self, at: Instant) -> Option<u64> {
+        let h = self
+            .shared
+            .history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let i = h.partition_point(|(t, _)| *t <= at);
+        i.checked_sub(1).map(|i| h[i].1)
     }
 
     /// Waits until the durable LSN moves; `Err` once the appender stopped.
