@@ -141,20 +141,23 @@ pub async fn mongo_client(settings: &Settings) -> Result<mongodb::Client, RunErr
     opts.connect_timeout.get_or_insert(Duration::from_secs(5));
     opts.app_name.get_or_insert_with(|| "palletd".to_string());
     // Wire compression, unless the URI chose: readings compress well, and
-    // the link to the database may be a slow one. zstd at level 1: the
-    // driver makes a compressor per command, and level 3's (its default)
-    // takes 3.7 MB while it lives (heaptrack, 10,000 sensors: 7.3 MB of a
-    // 28 MB heap); level 1 needs about a quarter of that.
+    // the link to the database may be a slow one; the level by where the
+    // server is (`MongoSettings::compression_level_for`).
     if opts.compressors.is_none() && !settings.mongodb.compressors.is_empty() {
+        use mongodb::options::Compressor;
         let chosen = settings
             .mongodb
             .compressors
             .iter()
-            .map(|c| match c.parse::<mongodb::options::Compressor>() {
-                Ok(mongodb::options::Compressor::Zstd { level: None }) => {
-                    Ok(mongodb::options::Compressor::Zstd { level: Some(1) })
+            .map(|c| -> mongodb::error::Result<Compressor> {
+                let level = settings.mongodb.compression_level_for(c, &opts.hosts);
+                match c.parse::<Compressor>()? {
+                    Compressor::Zstd { .. } => Ok(Compressor::Zstd { level }),
+                    Compressor::Zlib { .. } => Ok(Compressor::Zlib {
+                        level: level.map(|l| l as u32),
+                    }),
+                    other => Ok(other),
                 }
-                other => other,
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| RunError::Config(format!("mongodb.compressors: {e}")))?;

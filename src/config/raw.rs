@@ -77,6 +77,7 @@ pub struct RawMongo {
     pub write_concern: Option<RawWriteConcern>,
     pub journal: Option<bool>,
     pub compressors: Option<Vec<String>>,
+    pub compression_level: Option<i64>,
     pub write_time_limit: Option<String>,
 }
 

@@ -424,3 +424,36 @@ fn mqtt5_settings_and_properties_need_protocol_5() {
     assert!(!errors(&t).is_empty());
     assert!(parse(&format!("{t}\nsensor_property = \"device\""), None).is_ok());
 }
+
+#[test]
+fn the_compression_level_follows_the_servers_host_unless_set() {
+    use ::mongodb::options::ServerAddress;
+    let host = |h: &str| ServerAddress::Tcp {
+        host: h.into(),
+        port: Some(27017),
+    };
+    let s = parse(MINIMAL, None).unwrap();
+    let m = &s.mongodb;
+    let local = [host("127.0.0.1"), host("localhost"), host("[::1]")];
+    assert_eq!(m.compression_level_for("zstd", &local), Some(1));
+    let remote = [host("127.0.0.1"), host("db.example.net")];
+    assert_eq!(m.compression_level_for("zstd", &remote), Some(3));
+    assert_eq!(m.compression_level_for("zlib", &remote), None);
+    assert_eq!(m.compression_level_for("snappy", &remote), None);
+    let set = MINIMAL.replace(
+        "database = \"palletd\"",
+        "database = \"palletd\"\ncompression_level = 12",
+    );
+    let s = parse(&set, None).unwrap();
+    assert_eq!(s.mongodb.compression_level_for("zstd", &local), Some(12));
+    assert_eq!(s.mongodb.compression_level_for("zlib", &local), Some(9));
+    let wrong = MINIMAL.replace(
+        "database = \"palletd\"",
+        "database = \"palletd\"\ncompression_level = 0",
+    );
+    let errs = errors(&wrong);
+    assert!(
+        errs.iter().any(|e| e.contains("mongodb.compression_level")),
+        "{errs:?}"
+    );
+}
