@@ -293,13 +293,14 @@ impl Buckets {
             .collect();
         // Every statement in order: sensors one after another, each in LSN
         // order, so what an ordered command applies is a prefix per sensor.
-        let order: Vec<(usize, usize)> = plans
+        let mut order: Vec<(usize, usize)> = plans
             .iter()
             .enumerate()
             .flat_map(|(r, p)| (0..p.len()).map(move |s| (r, s)))
             .collect();
         let mut backoff = Backoff::default();
         let mut next = 0;
+        let mut relearned = false;
         while next < order.len() {
             let runs = &batch.runs;
             let (batch_len, reply) = mongo
@@ -368,6 +369,11 @@ impl Buckets {
                     batch.runs[r].fills.surprised();
                     metrics::counter!(crate::telemetry::BUCKET_COLLISIONS).increment(1);
                     backoff.reset();
+                    if !relearned {
+                        relearned = true;
+                        self.replan_after(mongo, batch, &mut plans, &mut order, r)
+                            .await;
+                    }
                 }
                 Decision::RetryStatement => {
                     count_statement_error(decision);
@@ -395,6 +401,41 @@ impl Buckets {
             }
         }
         Ok(written)
+    }
+
+    /// After a collision in run `r`: another writer may have filled the
+    /// buckets of the runs not sent yet too (a second instance, or the other
+    /// lane: each lane knows only its own fills), and each of their
+    /// statements would collide in turn, the rest of the command sent again
+    /// after each (over a slow link a write of 1,000 sensors then took tens
+    /// of minutes). So their fills are looked up again (one query per
+    /// [`FILL_IDS_PER_QUERY`]) and they are planned anew; `order` from run
+    /// `r` on follows. Done once per write: the lookup is what the planner
+    /// needs, and a later collision is a race, sent on as before.
+    async fn replan_after(
+        &self,
+        mongo: &mut Mongo,
+        batch: &mut Batch,
+        plans: &mut [Vec<bucket::Statement>],
+        order: &mut Vec<(usize, usize)>,
+        r: usize,
+    ) {
+        if r + 1 >= batch.runs.len() {
+            return;
+        }
+        for (run, plan) in batch.runs[r + 1..].iter_mut().zip(&plans[r + 1..]) {
+            for st in plan {
+                run.fills.remove(&st.start_ms);
+            }
+            run.fills.surprised();
+        }
+        self.learn_fills(mongo, batch).await;
+        let cut = order.partition_point(|&(run, _)| run <= r);
+        order.truncate(cut);
+        for (i, run) in batch.runs.iter_mut().enumerate().skip(r + 1) {
+            plans[i] = bucket::plan(&run.samples, &mut run.fills, &self.shape, &self.tags);
+            order.extend((0..plans[i].len()).map(|s| (i, s)));
+        }
     }
 
     /// Learns the fill of open buckets the runs have no memory of (after a
