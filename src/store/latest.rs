@@ -132,8 +132,9 @@ fn newest<'a>(samples: impl Iterator<Item = SampleRef<'a>>) -> Option<SampleRef<
 
 /// The upsert of `sensor`'s latest value with `sample`, applied only when
 /// it is newer than the stored one (`$gt` of a date over a missing `ts` is
-/// true: BSON orders dates after null).
-fn statement(sensor: &str, sample: SampleRef<'_>) -> RawDocumentBuf {
+/// true: BSON orders dates after null). Public for the benchmark's
+/// account of bytes on the wire.
+pub fn statement(sensor: &str, sample: SampleRef<'_>) -> RawDocumentBuf {
     let ts = bson::DateTime::from_millis(sample.ts_ms);
     // Built as raw BSON: no owned copy of the sample, no document tree.
     let pick = |new: RawBson, old: &str| {
