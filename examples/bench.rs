@@ -1510,20 +1510,31 @@ fn raw_value_len(v: bson::RawBsonRef<'_>) -> u64 {
 
 // ----------------------------------------------------------------- wire
 
-/// Parts of a bucket statement the wire account takes out one at a time:
-/// (label, where: `q` or `u.<operator>`, which keys: a prefix).
-const WIRE_PARTS: &[(&str, &str, &str)] = &[
-    ("the string _id (as a 12-byte ObjectId instead)", "q", "_id"),
-    ("first/last", "u.$min", "first."),
-    ("first/last", "u.$max", "last."),
-    ("lsns", "u.$push", "lsns."),
-    ("the caps (closed, count, size)", "q", "c"),
-    ("the caps (closed, count, size)", "q", "size"),
-    ("$setOnInsert", "u", "$setOnInsert"),
-    ("sum and n", "u.$inc", "sum."),
-    ("sum and n", "u.$inc", "n."),
-    ("min and max", "u.$min", "min."),
-    ("min and max", "u.$max", "max."),
+/// Where a part of a bucket statement is: `q`, `u` or `u.<operator>`, and
+/// its keys there (one ending in `.` names every key it starts).
+type WirePlace = (&'static str, &'static [&'static str]);
+
+/// Parts of a bucket statement the wire account takes out one at a time.
+const WIRE_PARTS: &[(&str, &[WirePlace])] = &[
+    (
+        "the string _id (as a 12-byte ObjectId instead)",
+        &[("q", &["_id"])],
+    ),
+    (
+        "first/last",
+        &[("u.$min", &["first."]), ("u.$max", &["last."])],
+    ),
+    ("lsns", &[("u.$push", &["lsns."])]),
+    (
+        "the caps (closed, count, size)",
+        &[("q", &["closed", "count", "size"])],
+    ),
+    ("$setOnInsert", &[("u", &["$setOnInsert"])]),
+    ("sum and n", &[("u.$inc", &["sum.", "n."])]),
+    (
+        "min and max",
+        &[("u.$min", &["min."]), ("u.$max", &["max."])],
+    ),
 ];
 
 fn wire(args: WireArgs) -> anyhow::Result<()> {
@@ -1605,12 +1616,10 @@ fn wire(args: WireArgs) -> anyhow::Result<()> {
             Ok(())
         };
         row("bucket statements as sent", &statements)?;
-        let mut labels: Vec<&str> = WIRE_PARTS.iter().map(|p| p.0).collect();
-        labels.dedup();
-        for label in labels {
+        for (label, places) in WIRE_PARTS {
             let cut: Vec<bson::Document> = statements
                 .iter()
-                .map(|st| without_part(st, label))
+                .map(|st| without_part(st, places))
                 .collect();
             row(&format!("without {label}"), &cut)?;
         }
@@ -1632,14 +1641,13 @@ fn wire(args: WireArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A bucket statement without one of [`WIRE_PARTS`] (the `_id` replaced by
-/// an ObjectId-sized value rather than removed).
-fn without_part(st: &bson::Document, label: &str) -> bson::Document {
+/// A bucket statement without one of [`WIRE_PARTS`] (an `_id` is replaced
+/// by an ObjectId-sized value rather than removed).
+fn without_part(st: &bson::Document, places: &[WirePlace]) -> bson::Document {
     let mut st = st.clone();
-    for &(l, place, prefix) in WIRE_PARTS.iter().filter(|p| p.0 == label) {
+    for &(place, names) in places {
         let mut path = place.split('.');
-        let top = path.next().unwrap_or("");
-        let Ok(doc) = st.get_document_mut(top) else {
+        let Ok(doc) = st.get_document_mut(path.next().unwrap_or("")) else {
             continue;
         };
         let doc = match path.next() {
@@ -1649,21 +1657,15 @@ fn without_part(st: &bson::Document, label: &str) -> bson::Document {
             },
             None => doc,
         };
-        let keys: Vec<String> = doc
-            .keys()
-            .filter(|k| match prefix {
-                "c" => *k == "closed" || *k == "count",
-                p if p.ends_with('.') => k.starts_with(p),
-                p => *k == p,
-            })
+        let keys: Vec<String> = (doc.keys())
+            .filter(|k| (names.iter()).any(|n| *k == n || (n.ends_with('.') && k.starts_with(n))))
             .cloned()
             .collect();
         for k in keys {
-            if l.starts_with("the string _id") {
-                doc.insert(k, bson::oid::ObjectId::new());
-            } else {
-                doc.remove(&k);
-            }
+            match k.as_str() {
+                "_id" => doc.insert(k, bson::oid::ObjectId::new()),
+                _ => doc.remove(&k),
+            };
         }
     }
     st
