@@ -259,7 +259,16 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
     let db = client.database(&settings.mongodb.database);
     let mut store = store::Store::new(settings, db.clone());
     store.observe(health.clone());
-    let (spool, recovered, appender) = spool::open(&settings.spool).map_err(|e| {
+    // With Sparkplug B, nothing is deleted before the admission has read
+    // the state's snapshot and says what its replay needs.
+    let spool_settings = spool::SpoolSettings {
+        held: settings
+            .subscriptions
+            .iter()
+            .any(|s| s.format == decode::PayloadFormat::SparkplugB),
+        ..settings.spool.clone()
+    };
+    let (spool, recovered, appender) = spool::open(&spool_settings).map_err(|e| {
         RunError::Spool(format!("{} (spool.dir): {e}", settings.spool.dir.display()))
     })?;
     metrics::gauge!(telemetry::SPOOL_MAX_BYTES).set(settings.spool.max_size as f64);

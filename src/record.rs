@@ -11,6 +11,9 @@
 //!                       [`crate::front::window::session_key`]; palletd 0.1
 //!                       wrote a connection index instead: none for the
 //!                       first connection, else one byte)
+//!   kind 4 Sparkplug B: a change of the Sparkplug B state, JSON
+//!                       ([`crate::decode::sparkplug::Change`]; replayed
+//!                       onto `sparkplug.json` at start)
 //! ```
 //!
 //! All integers are little-endian whatever the machine, so a spool moves
@@ -27,6 +30,7 @@ pub(crate) const MAX_RECORD: u32 = 32 * 1024 * 1024;
 const KIND_SAMPLE: u8 = 1;
 const KIND_DEADLETTER: u8 = 2;
 const KIND_MESSAGE_ID: u8 = 3;
+const KIND_SPARKPLUG: u8 = 4;
 
 /// Which MQTT session a message came on, as its identity record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +56,9 @@ pub enum Entry {
         pkid: u16,
         digest: u64,
     },
+    Sparkplug {
+        change: Vec<u8>,
+    },
 }
 
 /// A record, owned.
@@ -76,6 +83,11 @@ pub enum EntryRef<'a> {
         session: SessionId,
         pkid: u16,
         digest: u64,
+    },
+    /// A change of the Sparkplug B state (JSON): not a reading, replayed
+    /// at start onto the last snapshot ([`crate::admission::sparkplug`]).
+    Sparkplug {
+        change: &'a [u8],
     },
 }
 
@@ -122,6 +134,11 @@ impl RecordRef<'_> {
                     SessionId::Index(k) => out.push(k),
                 }
             }
+            EntryRef::Sparkplug { change } => {
+                out.push(KIND_SPARKPLUG);
+                out.extend_from_slice(&self.received_ms.to_le_bytes());
+                out.extend_from_slice(change);
+            }
         }
         let body = start + HEADER;
         let len = (out.len() - body) as u32;
@@ -154,6 +171,7 @@ impl RecordRef<'_> {
                     key => SessionId::Key(u64::from_le_bytes(key.try_into().ok()?)),
                 },
             },
+            KIND_SPARKPLUG => EntryRef::Sparkplug { change: rest },
             _ => return None,
         };
         Some(RecordRef {
@@ -182,6 +200,9 @@ impl RecordRef<'_> {
                     pkid,
                     digest,
                 },
+                EntryRef::Sparkplug { change } => Entry::Sparkplug {
+                    change: change.to_vec(),
+                },
             },
         }
     }
@@ -204,6 +225,7 @@ impl Record {
                     pkid: *pkid,
                     digest: *digest,
                 },
+                Entry::Sparkplug { change } => EntryRef::Sparkplug { change },
             },
         }
     }
@@ -308,7 +330,7 @@ pub(crate) fn plausible(buf: &[u8], lsns: &std::ops::Range<u64>) -> bool {
     let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
     let lsn = u64::from_le_bytes(head[8..16].try_into().unwrap_or_default());
     (MIN_BODY as u32..=MAX_RECORD).contains(&len)
-        && (KIND_SAMPLE..=KIND_MESSAGE_ID).contains(&head[16])
+        && (KIND_SAMPLE..=KIND_SPARKPLUG).contains(&head[16])
         && lsns.contains(&lsn)
 }
 
@@ -320,6 +342,7 @@ pub struct Kinds {
     pub samples: u64,
     pub dead_letters: u64,
     pub message_ids: u64,
+    pub sparkplug_changes: u64,
     /// Sensors of the damaged samples (at most ten).
     pub sensors: Vec<String>,
 }
@@ -350,6 +373,7 @@ pub(crate) fn describe(mut bytes: &[u8]) -> Option<Kinds> {
             }
             KIND_DEADLETTER => k.dead_letters += 1,
             KIND_MESSAGE_ID => k.message_ids += 1,
+            KIND_SPARKPLUG => k.sparkplug_changes += 1,
             _ => return None,
         }
         bytes = &bytes[HEADER + len..];

@@ -109,7 +109,7 @@ pub struct Admission {
     /// `[latest]` is off; else they are read from `<collection>_latest`,
     /// which knows the sensors silent since before this start too).
     tell_quiet: bool,
-    /// Where the Sparkplug B state is saved (with a `sparkplug_b`
+    /// Where the Sparkplug B state's snapshots go (with a `sparkplug_b`
     /// subscription).
     sparkplug: Option<sparkplug::StateFile>,
     /// Bytes of messages ingest handed on and not yet taken here.
@@ -240,8 +240,9 @@ impl Admission {
     ) -> Admission {
         let mut decoder = Decoder::new(settings.subscriptions.clone(), settings.decode_limits());
         let sparkplug = decoder.has_sparkplug().then(|| {
-            let file = sparkplug::StateFile::new(&settings.spool.dir);
-            decoder.set_sparkplug_state(file.load());
+            let (file, state) =
+                sparkplug::StateFile::open(&settings.spool.dir, &spool, recovered.next_lsn);
+            decoder.set_sparkplug_state(state);
             let bytes = decoder.sparkplug_state().bytes();
             metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "sparkplug").set(bytes as f64);
             file
@@ -317,7 +318,15 @@ impl Admission {
                 }
                 _ => {}
             }
-            let save_due = self.sparkplug.as_ref().and_then(|f| f.save_due());
+            // The Sparkplug B state's snapshot: when to begin one, and
+            // where its next chunk goes while one is written.
+            let snapshot_due = self
+                .sparkplug
+                .as_ref()
+                .and_then(|f| f.due(self.decoder.sparkplug_state()));
+            let chunk_to = self.sparkplug.as_ref().and_then(|f| f.sender());
+            let chunk_wanted = chunk_to.is_some();
+            let snapshotting = self.sparkplug.as_ref().is_some_and(|f| f.writing());
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => break,
@@ -357,10 +366,23 @@ impl Admission {
                 _ = tokio::time::sleep(Duration::from_millis(2)), if self.acker.waiting() > 0 => {
                     self.acker.retry();
                 }
-                // The Sparkplug B state, once per interval at most.
-                _ = tokio::time::sleep_until(save_due.unwrap_or_else(Instant::now).into()), if save_due.is_some() => {
-                    self.save_sparkplug().await;
-                    self.release(&mut acks);
+                // A snapshot of the Sparkplug B state: begun when due, made
+                // a chunk at a time between messages, its end taken.
+                _ = tokio::time::sleep_until(snapshot_due.unwrap_or_else(Instant::now).into()), if snapshot_due.is_some() => {
+                    let lsn = self.next_lsn;
+                    if let Some(f) = &mut self.sparkplug {
+                        f.begin(lsn);
+                    }
+                }
+                permit = room_for_chunk(chunk_to), if chunk_wanted => {
+                    if let Some(f) = &mut self.sparkplug {
+                        f.step(self.decoder.sparkplug_state(), permit);
+                    }
+                }
+                written = snapshot_written(&mut self.sparkplug), if snapshotting => {
+                    if let Some(f) = &mut self.sparkplug {
+                        f.end(written);
+                    }
                 }
             }
         }
@@ -372,14 +394,6 @@ impl Admission {
         }
         let end = self.next_lsn;
         loop {
-            // What was taught is saved before its acknowledgements go.
-            if !self.save_sparkplug().await {
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                    _ = abort.cancelled() => return Err(acks.len()),
-                }
-                continue;
-            }
             self.release(&mut acks);
             if self.spool.durable() >= end {
                 break;
@@ -404,19 +418,10 @@ impl Admission {
         }
     }
 
-    /// Saves the Sparkplug B state if a change waits; true when none does.
-    async fn save_sparkplug(&mut self) -> bool {
-        match &mut self.sparkplug {
-            Some(file) => file.save(self.decoder.sparkplug_state()).await,
-            None => true,
-        }
-    }
-
+    /// Releases the acknowledgements of the messages whose records are
+    /// durable (a Sparkplug B change among them too: nothing else waits).
     fn release(&mut self, acks: &mut AckQueue<Unacked>) {
-        // A message waits for its records to be durable and, when its batch
-        // changed the Sparkplug B state, for that to be saved.
-        let gate = self.sparkplug.as_ref().map_or(u64::MAX, |f| f.gate());
-        let durable = self.spool.durable().min(gate);
+        let durable = self.spool.durable();
         let acker = &mut self.acker;
         let released = acks.pop_ready(durable, |u| {
             if let Some(a) = u.ack {
@@ -454,11 +459,6 @@ impl Admission {
 
     /// Appends a batch to the spool, then offers it to the pipeline.
     async fn send(&mut self, batch: Arrivals) {
-        // What a BIRTH taught is on disk before its acknowledgement can go:
-        // the batch's messages wait for the next save if it changed.
-        if let Some(file) = &mut self.sparkplug {
-            file.batch_done(batch.first);
-        }
         for (kind, n) in &batch.sparkplug {
             metrics::counter!(telemetry::SPARKPLUG_MESSAGES, "type" => *kind).increment(*n);
         }
@@ -495,8 +495,9 @@ impl Admission {
         }
     }
 
-    /// Counts what a Sparkplug B message did, notes a state to save and
-    /// sends a rebirth request.
+    /// Counts what a Sparkplug B message did, spools the changes it made to
+    /// the state (records of their own, before its samples) and sends a
+    /// rebirth request.
     fn sparkplug_outcome(
         &mut self,
         o: &crate::decode::sparkplug::Effects,
@@ -521,9 +522,21 @@ impl Admission {
         if o.stale_death {
             metrics::counter!(telemetry::SPARKPLUG_STALE_DEATHS).increment(1);
         }
-        if o.state_changed {
+        for change in &o.changes {
+            let json = serde_json::to_vec(change).expect("a change serializes");
+            RecordRef {
+                lsn: self.next_lsn,
+                received_ms: now_ms,
+                entry: EntryRef::Sparkplug { change: &json },
+            }
+            .encode_into(&mut batch.bytes);
+            self.next_lsn += 1;
             if let Some(file) = &mut self.sparkplug {
-                file.changed();
+                file.changed(json.len());
+            }
+        }
+        if !o.changes.is_empty() {
+            if let Some(file) = &mut self.sparkplug {
                 let state = self.decoder.sparkplug_state();
                 if o.evicted > 0 {
                     file.evicted(o.evicted, state, self.decoder.limits().max_sparkplug_bytes);
@@ -731,6 +744,21 @@ impl Admission {
             self.next_lsn += 1;
         }
         acks.push(self.next_lsn, unacked);
+    }
+}
+
+/// Room for a chunk of a snapshot on its way to the writing thread.
+async fn room_for_chunk(
+    to: Option<mpsc::Sender<sparkplug::Chunk>>,
+) -> Option<mpsc::OwnedPermit<sparkplug::Chunk>> {
+    to?.reserve_owned().await.ok()
+}
+
+/// The end of the snapshot being written (never, if none is).
+async fn snapshot_written(file: &mut Option<sparkplug::StateFile>) -> std::io::Result<()> {
+    match file {
+        Some(f) => f.finished().await,
+        None => std::future::pending().await,
     }
 }
 

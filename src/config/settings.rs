@@ -67,7 +67,7 @@ pub struct LimitSettings {
     /// to the dead letter until idle ones are forgotten.
     pub max_sensors: usize,
     /// Sparkplug B edge nodes, devices per node and aliases in all that
-    /// BIRTHs may teach (what sparkplug.json holds and is rewritten whole);
+    /// BIRTHs may teach (what the state and its snapshot sparkplug.json hold);
     /// a BIRTH beyond them goes to the dead letter.
     pub max_sparkplug_nodes: usize,
     pub max_sparkplug_devices_per_node: usize,

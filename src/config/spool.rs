@@ -42,6 +42,11 @@ pub struct SpoolSettings {
     /// index of an older spool's records meant: see
     /// [`crate::front::window`].
     pub redelivery: crate::front::window::Redelivery,
+    /// Keep every segment from the start until [`crate::spool::Spool::hold`]
+    /// says which records may go: set when the Sparkplug B state's changes
+    /// are replayed from the spool, so that nothing it needs is deleted
+    /// before the admission has read its snapshot.
+    pub held: bool,
 }
 
 /// [`SpoolSettings::max_queued`] of `limits.max_memory`'s default.

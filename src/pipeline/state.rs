@@ -714,7 +714,7 @@ impl Core {
                         ),
                     }
                 }
-                EntryRef::MessageId { .. } => {}
+                EntryRef::MessageId { .. } | EntryRef::Sparkplug { .. } => {}
             }
         }
         if lane == Lane::Backlog && records > 0 {

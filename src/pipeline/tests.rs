@@ -475,7 +475,7 @@ impl World {
                             Entry::DeadLetter { .. } => {
                                 self.db.dead.contains(&(self.tags.of(rec.lsn), rec.lsn))
                             }
-                            Entry::MessageId { .. } => true,
+                            Entry::MessageId { .. } | Entry::Sparkplug { .. } => true,
                         };
                     prop_assert!(
                         done,
@@ -885,7 +885,7 @@ impl World {
                 Entry::DeadLetter { .. } => {
                     prop_assert!(self.db.dead.contains(&(self.tags.of(rec.lsn), rec.lsn)))
                 }
-                Entry::MessageId { .. } => {}
+                Entry::MessageId { .. } | Entry::Sparkplug { .. } => {}
             }
         }
         Ok(())

@@ -161,6 +161,9 @@ pub(super) struct Appender {
     /// Everything below this is durable.
     durable: u64,
     pub checkpoint: u64,
+    /// Segments wholly below this are deleted: the checkpoint, or the
+    /// spool's hold ([`super::Spool::hold`]) when that is lower.
+    deleted_below: u64,
     pub shared: Arc<Shared>,
     pub max_size: u64,
     pub when_full: WhenFull,
@@ -281,6 +284,7 @@ impl Appender {
             next_lsn: s.next_lsn,
             durable: s.next_lsn,
             checkpoint: s.checkpoint,
+            deleted_below: 0,
             shared: s.shared,
             max_size: s.max_size,
             when_full: s.when_full,
@@ -554,24 +558,27 @@ impl Appender {
     /// old one and finds those records gone, which is right) and is what
     /// lets a full disk free space before a new file is needed.
     pub(super) fn checkpoint(&mut self, lsn: u64) -> io::Result<()> {
-        if lsn <= self.checkpoint {
+        let lsn = lsn.max(self.checkpoint);
+        // Records the spool is asked to keep stay, confirmed or not.
+        let bound = lsn.min(self.shared.hold.load(Ordering::Relaxed));
+        if lsn == self.checkpoint && bound <= self.deleted_below {
             return Ok(());
         }
         let storage = self.storage.clone();
         let storage = storage.as_ref();
         // A segment can go once the next one starts at or below the
-        // checkpoint: all its records are in MongoDB.
+        // bound: all its records are in MongoDB (and not held).
         let segments = list_segments(storage, &self.dir)?;
         let open = self.open.as_ref().map(|s| s.first);
         let closed: Vec<&PathBuf> = segments
             .windows(2)
-            .filter(|pair| pair[1].0 <= lsn && Some(pair[0].0) != open)
+            .filter(|pair| pair[1].0 <= bound && Some(pair[0].0) != open)
             .map(|pair| &pair[0].1)
             .collect();
         // The open segment too, once everything in it is confirmed: else a
         // segment that grew past `spool.max_size` by itself would keep the
         // spool full for ever (no new append would ever rotate it away).
-        let all = lsn >= self.next_lsn && !self.pending() && self.open.is_some();
+        let all = bound >= self.next_lsn && !self.pending() && self.open.is_some();
         if !closed.is_empty() || all {
             self.save_windows();
         }
@@ -583,12 +590,15 @@ impl Appender {
                 remove_if_there(storage, &self.dir.join(segment_name(s.first)))?;
             }
         }
-        tombstone::prune(storage, &self.dir, lsn)?;
-        damage::prune(storage, &self.dir, lsn)?;
-        self.recount()?;
-        checkpoint::write(storage, &self.dir, lsn)?;
-        self.checkpoint = lsn;
-        self.shared.checkpoint.store(lsn, Ordering::Relaxed);
+        self.deleted_below = bound;
+        if lsn > self.checkpoint {
+            tombstone::prune(storage, &self.dir, lsn)?;
+            damage::prune(storage, &self.dir, lsn)?;
+            self.recount()?;
+            checkpoint::write(storage, &self.dir, lsn)?;
+            self.checkpoint = lsn;
+            self.shared.checkpoint.store(lsn, Ordering::Relaxed);
+        }
         self.recount()
     }
 
@@ -635,6 +645,7 @@ impl Appender {
     /// each held that was not yet in MongoDB.
     fn make_room(&mut self) -> io::Result<()> {
         let open = self.open.as_ref().map(|s| s.first);
+        let hold = self.shared.hold.load(Ordering::Relaxed);
         while self.shared.bytes.load(Ordering::Relaxed) > self.max_size {
             let segments = list_segments(self.storage.as_ref(), &self.dir)?;
             let Some(at) = segments.iter().position(|(f, _)| Some(*f) != open) else {
@@ -642,6 +653,10 @@ impl Appender {
             };
             let (first, path) = segments[at].clone();
             let upper = segments.get(at + 1).map_or(u64::MAX, |s| s.0);
+            if upper > hold {
+                // It holds records the spool is asked to keep.
+                break;
+            }
             // What lies below the checkpoint is in MongoDB already. What
             // lies above it and the pipeline does not hold in memory is
             // lost: its tombstone says which, for the reader that finds
@@ -736,6 +751,7 @@ fn census(
             }
             EntryRef::DeadLetter { .. } => c.dead_letters += 1,
             EntryRef::MessageId { .. } => c.messages += 1,
+            EntryRef::Sparkplug { .. } => {}
         }
     }
 }

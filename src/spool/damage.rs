@@ -94,21 +94,23 @@ pub(super) fn report(storage: &dyn Storage, dir: &Path, d: &Damage) -> bool {
         warn!(error = %e, "Cannot record the spool damage as counted; a restart may count it again.");
     }
     let records = d.records();
-    let (samples, dead_letters, message_ids, sensors) = match &d.kinds {
-        Some(k) if k.samples + k.dead_letters + k.message_ids == records => (
+    let (samples, dead_letters, message_ids, sparkplug, sensors) = match &d.kinds {
+        Some(k) if k.samples + k.dead_letters + k.message_ids + k.sparkplug_changes == records => (
             Some(k.samples),
             k.dead_letters,
             k.message_ids,
+            k.sparkplug_changes,
             k.sensors.clone(),
         ),
-        Some(k) => (None, 0, 0, k.sensors.clone()),
-        None => (None, 0, 0, Vec::new()),
+        Some(k) => (None, 0, 0, 0, k.sensors.clone()),
+        None => (None, 0, 0, 0, Vec::new()),
     };
-    let known_kinds = samples.unwrap_or(0) + dead_letters + message_ids;
+    let known_kinds = samples.unwrap_or(0) + dead_letters + message_ids + sparkplug;
     for (kind, n) in [
         ("sample", samples.unwrap_or(0)),
         ("dead_letter", dead_letters),
         ("message_id", message_ids),
+        ("sparkplug_change", sparkplug),
         ("unknown", records - known_kinds),
     ] {
         if n > 0 {

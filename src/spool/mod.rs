@@ -104,6 +104,9 @@ struct Shared {
     fsyncs: AtomicU64,
     /// The highest checkpoint asked for; the appender stores it.
     requested: AtomicU64,
+    /// Segments holding records at or above this LSN stay, confirmed or
+    /// not ([`Spool::hold`]); `u64::MAX`: no hold.
+    hold: AtomicU64,
     /// `drop_oldest` could not get the spool under its size (only the open
     /// segment is left).
     stuck: AtomicBool,
@@ -128,6 +131,7 @@ impl Shared {
             checkpoint: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
             requested: AtomicU64::new(0),
+            hold: AtomicU64::new(u64::MAX),
             stuck: AtomicBool::new(false),
             failing: AtomicBool::new(false),
             closing: AtomicBool::new(false),
@@ -225,6 +229,9 @@ fn start(
     shared
         .requested
         .store(recovery.checkpoint, Ordering::Relaxed);
+    if settings.held {
+        shared.hold.store(0, Ordering::Relaxed);
+    }
     let compressor = match settings.compress {
         true => {
             let (ctx, crx) = std::sync::mpsc::channel();
@@ -349,6 +356,17 @@ impl Spool {
         }
     }
 
+    /// Keeps the records from `lsn` on (`u64::MAX`: none) although MongoDB
+    /// confirms them: neither the checkpoint nor `drop_oldest` deletes a
+    /// segment holding any of them. The Sparkplug B state's changes are
+    /// replayed from its last snapshot's LSN
+    /// ([`crate::admission::sparkplug`]). Never blocks.
+    pub fn hold(&self, lsn: u64) {
+        if self.shared.hold.swap(lsn, Ordering::Relaxed) != lsn {
+            let _ = self.tx.try_send(Command::Checkpoint);
+        }
+    }
+
     /// The stored checkpoint.
     pub fn checkpointed(&self) -> u64 {
         self.shared.checkpoint.load(Ordering::Relaxed)
@@ -435,6 +453,7 @@ pub fn bench_read(dir: &Path) -> io::Result<(Duration, Duration, u64)> {
         when_full: WhenFull::Stop,
         max_queued: DEFAULT_MAX_QUEUED,
         redelivery: Default::default(),
+        held: false,
     };
     let started = Instant::now();
     let (spool, _, thread) = open(&settings)?;
@@ -469,6 +488,7 @@ pub fn bench_append(
         when_full: WhenFull::Stop,
         max_queued: DEFAULT_MAX_QUEUED,
         redelivery: Default::default(),
+        held: false,
     };
     let (spool, recovery, thread) = open(&settings)?;
     let started = Instant::now();

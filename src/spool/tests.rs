@@ -46,6 +46,7 @@ fn start_with(
         when_full,
         max_queued: DEFAULT_MAX_QUEUED,
         redelivery: Default::default(),
+        held: false,
     };
     start(os(), &settings, &rec).unwrap()
 }
@@ -429,6 +430,43 @@ fn checkpoint_deletes_whole_segments_below_it_and_survives_restart() {
         .read_records(10_000, u64::MAX)
         .unwrap();
     assert_eq!(got, records[4000..].to_vec());
+}
+
+/// What the spool is asked to hold stays although MongoDB confirmed it
+/// (the Sparkplug B changes a start replays onto the last snapshot), and
+/// goes once the hold moves on, also when the checkpoint did not.
+#[test]
+fn a_hold_keeps_its_records_past_the_checkpoint_until_it_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = recover(dir.path()).unwrap().next_lsn;
+    let records: Vec<Record> = (base..base + 5000).map(sample).collect();
+    let (spool, thread) = start_at(dir.path(), Some(base), 256 * 1024);
+    spool.hold(base + 1000);
+    for r in &records {
+        append(&spool, r);
+    }
+    spool.checkpoint(base + 4000);
+    thread.finish();
+    let after = list_segments(&Os, dir.path()).unwrap();
+    assert!(after.len() >= 3, "{after:?}");
+    assert!(after[0].0 <= base + 1000, "the held records' segment stays");
+    let got = Reader::new(os(), dir.path().to_path_buf(), base + 1000)
+        .read_records(10_000, u64::MAX)
+        .unwrap();
+    assert_eq!(got, records[1000..].to_vec());
+    assert_eq!(recover(dir.path()).unwrap().checkpoint, base + 4000);
+
+    let (spool, thread) = start_at(dir.path(), None, 256 * 1024);
+    spool.hold(base + 4000);
+    thread.finish();
+    let moved = list_segments(&Os, dir.path()).unwrap();
+    assert!(
+        moved.len() < after.len(),
+        "{} -> {}",
+        after.len(),
+        moved.len()
+    );
+    assert!(moved[0].0 > base + 1000 && moved[0].0 <= base + 4000);
 }
 
 #[test]
@@ -1378,6 +1416,7 @@ async fn appends_waiting_for_the_disk_count_against_the_size_and_are_bounded_in_
         when_full: WhenFull::Stop,
         max_queued: 256 * 1024,
         redelivery: Default::default(),
+        held: false,
     };
     let (spool, rec, thread) = open_on(Arc::new(sim.clone()), &settings, BOX).unwrap();
     sim.set_faults(Faults {

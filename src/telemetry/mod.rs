@@ -140,9 +140,9 @@ pub const SPARKPLUG_REBIRTHS: &str = "palletd_sparkplug_rebirth_requests_total";
 /// Edge nodes forgotten to make room in the Sparkplug B state (the
 /// longest-silent first).
 pub const SPARKPLUG_EVICTED: &str = "palletd_sparkplug_nodes_evicted_total";
-/// Saves of the Sparkplug B state (sparkplug.json).
+/// Snapshots of the Sparkplug B state (sparkplug.json) written.
 pub const SPARKPLUG_STATE_SAVES: &str = "palletd_sparkplug_state_saves_total";
-/// Saves of the Sparkplug B state (sparkplug.json) that failed.
+/// Snapshots of the Sparkplug B state (sparkplug.json) that failed.
 pub const SPARKPLUG_SAVE_ERRORS: &str = "palletd_sparkplug_state_save_errors_total";
 
 /// Registers the descriptions shown in `/metrics`.
@@ -271,7 +271,7 @@ pub fn describe() {
     );
     describe_counter!(
         SPOOL_DAMAGED,
-        "Spool records lost to damage (bit rot, a failing disk), counted once when found, by kind (sample, dead_letter, message_id, unknown: the headers were unreadable); the records around them are kept."
+        "Spool records lost to damage (bit rot, a failing disk), counted once when found, by kind (sample, dead_letter, message_id, sparkplug_change, unknown: the headers were unreadable); the records around them are kept."
     );
     describe_counter!(
         SPOOL_WRITE_ERRORS,
@@ -385,11 +385,11 @@ pub fn describe() {
     );
     describe_counter!(
         SPARKPLUG_STATE_SAVES,
-        "Saves of the Sparkplug B alias maps (sparkplug.json), at most one per 200 ms; BIRTHs and DEATHs are acknowledged once saved."
+        "Snapshots of the Sparkplug B alias maps written (sparkplug.json), in the background once changes waited 30 s or their bytes reach the state's; BIRTHs and DEATHs are acknowledged like any message (their changes are spool records, replayed onto the last snapshot at start)."
     );
     describe_counter!(
         SPARKPLUG_SAVE_ERRORS,
-        "Failed saves of the Sparkplug B alias maps (sparkplug.json in the spool directory); retried with the next BIRTH or DEATH batch."
+        "Snapshots of the Sparkplug B alias maps (sparkplug.json in the spool directory) that could not be written; tried again 5 s later, the spool keeping the changes since the last one meanwhile (unless it is full or failing)."
     );
     describe_counter!(
         SPARKPLUG_EVICTED,

@@ -87,13 +87,42 @@ pub const REBIRTH_METRIC: &str = "Node Control/Rebirth";
 
 /// What a BIRTH said of one metric.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct Def {
+pub struct Def {
     name: String,
     datatype: u32,
 }
 
 /// An alias map: alias -> metric.
-type Aliases = BTreeMap<u64, Def>;
+pub type Aliases = BTreeMap<u64, Def>;
+
+/// One change of the durable part of [`State`]: what a BIRTH, a DEATH or
+/// an eviction did. The admission spools each as a record of its own with
+/// the message's samples (durable with them, no save of its own to wait
+/// for), and a start replays them onto the last snapshot
+/// ([`crate::admission::sparkplug`]). Each sets what it names outright, so
+/// replaying changes a snapshot already holds leaves it as it was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Change {
+    /// An NBIRTH: the node online with these aliases and `bdSeq`.
+    NodeBirth {
+        key: String,
+        bd_seq: Option<u64>,
+        aliases: Aliases,
+    },
+    /// A DBIRTH: the device online with these aliases.
+    DeviceBirth {
+        key: String,
+        device: String,
+        aliases: Aliases,
+    },
+    /// An NDEATH: the node and its devices offline.
+    NodeDeath { key: String },
+    /// A DDEATH: the device offline.
+    DeviceDeath { key: String, device: String },
+    /// The node forgotten to make room.
+    Evict { key: String },
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -200,8 +229,8 @@ impl State {
     }
 
     /// Recounts aliases and bytes and indexes the nodes as not heard from
-    /// since the start (after a load).
-    fn recount(&mut self) {
+    /// since the start (after a load and a replay).
+    pub fn recount(&mut self) {
         self.aliases = self.size().2;
         self.silence.clear();
         self.bytes = 0;
@@ -244,6 +273,70 @@ impl State {
         }
     }
 
+    /// Applies `change` and notes it in `out` (to be spooled).
+    fn change(&mut self, change: Change, now_ms: i64, out: &mut Decoded) {
+        self.apply(&change, now_ms);
+        out.sparkplug.changes.push(change);
+    }
+
+    /// Applies a change (as the message that made it did; at start, one
+    /// replayed from the spool), keeping the counts. A birth takes on a
+    /// node not known yet, heard from at `now_ms`.
+    pub fn apply(&mut self, change: &Change, now_ms: i64) {
+        match change {
+            Change::NodeBirth {
+                key,
+                bd_seq,
+                aliases,
+            } => {
+                self.take_on(key, now_ms);
+                self.teach(key, None, aliases.clone());
+                let node = self.nodes.get_mut(key).expect("taken on");
+                node.online = true;
+                node.bd_seq = *bd_seq;
+            }
+            Change::DeviceBirth {
+                key,
+                device,
+                aliases,
+            } => {
+                self.take_on(key, now_ms);
+                self.teach(key, Some(device), aliases.clone());
+            }
+            Change::NodeDeath { key } => {
+                if let Some(node) = self.nodes.get_mut(key) {
+                    node.online = false;
+                    for d in node.devices.values_mut() {
+                        d.online = false;
+                    }
+                }
+            }
+            Change::DeviceDeath { key, device } => {
+                let node = self.nodes.get_mut(key);
+                if let Some(d) = node.and_then(|n| n.devices.get_mut(device)) {
+                    d.online = false;
+                }
+            }
+            Change::Evict { key } => self.evict(key),
+        }
+    }
+
+    /// A node not known yet is known from now on, with nothing learnt.
+    fn take_on(&mut self, key: &str, now_ms: i64) {
+        if self.nodes.contains_key(key) {
+            return;
+        }
+        self.unborn_asked.remove(key);
+        let node = Node {
+            heard_ms: now_ms,
+            bytes: NODE_BYTES + key.len(),
+            ..Node::default()
+        };
+        self.bytes += node.bytes;
+        self.silence.insert((now_ms, key.to_string()));
+        self.nodes.insert(key.to_string(), node);
+    }
+
     /// Replaces what the node (or one of its devices) had learnt with
     /// `learnt`, keeping the counts.
     fn teach(&mut self, key: &str, device: Option<&str>, learnt: Aliases) {
@@ -272,16 +365,95 @@ impl State {
     }
 }
 
-/// The state as saved in `sparkplug.json` (JSON).
-pub fn save(state: &State) -> Vec<u8> {
-    serde_json::to_vec(state).expect("a state serializes")
+/// The first line of a snapshot (`sparkplug.json`): the LSN from which
+/// the spool's changes are replayed onto it.
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    palletd_sparkplug_snapshot: u32,
+    lsn: u64,
 }
 
-/// A state saved by [`save`].
-pub fn load(bytes: &[u8]) -> Result<State, String> {
-    let mut state: State = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+/// A line of a snapshot after the first: one node.
+#[derive(Serialize)]
+struct NodeLineRef<'a> {
+    key: &'a str,
+    node: &'a Node,
+}
+
+#[derive(Deserialize)]
+struct NodeLine {
+    key: String,
+    node: Node,
+}
+
+/// The first line of a snapshot whose replay starts at `lsn`.
+pub fn snapshot_header(lsn: u64) -> Vec<u8> {
+    let mut out = serde_json::to_vec(&Header {
+        palletd_sparkplug_snapshot: 1,
+        lsn,
+    })
+    .expect("a header serializes");
+    out.push(b'\n');
+    out
+}
+
+impl State {
+    /// Appends the nodes after the key `after` (from the first when `None`),
+    /// a JSON line each, to `out` until it holds `max_bytes`; the key to go
+    /// on after, `None` once the last is written. The nodes may change
+    /// between two calls: a snapshot so made holds each node as it was when
+    /// written, and replaying every change from the snapshot's first LSN
+    /// on makes it the state of the end (each change sets what it names).
+    pub fn snapshot_lines(
+        &self,
+        after: Option<&str>,
+        out: &mut Vec<u8>,
+        max_bytes: usize,
+    ) -> Option<String> {
+        use std::ops::Bound;
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        for (key, node) in self.nodes.range::<str, _>((from, Bound::Unbounded)) {
+            serde_json::to_writer(&mut *out, &NodeLineRef { key, node })
+                .expect("a node serializes");
+            out.push(b'\n');
+            if out.len() >= max_bytes {
+                return Some(key.clone());
+            }
+        }
+        None
+    }
+}
+
+/// The whole state as a snapshot whose replay starts at `lsn` (tests).
+pub fn snapshot(state: &State, lsn: u64) -> Vec<u8> {
+    let mut out = snapshot_header(lsn);
+    state.snapshot_lines(None, &mut out, usize::MAX);
+    out
+}
+
+/// A saved state, and the LSN its replay starts at: `None` for a file of
+/// palletd before snapshots (one JSON object, saved before any of its
+/// changes was acknowledged: nothing to replay).
+pub fn load(bytes: &[u8]) -> Result<(State, Option<u64>), String> {
+    let mut lines = bytes.split(|b| *b == b'\n');
+    let first = lines.next().unwrap_or_default();
+    let (mut state, lsn) = match serde_json::from_slice::<Header>(first) {
+        Ok(header) => {
+            let mut state = State::default();
+            for (i, line) in lines.enumerate().filter(|(_, l)| !l.is_empty()) {
+                let n: NodeLine =
+                    serde_json::from_slice(line).map_err(|e| format!("line {}: {e}", i + 2))?;
+                state.nodes.insert(n.key, n.node);
+            }
+            (state, Some(header.lsn))
+        }
+        Err(_) => (
+            serde_json::from_slice(bytes).map_err(|e| e.to_string())?,
+            None,
+        ),
+    };
     state.recount();
-    Ok(state)
+    Ok((state, lsn))
 }
 
 /// What a Sparkplug message did besides its readings and rejections: for
@@ -297,8 +469,9 @@ pub struct Effects {
     pub out_of_order: u32,
     /// An NDEATH whose `bdSeq` is not the node's current one.
     pub stale_death: bool,
-    /// The durable part of [`State`] changed: save it before acknowledging.
-    pub state_changed: bool,
+    /// What the message changed of the durable part of [`State`], in order
+    /// (already applied): the admission spools each.
+    pub changes: Vec<Change>,
     /// Edge nodes forgotten (the longest-silent) to make room for this
     /// BIRTH within the state's budget.
     pub evicted: u32,
@@ -504,12 +677,18 @@ impl State {
     ) -> Result<Vec<Reading>, DecodeError> {
         let learnt = learn(&m.p.metrics, msg.limits.max_field_name_length);
         self.admit(msg, &m, &learnt, out)?;
-        self.teach(&m.key, None, learnt);
-        let node = self.nodes.get_mut(&m.key).expect("admitted");
+        let bd_seq = bd_seq_of(&m.p.metrics);
+        self.change(
+            Change::NodeBirth {
+                key: m.key.clone(),
+                bd_seq,
+                aliases: learnt,
+            },
+            msg.now_ms,
+            out,
+        );
+        let node = self.nodes.get_mut(&m.key).expect("born");
         node.seq = m.p.seq.map(|s| s as u8);
-        node.online = true;
-        node.bd_seq = bd_seq_of(&m.p.metrics);
-        let bd_seq = node.bd_seq;
         self.with_state("online", bd_seq, msg, &m, out)
     }
 
@@ -523,8 +702,16 @@ impl State {
     ) -> Result<Vec<Reading>, DecodeError> {
         let learnt = learn(&m.p.metrics, msg.limits.max_field_name_length);
         self.admit(msg, &m, &learnt, out)?;
-        self.teach(&m.key, Some(m.t.device.unwrap_or_default()), learnt);
-        let node = self.nodes.get_mut(&m.key).expect("admitted");
+        self.change(
+            Change::DeviceBirth {
+                key: m.key.clone(),
+                device: m.t.device.unwrap_or_default().to_string(),
+                aliases: learnt,
+            },
+            msg.now_ms,
+            out,
+        );
+        let node = self.nodes.get_mut(&m.key).expect("born");
         track_seq(node, m.p.seq, &mut out.sparkplug);
         let bd_seq = node.bd_seq;
         self.with_state("online", bd_seq, msg, &m, out)
@@ -551,13 +738,16 @@ impl State {
             return Vec::new();
         }
         let mut offline = vec![m.sensor.clone()];
-        for (id, d) in node.devices.iter_mut().filter(|(_, d)| d.online) {
-            d.online = false;
+        for id in node
+            .devices
+            .iter()
+            .filter(|(_, d)| d.online)
+            .map(|(id, _)| id)
+        {
             offline.push(format!("{}:{id}", m.sensor));
         }
-        node.online = false;
-        out.sparkplug.state_changed = true;
         let bd = bd_seq.or(node.bd_seq);
+        self.change(Change::NodeDeath { key: m.key }, msg.now_ms, out);
         offline
             .into_iter()
             .enumerate()
@@ -583,14 +773,21 @@ impl State {
         let node = self.nodes.get_mut(&m.key).expect("born");
         track_seq(node, m.p.seq, &mut out.sparkplug);
         let device = m.t.device.unwrap_or_default();
-        let Some(d) = node.devices.get_mut(device) else {
+        if !node.devices.contains_key(device) {
             return Err(DecodeError::UnknownAlias(format!(
                 "DDEATH of device {:?} that was never born",
                 truncate(device, 64)
             )));
-        };
-        d.online = false;
+        }
         let bd_seq = node.bd_seq;
+        self.change(
+            Change::DeviceDeath {
+                key: m.key.clone(),
+                device: device.to_string(),
+            },
+            msg.now_ms,
+            out,
+        );
         self.with_state("offline", bd_seq, msg, &m, out)
     }
 
@@ -607,8 +804,7 @@ impl State {
         self.readings(msg, &m, ByTime::default(), out)
     }
 
-    /// A BIRTH's or DEATH's readings: the state changed (saved before the
-    /// message is acknowledged), a sample with the `_state` flag (and
+    /// A BIRTH's or DEATH's readings: a sample with the `_state` flag (and
     /// `_bdSeq`) at the payload's time, and its metrics.
     fn with_state(
         &mut self,
@@ -618,7 +814,6 @@ impl State {
         m: &Incoming<'_>,
         out: &mut Decoded,
     ) -> Result<Vec<Reading>, DecodeError> {
-        out.sparkplug.state_changed = true;
         let mut samples = ByTime::default();
         for (name, value) in state_fields(state, bd_seq) {
             samples.push(m.payload_ts, false, name, value);
@@ -723,19 +918,8 @@ impl State {
                 .find(|(_, k)| *k != m.key)
                 .map(|(_, k)| k.clone())
                 .expect("the node alone fits, so another is there to evict");
-            self.evict(&victim);
+            self.change(Change::Evict { key: victim }, msg.now_ms, out);
             out.sparkplug.evicted += 1;
-        }
-        if !self.nodes.contains_key(&m.key) {
-            self.unborn_asked.remove(&m.key);
-            let node = Node {
-                heard_ms: msg.now_ms,
-                bytes: NODE_BYTES + m.key.len(),
-                ..Node::default()
-            };
-            self.bytes += node.bytes;
-            self.silence.insert((msg.now_ms, m.key.clone()));
-            self.nodes.insert(m.key.clone(), node);
         }
         Ok(())
     }

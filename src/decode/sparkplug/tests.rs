@@ -144,7 +144,7 @@ fn births_teach_no_more_than_the_limits_and_evict_the_longest_silent() {
     let third = d.decode("spBv1.0/G/NBIRTH/N3", &nbirth(0), at(6));
     assert_eq!(cause(&third), None);
     assert_eq!(third.sparkplug.evicted, 1);
-    assert!(third.sparkplug.state_changed);
+    assert!(!third.sparkplug.changes.is_empty());
     assert_eq!(d.sparkplug_state().size().0, 2);
     // N2 was forgotten: its DATA cannot be named.
     let out = d.decode("spBv1.0/G/NDATA/N2", &data, at(7));
@@ -202,7 +202,7 @@ fn births_teach_no_more_than_the_limits_and_evict_the_longest_silent() {
         let out = d.decode(&format!("spBv1.0/G/NDATA/N{n}"), &data, at(20));
         assert_eq!(cause(&out), None, "N{n}");
     }
-    let saved = load(&save(d.sparkplug_state())).unwrap();
+    let saved = load(&snapshot(d.sparkplug_state(), 0)).unwrap().0;
     assert_eq!(
         saved.bytes(),
         d.sparkplug_state().bytes(),
@@ -248,7 +248,7 @@ fn births_teach_no_more_than_the_limits_and_evict_the_longest_silent() {
         2,
         "bdSeq and Count, not Temp%2EC"
     );
-    let saved = load(&save(d.sparkplug_state())).unwrap();
+    let saved = load(&snapshot(d.sparkplug_state(), 0)).unwrap().0;
     assert_eq!(
         saved.aliases,
         d.sparkplug_state().aliases,
@@ -279,7 +279,7 @@ fn birth_then_data_by_alias() {
     let mut d = decoder(false);
     let out = d.decode("spBv1.0/G/NBIRTH/N", &nbirth(3), NOW);
     assert!(out.errors.is_empty(), "{:?}", out.errors);
-    assert!(out.sparkplug.state_changed);
+    assert!(!out.sparkplug.changes.is_empty());
     // Five fields over samples of at most four.
     assert_eq!(out.readings.len(), 2);
     let r = &merged(&out.readings);
@@ -299,7 +299,7 @@ fn birth_then_data_by_alias() {
     );
     let out = d.decode("spBv1.0/G/NDATA/N", &data, NOW);
     assert!(out.errors.is_empty(), "{:?}", out.errors);
-    assert!(!out.sparkplug.state_changed);
+    assert!(out.sparkplug.changes.is_empty());
     assert_eq!(
         out.readings,
         vec![Reading {
@@ -316,9 +316,9 @@ fn birth_then_data_by_alias() {
 fn the_state_survives_serialization() {
     let mut d = decoder(false);
     d.decode("spBv1.0/G/NBIRTH/N", &nbirth(1), NOW);
-    let saved = save(d.sparkplug_state());
+    let saved = snapshot(d.sparkplug_state(), 0);
     let mut fresh = decoder(false);
-    fresh.set_sparkplug_state(load(&saved).unwrap());
+    fresh.set_sparkplug_state(load(&saved).unwrap().0);
     let data = payload(
         1,
         vec![proto::Metric {
@@ -351,7 +351,7 @@ fn unknown_alias_is_its_own_rejection_and_asks_for_a_rebirth_once() {
     assert_eq!(out.sparkplug.rebirth.as_deref(), Some("spBv1.0/G/NCMD/N"));
     // Only a BIRTH adds a node to what is saved (fuzz regression).
     assert_eq!(d.sparkplug_state().size(), (0, 0, 0));
-    assert!(!out.sparkplug.state_changed);
+    assert!(out.sparkplug.changes.is_empty());
     let out = d.decode("spBv1.0/G/NDATA/N", &data, NOW + 1000);
     assert_eq!(out.errors[0].cause(), "unknown_alias");
     assert_eq!(out.sparkplug.rebirth, None, "rate-limited");
@@ -615,11 +615,70 @@ proptest! {
             };
             let _ = d.decode(&topic, &body, NOW + second * 1000);
             let state = d.sparkplug_state();
-            let recounted = load(&save(state)).unwrap();
+            let recounted = load(&snapshot(state, 0)).unwrap().0;
             prop_assert_eq!(state.bytes(), recounted.bytes());
             prop_assert_eq!(state.aliases, recounted.aliases);
             prop_assert_eq!(state.silence.len(), state.nodes.len());
             prop_assert!(state.bytes() <= 3_000 && state.aliases <= 20 && state.nodes.len() <= 4);
         }
+    }
+
+    /// A snapshot made a node at a time while BIRTHs, DEATHs and
+    /// evictions go on, with every change from its start replayed onto it,
+    /// is the state at the end (what a start after a crash reads).
+    #[test]
+    fn a_snapshot_made_while_the_state_changes_and_its_changes_replayed_is_the_state(
+        steps in proptest::collection::vec((0..6usize, 0..5u8, 0..3u8, 0..4u64), 1..60),
+        begin in 0..60usize,
+    ) {
+        let mut d = decoder(true);
+        d.limits.max_sparkplug_nodes = 4;
+        d.limits.max_sparkplug_devices_per_node = 2;
+        d.limits.max_sparkplug_aliases = 20;
+        let mut changes: Vec<Change> = Vec::new();
+        // (index of the first change it must replay, lines so far, the key
+        // to go on after, done).
+        let mut snap: Option<(usize, Vec<u8>, Option<String>, bool)> = None;
+        for (i, (node, kind, device, aliases)) in steps.iter().enumerate() {
+            if i == begin.min(steps.len() - 1) {
+                snap = Some((changes.len(), snapshot_header(7), None, false));
+            }
+            if let Some((_, lines, after, done)) = &mut snap {
+                if !*done {
+                    let next = d.sparkplug_state().snapshot_lines(after.as_deref(), lines, 1);
+                    *done = next.is_none();
+                    *after = next;
+                }
+            }
+            let metrics: Vec<proto::Metric> = (0..*aliases)
+                .map(|a| metric(Some(&format!("m{a}{kind}")), a, DataType::Double, Value::DoubleValue(1.0)))
+                .collect();
+            let topic = match kind {
+                0 => format!("spBv1.0/G/NBIRTH/N{node}"),
+                1 => format!("spBv1.0/G/DBIRTH/N{node}/D{device}"),
+                2 => format!("spBv1.0/G/DDEATH/N{node}/D{device}"),
+                3 => format!("spBv1.0/G/NDATA/N{node}"),
+                _ => format!("spBv1.0/G/NDEATH/N{node}"),
+            };
+            let out = d.decode(&topic, &payload(0, metrics), NOW);
+            changes.extend(out.sparkplug.changes.iter().cloned());
+        }
+        let (from, mut lines, mut after, mut done) = snap.expect("begun");
+        while !done {
+            after = d.sparkplug_state().snapshot_lines(after.as_deref(), &mut lines, 1);
+            done = after.is_none();
+        }
+        let (mut replayed, lsn) = load(&lines).unwrap();
+        prop_assert_eq!(lsn, Some(7));
+        for c in &changes[from..] {
+            let json = serde_json::to_vec(c).unwrap();
+            replayed.apply(&serde_json::from_slice(&json).unwrap(), 0);
+        }
+        replayed.recount();
+        prop_assert_eq!(
+            String::from_utf8(snapshot(&replayed, 0)).unwrap(),
+            String::from_utf8(snapshot(d.sparkplug_state(), 0)).unwrap()
+        );
+        prop_assert_eq!(replayed.bytes(), d.sparkplug_state().bytes());
     }
 }
