@@ -111,6 +111,13 @@ enum Cli {
     /// before the flood (the yardstick) and the state's budget, the nodes
     /// forgotten, and whether a node born after the flood is stored.
     SparkplugFlood(SparkplugFloodArgs),
+    /// The Sparkplug B state alone, in this process (what
+    /// `sparkplug-flood` runs as a child of its own): the flood's messages
+    /// through palletd's decoder, with a snapshot made a chunk at a time
+    /// after every 1,000, and the process's RSS growth against the
+    /// state's estimate and budget. JSON on stdout.
+    #[command(hide = true)]
+    SparkplugState(SparkplugFloodArgs),
     /// History arriving late: years of hourly readings of a few weather
     /// stations published as fast as the broker takes them, window 1h
     /// (every reading its own bucket), rollups off and then 1h + 1d + 7d,
@@ -505,6 +512,7 @@ fn main() -> anyhow::Result<()> {
         Cli::Closer(args) => closer(args),
         Cli::Hostile(args) => hostile(args),
         Cli::SparkplugFlood(args) => sparkplug_flood(args),
+        Cli::SparkplugState(args) => sparkplug_state(args),
         Cli::LiveRollups(args) => live_rollups(args),
         Cli::Soak(args) => soak(args),
         Cli::Replay(args) => replay(args),
@@ -3379,6 +3387,8 @@ fn sparkplug_flood(args: SparkplugFloodArgs) -> anyhow::Result<()> {
             row["state_budget_mb"] = json!(budget as f64 / 1e6);
             row["state_estimated_mb"] = json!(state / 1e6);
             row["nodes_evicted"] = json!(counter_sum(port, palletd::telemetry::SPARKPLUG_EVICTED));
+            row["snapshots_written"] =
+                json!(counter_sum(port, palletd::telemetry::SPARKPLUG_STATE_SAVES));
             row["new_node_decoded"] = json!(unknown() == before.0);
         }
         stop.store(true, Ordering::Relaxed);
@@ -3390,11 +3400,31 @@ fn sparkplug_flood(args: SparkplugFloodArgs) -> anyhow::Result<()> {
         r["peak_rss_mb"].as_f64().unwrap_or(0.0) - r["rss_at_rest_mb"].as_f64().unwrap_or(0.0)
     };
     let state_mb = growth(&rows[0]) - growth(&rows[1]);
+    // The state alone, without the million new sensors' noise around it.
+    let alone = std::process::Command::new(std::env::current_exe()?)
+        .args([
+            "sparkplug-state",
+            "--nodes",
+            &args.nodes.to_string(),
+            "--devices",
+            &args.devices.to_string(),
+            "--max-memory",
+            &args.max_memory,
+        ])
+        .output()?;
+    anyhow::ensure!(
+        alone.status.success(),
+        "sparkplug-state: {}",
+        String::from_utf8_lossy(&alone.stderr)
+    );
+    let alone: serde_json::Value = serde_json::from_slice(&alone.stdout)?;
+    eprintln!("  the state alone: {alone}");
     let result = json!({
         "nodes": args.nodes,
         "devices_per_node": args.devices,
         "max_memory": args.max_memory,
         "runs": rows,
+        "state_alone": alone,
         "state_rss_mb": state_mb,
         "state_rss_over_budget": state_mb * 1e6 / budget as f64,
     });
@@ -3409,6 +3439,64 @@ fn sparkplug_flood(args: SparkplugFloodArgs) -> anyhow::Result<()> {
         serde_json::to_string_pretty(&json!({"machine": machine(), "result": result}))?,
     )?;
     eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+/// See [`Cli::SparkplugState`].
+fn sparkplug_state(args: SparkplugFloodArgs) -> anyhow::Result<()> {
+    let settings = palletd::config::parse(
+        &format!(
+            "[mqtt]\nurl = \"mqtt://x\"\nclient_id = \"x\"\n[mongodb]\nuri = \"mongodb://x\"\ndatabase = \"x\"\n\
+             [[subscription]]\ntopic = \"spBv1.0/#\"\nformat = \"sparkplug_b\"\n[limits]\nmax_memory = \"{}\"\nmax_sparkplug_nodes = 1000000\n",
+            args.max_memory
+        ),
+        None,
+    )
+    .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let limits = settings.decode_limits();
+    let budget = limits.max_sparkplug_bytes;
+    let mut decoder = palletd::decode::Decoder::new(settings.subscriptions.clone(), limits);
+    let before = rss_of(std::process::id());
+    let (mut peak, mut messages, mut snapshot_bytes) = (before, 0u64, 0usize);
+    let mut chunk = Vec::new();
+    let now = palletd::clock::now_ms();
+    for n in 0..args.nodes {
+        for (topic, payload) in flood_node("sparkplug", &format!("n{n}"), args.devices) {
+            let _ = decoder.decode_with(&topic, &payload, None, now);
+            messages += 1;
+            if messages % 1000 == 0 {
+                // A snapshot as palletd makes it: a chunk at a time.
+                let state = decoder.sparkplug_state();
+                let mut after = None;
+                loop {
+                    chunk.clear();
+                    after = state.snapshot_lines(
+                        after.as_ref(),
+                        &mut chunk,
+                        palletd::admission::sparkplug::CHUNK_BYTES,
+                    );
+                    snapshot_bytes = snapshot_bytes.max(chunk.capacity());
+                    if after.is_none() {
+                        break;
+                    }
+                }
+                peak = peak.max(rss_of(std::process::id()));
+            }
+        }
+    }
+    let end = rss_of(std::process::id());
+    peak = peak.max(end);
+    let estimate = decoder.sparkplug_state().bytes();
+    let result = json!({
+        "messages": messages,
+        "rss_growth_mb": (end - before) as f64 / 1e6,
+        "peak_rss_growth_mb": (peak - before) as f64 / 1e6,
+        "state_estimated_mb": estimate as f64 / 1e6,
+        "state_budget_mb": budget as f64 / 1e6,
+        "peak_over_budget": (peak - before) as f64 / budget as f64,
+        "snapshot_chunk_mb": snapshot_bytes as f64 / 1e6,
+    });
+    println!("{result}");
     Ok(())
 }
 

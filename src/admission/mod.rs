@@ -291,6 +291,8 @@ impl Admission {
         let mut gauges_at = Instant::now() - GAUGE_EVERY;
         let mut quiet_at = Instant::now() - QUIET_EVERY;
         let mut quiet_dirty = false;
+        // The last turn made a chunk of a Sparkplug B snapshot.
+        let mut chunk_last = false;
         loop {
             if gauges_at.elapsed() >= GAUGE_EVERY {
                 gauges_at = Instant::now();
@@ -325,7 +327,9 @@ impl Admission {
                 .as_ref()
                 .and_then(|f| f.due(self.decoder.sparkplug_state()));
             let chunk_to = self.sparkplug.as_ref().and_then(|f| f.sender());
-            let chunk_wanted = chunk_to.is_some();
+            // Alternating with batches while messages wait.
+            let chunk_wanted = chunk_to.is_some() && (!chunk_last || rx.is_empty());
+            chunk_last = false;
             let snapshotting = self.sparkplug.as_ref().is_some_and(|f| f.writing());
             tokio::select! {
                 biased;
@@ -336,6 +340,17 @@ impl Admission {
                         return Err(acks.len());
                     }
                     self.release(&mut acks);
+                }
+                // A chunk of the Sparkplug B snapshot being written, when
+                // its thread has room: before messages, or a flood would
+                // keep it from ending (and the spool from letting go of
+                // the changes since the last one); while messages wait, a
+                // chunk and a batch take turns.
+                permit = room_for_chunk(chunk_to), if chunk_wanted => {
+                    if let Some(f) = &mut self.sparkplug {
+                        f.step(self.decoder.sparkplug_state(), permit);
+                    }
+                    chunk_last = true;
                 }
                 m = rx.recv(), if !full => match m {
                     Some(m) => {
@@ -372,11 +387,6 @@ impl Admission {
                     let lsn = self.next_lsn;
                     if let Some(f) = &mut self.sparkplug {
                         f.begin(lsn);
-                    }
-                }
-                permit = room_for_chunk(chunk_to), if chunk_wanted => {
-                    if let Some(f) = &mut self.sparkplug {
-                        f.step(self.decoder.sparkplug_state(), permit);
                     }
                 }
                 written = snapshot_written(&mut self.sparkplug), if snapshotting => {

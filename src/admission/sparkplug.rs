@@ -50,7 +50,7 @@ pub const SNAPSHOT_EVERY: Duration = Duration::from_secs(30);
 /// state's estimated bytes, if more): a start replays little.
 pub const SNAPSHOT_CHANGE_BYTES: usize = 1 << 20;
 /// Bytes of a snapshot made at a time on the admission task.
-pub const CHUNK_BYTES: usize = 256 << 10;
+pub const CHUNK_BYTES: usize = 64 << 10;
 /// A failed snapshot is tried again this much later.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 /// Records read at a time when a start replays the changes.
@@ -84,8 +84,8 @@ struct Writing {
     lsn: u64,
     /// The header is written.
     started: bool,
-    /// The key of the last node written.
-    after: Option<String>,
+    /// Where the lines go on.
+    after: Option<sp::SnapshotAt>,
     /// To the writing thread; `None` once the last chunk went.
     tx: Option<mpsc::Sender<Chunk>>,
     done: oneshot::Receiver<io::Result<()>>,
@@ -227,7 +227,7 @@ impl StateFile {
 
     /// Begins a snapshot of the state as it is at `lsn` (the next record's).
     pub fn begin(&mut self, lsn: u64) {
-        let (tx, rx) = mpsc::channel(2);
+        let (tx, rx) = mpsc::channel(1);
         let (done_tx, done) = oneshot::channel();
         let path = self.path.clone();
         let spawned = std::thread::Builder::new()
@@ -267,12 +267,12 @@ impl StateFile {
             w.tx = None;
             return;
         };
-        let mut chunk = Vec::with_capacity(CHUNK_BYTES + 4096);
+        let mut chunk = Vec::with_capacity(CHUNK_BYTES + (CHUNK_BYTES >> 2));
         if !w.started {
             w.started = true;
-            chunk = sp::snapshot_header(w.lsn);
+            chunk.extend_from_slice(&sp::snapshot_header(w.lsn));
         }
-        let next = state.snapshot_lines(w.after.as_deref(), &mut chunk, CHUNK_BYTES);
+        let next = state.snapshot_lines(w.after.as_ref(), &mut chunk, CHUNK_BYTES);
         let last = next.is_none();
         w.after = next;
         if last {
@@ -374,9 +374,9 @@ fn write_chunks(path: &Path, mut rx: mpsc::Receiver<Chunk>) -> io::Result<()> {
 fn write_whole(path: &Path, state: &State, lsn: u64) -> io::Result<()> {
     put_in_place(path, |f| {
         let mut chunk = sp::snapshot_header(lsn);
-        let mut after: Option<String> = None;
+        let mut after: Option<sp::SnapshotAt> = None;
         loop {
-            let next = state.snapshot_lines(after.as_deref(), &mut chunk, CHUNK_BYTES);
+            let next = state.snapshot_lines(after.as_ref(), &mut chunk, CHUNK_BYTES);
             f.write_all(&chunk)?;
             chunk.clear();
             match next {

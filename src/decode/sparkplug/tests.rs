@@ -638,14 +638,14 @@ proptest! {
         let mut changes: Vec<Change> = Vec::new();
         // (index of the first change it must replay, lines so far, the key
         // to go on after, done).
-        let mut snap: Option<(usize, Vec<u8>, Option<String>, bool)> = None;
+        let mut snap: Option<(usize, Vec<u8>, Option<SnapshotAt>, bool)> = None;
         for (i, (node, kind, device, aliases)) in steps.iter().enumerate() {
             if i == begin.min(steps.len() - 1) {
                 snap = Some((changes.len(), snapshot_header(7), None, false));
             }
             if let Some((_, lines, after, done)) = &mut snap {
                 if !*done {
-                    let next = d.sparkplug_state().snapshot_lines(after.as_deref(), lines, 1);
+                    let next = d.sparkplug_state().snapshot_lines(after.as_ref(), lines, 1);
                     *done = next.is_none();
                     *after = next;
                 }
@@ -665,7 +665,7 @@ proptest! {
         }
         let (from, mut lines, mut after, mut done) = snap.expect("begun");
         while !done {
-            after = d.sparkplug_state().snapshot_lines(after.as_deref(), &mut lines, 1);
+            after = d.sparkplug_state().snapshot_lines(after.as_ref(), &mut lines, 1);
             done = after.is_none();
         }
         let (mut replayed, lsn) = load(&lines).unwrap();
