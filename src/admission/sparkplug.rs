@@ -122,29 +122,33 @@ impl StateFile {
             evictions_unsaid: 0,
         };
         let (mut state, from) = file.load();
+        // Changes replayed onto the snapshot; `None`: there was no snapshot
+        // of this form to replay onto, or its changes could not be read.
         let replayed = match from {
             Some(lsn) => match replay(&mut state, spool, lsn, next_lsn) {
-                Ok(n) => n,
+                Ok(n) => Some(n),
                 Err(e) => {
                     error!(error = %e, "Cannot read the spool's Sparkplug B changes since the last snapshot; starting without aliases: DATA goes to the dead letter as unknown_alias until each node's next BIRTH.");
                     state = State::default();
-                    1
+                    None
                 }
             },
-            None => 1,
+            None => None,
         };
         state.recount();
         let (nodes, devices, aliases) = state.size();
         info!(
             nodes,
-            devices, aliases, replayed, "Sparkplug B state loaded."
+            devices,
+            aliases,
+            replayed = replayed.unwrap_or(0),
+            "Sparkplug B state loaded."
         );
-        if replayed == 0 {
+        spool.hold(from.unwrap_or(next_lsn));
+        if replayed == Some(0) {
             // The snapshot is current: the replay starts there next time too.
-            spool.hold(from.unwrap_or(next_lsn));
             return (file, state);
         }
-        spool.hold(from.unwrap_or(next_lsn));
         let written = write_whole(&file.path, &state, next_lsn);
         // If it fails, the next is due at once (after the retry's wait).
         let due_now = Pending {
