@@ -162,7 +162,9 @@ pub(super) struct Appender {
     durable: u64,
     pub checkpoint: u64,
     /// Segments wholly below this are deleted: the checkpoint, or the
-    /// spool's hold ([`super::Spool::hold`]) when that is lower.
+    /// spool's hold ([`super::Spool::hold`]) when that is lower. Starts at
+    /// the recovered checkpoint: a start deletes nothing before the
+    /// checkpoint (or the hold) moves past it, as before there was a hold.
     deleted_below: u64,
     pub shared: Arc<Shared>,
     pub max_size: u64,
@@ -284,7 +286,7 @@ impl Appender {
             next_lsn: s.next_lsn,
             durable: s.next_lsn,
             checkpoint: s.checkpoint,
-            deleted_below: 0,
+            deleted_below: s.checkpoint,
             shared: s.shared,
             max_size: s.max_size,
             when_full: s.when_full,
