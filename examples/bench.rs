@@ -3243,18 +3243,7 @@ fn sparkplug_flood(args: SparkplugFloodArgs) -> anyhow::Result<()> {
             args.max_memory
         ),
     );
-    let budget = palletd::config::parse(
-        &format!(
-            "[mqtt]\nurl = \"mqtt://x\"\nclient_id = \"x\"\n[mongodb]\nuri = \"mongodb://x\"\ndatabase = \"x\"\n\
-             [[subscription]]\ntopic = \"spBv1.0/#\"\nformat = \"sparkplug_b\"\n[limits]\nmax_memory = \"{}\"\n",
-            args.max_memory
-        ),
-        None,
-    )
-    .map_err(|e| anyhow::anyhow!("{e:?}"))?
-    .limits
-    .split()
-    .sparkplug;
+    let budget = flood_settings(&args.max_memory)?.limits.split().sparkplug;
     let births = (args.nodes * (args.devices + 1)) as u64;
     let mut rows = Vec::new();
     for kind in ["sparkplug", "json"] {
@@ -3442,17 +3431,22 @@ fn sparkplug_flood(args: SparkplugFloodArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// See [`Cli::SparkplugState`].
-fn sparkplug_state(args: SparkplugFloodArgs) -> anyhow::Result<()> {
-    let settings = palletd::config::parse(
+/// The settings of palletd in the flood: a Sparkplug B subscription and
+/// `[limits]` as the sinks get them (`max_memory`, nodes unbounded).
+fn flood_settings(max_memory: &str) -> anyhow::Result<palletd::config::Settings> {
+    palletd::config::parse(
         &format!(
             "[mqtt]\nurl = \"mqtt://x\"\nclient_id = \"x\"\n[mongodb]\nuri = \"mongodb://x\"\ndatabase = \"x\"\n\
-             [[subscription]]\ntopic = \"spBv1.0/#\"\nformat = \"sparkplug_b\"\n[limits]\nmax_memory = \"{}\"\nmax_sparkplug_nodes = 1000000\n",
-            args.max_memory
+             [[subscription]]\ntopic = \"spBv1.0/#\"\nformat = \"sparkplug_b\"\n[limits]\nmax_memory = \"{max_memory}\"\nmax_sparkplug_nodes = 1000000\n"
         ),
         None,
     )
-    .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    .map_err(|e| anyhow::anyhow!("{e:?}"))
+}
+
+/// See [`Cli::SparkplugState`].
+fn sparkplug_state(args: SparkplugFloodArgs) -> anyhow::Result<()> {
+    let settings = flood_settings(&args.max_memory)?;
     let limits = settings.decode_limits();
     let budget = limits.max_sparkplug_bytes;
     let mut decoder = palletd::decode::Decoder::new(settings.subscriptions.clone(), limits);
