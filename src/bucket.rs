@@ -26,6 +26,11 @@
 //! long (200 buckets of 200 samples and 9 fields: 9.5-11.8 s against
 //! 1.2 s), while the two more paths per field cost a statement of one
 //! sample and 3 fields 8-30% and one of many samples proportionally less.
+//!
+//! With thinning ([`crate::thin`]) a sample carries what the admission
+//! decided ([`THIN`], [`ARCHIVE`]): a statement pushes the fields kept and
+//! the points stored late, counts those against the caps (`count`), and
+//! summarises every reading; `thinned` counts the readings left out.
 
 use bson::{rawdoc, RawArrayBuf, RawBson, RawDocument, RawDocumentBuf};
 
@@ -105,9 +110,52 @@ impl<'a> SampleRef<'a> {
         })
     }
 
-    /// Bytes of its document.
+    /// Bytes it counts against `bucket.max_bytes`: its document (with
+    /// what thinning keeps beside it, a few bytes too many), nothing when
+    /// thinning left it nothing to push ([`SampleRef::pushes`]).
     pub fn bytes(&self) -> u32 {
-        self.doc.as_bytes().len() as u32
+        if self.pushes() {
+            self.doc.as_bytes().len() as u32
+        } else {
+            0
+        }
+    }
+
+    /// The thinning it went through, `{field: {k, b, v?}}` ([`THIN`]).
+    fn thin(&self) -> Option<&'a RawDocument> {
+        match self.doc.get(THIN) {
+            Ok(Some(bson::RawBsonRef::Document(thin))) => Some(thin),
+            _ => None,
+        }
+    }
+
+    /// Whether it is a point thinning stored after the reading it came
+    /// with ([`ARCHIVE`]): pushed, and no reading of the summaries.
+    pub fn is_archive(&self) -> bool {
+        matches!(self.doc.get(ARCHIVE), Ok(Some(_)))
+    }
+
+    /// Whether it has anything to push into `samples`: a field thinning
+    /// did not drop (every sample without thinning does).
+    pub fn pushes(&self) -> bool {
+        self.thin().is_none()
+            || self
+                .doc
+                .iter()
+                .flatten()
+                .any(|(name, _)| name != "ts" && !name.starts_with('_'))
+    }
+
+    /// The thinning rules of its fields: (field, rule kind, bound).
+    pub fn rules(&self) -> impl Iterator<Item = (&'a str, &'a str, f64)> {
+        self.thin().into_iter().flat_map(|t| {
+            t.iter().flatten().filter_map(|(name, v)| {
+                let rule = v.as_document()?;
+                let kind = rule.get_str("k").ok()?;
+                let bound = rule.get_f64("b").ok()?;
+                Some((name, kind, bound))
+            })
+        })
     }
 
     /// Bytes it costs a bucket alone: its document and the summary entries
@@ -128,24 +176,49 @@ impl<'a> SampleRef<'a> {
     /// bucket keeps once ([`UNITS`]); one look for them per sample (this
     /// is on every statement's path).
     pub fn stored(&self) -> (RawDocumentBuf, Option<&'a RawDocument>) {
-        let Some(units) = self.units() else {
+        let units = self.units();
+        if units.is_none() && self.thin().is_none() && !self.is_archive() {
             return (self.doc.to_raw_document_buf(), None);
-        };
+        }
         let mut out = RawDocumentBuf::new();
         for (name, value) in self.doc.iter().flatten() {
-            if name != UNITS {
+            if name != UNITS && name != THIN && name != ARCHIVE {
                 out.append(name, value.to_raw_bson());
             }
         }
-        (out, Some(units))
+        (out, units)
     }
 
-    /// The numeric fields, for the rollups.
-    pub fn nums(&self) -> impl Iterator<Item = (&'a str, f64)> {
-        self.doc.iter().filter_map(|f| match f.ok()? {
-            (name, bson::RawBsonRef::Double(x)) => Some((name, x)),
-            _ => None,
+    /// The reading as received, every value thinning dropped put back
+    /// (what the latest value shows): `ts` and the fields.
+    pub fn whole(&self) -> RawDocumentBuf {
+        let (mut out, _) = self.stored();
+        for (name, x) in self.dropped() {
+            out.append(name, x);
+        }
+        out
+    }
+
+    /// The values thinning dropped: summarised, not pushed.
+    fn dropped(&self) -> impl Iterator<Item = (&'a str, f64)> {
+        self.thin().into_iter().flat_map(|t| {
+            t.iter().flatten().filter_map(|(name, v)| {
+                let x = v.as_document()?.get_f64("v").ok()?;
+                Some((name, x))
+            })
         })
+    }
+
+    /// The numeric fields of the reading, for the summaries and rollups:
+    /// those it pushes and those thinning dropped; none of an archived
+    /// point's (its reading was summarised when it came).
+    pub fn nums(&self) -> impl Iterator<Item = (&'a str, f64)> {
+        let archive = self.is_archive();
+        let pushed = self.doc.iter().filter_map(move |f| match f.ok()? {
+            (name, bson::RawBsonRef::Double(x)) if !archive => Some((name, x)),
+            _ => None,
+        });
+        pushed.chain(self.dropped())
     }
 }
 
@@ -231,6 +304,28 @@ fn ts_of(doc: &RawDocument) -> Option<i64> {
 /// with the sample (a few bytes too many, never too few).
 pub const UNITS: &str = "_units";
 
+/// Where a sample's document carries the thinning its fields went
+/// through ([`crate::thin`]): `{field: {k: rule kind, b: bound, v: value}}`,
+/// `v` only when the value was dropped (then the field is not in the
+/// document: it is summarised, not pushed). A statement sets
+/// `thinning.<field>` from it and counts `readings`.
+pub const THIN: &str = "_thin";
+
+/// Marks a sample that is a point thinning stored later than its reading
+/// came (the swinging door's last point of a run): pushed, and not
+/// summarised again (`{ts, <field>: value, _archive: true}`).
+pub const ARCHIVE: &str = "_archive";
+
+/// What thinning did to one field of a reading ([`Sample::encode_thinned`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Thinned<'a> {
+    pub field: &'a str,
+    pub kind: &'static str,
+    pub bound: f64,
+    /// Summarised, not pushed.
+    pub dropped: bool,
+}
+
 /// One sample, owned.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
@@ -241,9 +336,20 @@ pub struct Sample {
 
 impl Sample {
     pub fn encode(reading: &Reading, lsn: u64) -> Sample {
+        Sample::encode_thinned(reading, lsn, &[])
+    }
+
+    /// A reading whose fields went through thinning: `thinned` says, per
+    /// field, its rule's kind and bound and whether the value was dropped
+    /// ([`THIN`]).
+    pub fn encode_thinned(reading: &Reading, lsn: u64, thinned: &[Thinned<'_>]) -> Sample {
         let mut doc = RawDocumentBuf::new();
         doc.append("ts", bson::DateTime::from_millis(reading.ts_ms));
+        let dropped = |name: &str| thinned.iter().any(|t| t.dropped && t.field == name);
         for (name, value) in &reading.fields {
+            if dropped(name) {
+                continue;
+            }
             match value {
                 FieldValue::Num(x) => doc.append(name, *x),
                 FieldValue::Str(s) => doc.append(name, s.as_str()),
@@ -259,11 +365,37 @@ impl Sample {
             }
             doc.append(UNITS, units);
         }
+        if !thinned.is_empty() {
+            let mut thin = RawDocumentBuf::new();
+            for t in thinned {
+                let mut rule = rawdoc! { "k": t.kind, "b": t.bound };
+                if t.dropped {
+                    let value = reading.fields.iter().find(|f| f.0 == t.field);
+                    if let Some((_, FieldValue::Num(x))) = value {
+                        rule.append("v", *x);
+                    }
+                }
+                thin.append(t.field, rule);
+            }
+            doc.append(THIN, thin);
+        }
         Sample {
             ts_ms: reading.ts_ms,
             doc,
             lsn,
         }
+    }
+
+    /// Points of one time that thinning stores after their reading came
+    /// ([`ARCHIVE`]).
+    pub fn archive(ts_ms: i64, fields: &[(&str, f64)], lsn: u64) -> Sample {
+        let mut doc = RawDocumentBuf::new();
+        doc.append("ts", bson::DateTime::from_millis(ts_ms));
+        for (name, x) in fields {
+            doc.append(*name, *x);
+        }
+        doc.append(ARCHIVE, true);
+        Sample { ts_ms, doc, lsn }
     }
 
     pub fn as_ref(&self) -> SampleRef<'_> {
@@ -598,6 +730,9 @@ pub struct Statement {
     pub start_ms: i64,
     /// Which of the run's samples it carries.
     pub range: std::ops::Range<usize>,
+    /// How many of them it pushes into `samples` (all, but for what
+    /// thinning dropped).
+    pub pushed: u32,
     pub bytes: u32,
     /// The fill of the bucket this statement expects to extend; `None` when
     /// it expects to start a new bucket (or the fill is unknown).
@@ -616,8 +751,9 @@ pub struct Statement {
 }
 
 impl Statement {
+    /// The samples it adds to its bucket's `count`.
     pub fn count(&self) -> u32 {
-        self.range.len() as u32
+        self.pushed
     }
 
     /// What the gateway knows of the bucket's fill after the statement was
@@ -705,9 +841,35 @@ impl Statement {
         let mut fields: Vec<(&str, FieldSummary)> = Vec::new();
         // The units the samples gave, the latest of each field.
         let mut units: Vec<(&str, bson::RawBsonRef<'_>)> = Vec::new();
+        // Thinning: the readings the statement represents, and per thinned
+        // field its rule and the points it pushes.
+        let mut readings = 0i32;
+        let mut thinned = false;
+        let mut rules: Vec<(&str, &str, f64, i32)> = Vec::new();
         for s in self.range.clone().map(|i| samples.get(i)) {
             let (doc, sample_units) = s.stored();
-            each.push(RawBson::Document(doc));
+            readings += !s.is_archive() as i32;
+            thinned |= s.is_archive();
+            for (name, kind, bound) in s.rules() {
+                thinned = true;
+                let pushed = doc.get(name).ok().flatten().is_some() as i32;
+                match rules.iter_mut().find(|r| r.0 == name) {
+                    Some(r) => *r = (name, kind, bound, r.3 + pushed),
+                    None => rules.push((name, kind, bound, pushed)),
+                }
+            }
+            if s.is_archive() {
+                let fields = s.doc.iter().flatten();
+                for (name, _) in fields.filter(|f| f.0 != "ts" && !f.0.starts_with('_')) {
+                    match rules.iter_mut().find(|r| r.0 == name) {
+                        Some(r) => r.3 += 1,
+                        None => rules.push((name, "", 0.0, 1)),
+                    }
+                }
+            }
+            if s.pushes() {
+                each.push(RawBson::Document(doc));
+            }
             for (name, unit) in sample_units.into_iter().flat_map(|u| u.iter().flatten()) {
                 match units.iter_mut().find(|u| u.0 == name) {
                     Some(u) => u.1 = unit,
@@ -726,6 +888,17 @@ impl Statement {
             }
         }
         let mut inc = rawdoc! { "count": k as i32, "size": self.bytes as i32 };
+        let mut set = RawDocumentBuf::new();
+        if thinned {
+            inc.append("thinned", readings - k as i32);
+            for (name, kind, bound, pushed) in rules {
+                inc.append(format!("thinning.{name}.stored"), pushed);
+                if !kind.is_empty() {
+                    set.append(format!("thinning.{name}.kind"), kind);
+                    set.append(format!("thinning.{name}.{}", bound_name(kind)), bound);
+                }
+            }
+        }
         let mut min = rawdoc! { "minTs": bson::DateTime::from_millis(min_ts) };
         let mut max = rawdoc! { "maxTs": bson::DateTime::from_millis(max_ts) };
         for (name, f) in fields {
@@ -748,14 +921,23 @@ impl Statement {
             "$max": max,
             "$setOnInsert": on_insert,
         };
-        if !units.is_empty() {
-            let mut set = RawDocumentBuf::new();
-            for (name, unit) in units {
-                set.append(format!("units.{name}"), unit.to_raw_bson());
-            }
+        for (name, unit) in units {
+            set.append(format!("units.{name}"), unit.to_raw_bson());
+        }
+        if !set.is_empty() {
             u.append("$set", set);
         }
         rawdoc! { "q": q, "u": u, "upsert": true }
+    }
+}
+
+/// What a bucket calls a thinning rule's bound: a deadband's `band`, a
+/// swinging door's `deviation`.
+fn bound_name(kind: &str) -> &'static str {
+    if kind == crate::thin::DEADBAND {
+        "band"
+    } else {
+        "deviation"
     }
 }
 
@@ -803,12 +985,14 @@ pub fn plan(samples: &Samples, memory: &mut Fills, shape: &Shape, tags: &Tags) -
                     .filter(|(n, _)| !names.contains(n))
                     .map(|(n, _)| summary_cost(n))
                     .sum::<u32>();
+            let pushes = sample.pushes() as u32;
             let fits = st.start_ms == start
                 && st.tag == tag
-                && base.count + st.count() < shape.max_samples
+                && base.count + st.count() + pushes <= shape.max_samples
                 && base.bytes + st.bytes + bytes <= shape.max_bytes;
             if fits {
                 st.bytes += bytes;
+                st.pushed += pushes;
                 st.range.end = i + 1;
                 names.extend(sample.nums().map(|(n, _)| n));
                 continue;
@@ -823,8 +1007,10 @@ pub fn plan(samples: &Samples, memory: &mut Fills, shape: &Shape, tags: &Tags) -
         // Extend the remembered bucket if this sample fits, else start the
         // next (the first of a window palletd knows nothing of).
         let known = memory.get(&start).copied();
+        let pushes = sample.pushes() as u32;
         let mut base = known.filter(|f| {
-            f.count < shape.max_samples && f.bytes.saturating_add(bytes) <= shape.max_bytes
+            f.count + pushes <= shape.max_samples
+                && f.bytes.saturating_add(bytes) <= shape.max_bytes
         });
         // A bucket with little room left ([`Shape::little_room`]) that
         // this run of the window overflows is left as it is when the whole
@@ -850,6 +1036,7 @@ pub fn plan(samples: &Samples, memory: &mut Fills, shape: &Shape, tags: &Tags) -
         current = Some(Statement {
             start_ms: start,
             range: i..i + 1,
+            pushed: pushes,
             bytes,
             base,
             tag,
@@ -878,14 +1065,18 @@ fn window_run(
     let mut bytes = 0u32;
     // By index from `i`: `iter().skip(i)` would read every sample before
     // it, each time a statement starts (quadratic over a long backfill).
-    for s in (i..samples.len()).map(|j| samples.get(j)) {
+    // Bounded too where thinning leaves samples nothing to push.
+    for s in (i..samples.len())
+        .take(16 * shape.max_samples as usize)
+        .map(|j| samples.get(j))
+    {
         if n > shape.max_samples as usize
             || shape.window_start(s.ts_ms) != start
             || tags.of(s.lsn) != tag
         {
             break;
         }
-        n += 1;
+        n += s.pushes() as usize;
         bytes = bytes.saturating_add(s.cost());
     }
     (n, bytes)
@@ -1315,6 +1506,7 @@ mod tests {
         let st = Statement {
             start_ms: 0,
             range: 0..2,
+            pushed: 2,
             bytes: samples.bytes() as u32,
             base: None,
             tag: 1,
@@ -1340,9 +1532,96 @@ mod tests {
         }
         // Without units, no $set.
         let plain = owned([sample(1, 4, 0)]);
-        let st = Statement { range: 0..1, ..st };
+        let st = Statement {
+            range: 0..1,
+            pushed: 1,
+            ..st
+        };
         let d = bson::Document::try_from(st.to_bson("s", &plain, &SHAPE, false).as_ref()).unwrap();
         assert!(!d.get_document("u").unwrap().contains_key("$set"));
+    }
+
+    /// A statement pushes what thinning kept and the points it stored
+    /// late, counts what it pushes against the caps, and summarises every
+    /// reading, dropped or not, once.
+    #[test]
+    fn a_thinned_statement_pushes_the_kept_and_summarises_every_reading() {
+        let r = |ts_ms: i64, t: f64| Reading {
+            sensor: "s".into(),
+            ts_ms,
+            fields: vec![
+                ("t".into(), FieldValue::Num(t)),
+                ("d".into(), FieldValue::Str("x".into())),
+            ],
+            ..Reading::default()
+        };
+        let rule = |dropped| Thinned {
+            field: "t",
+            kind: crate::thin::SWINGING_DOOR,
+            bound: 0.5,
+            dropped,
+        };
+        let only_t = |ts_ms: i64, t: f64| Reading {
+            fields: vec![("t".into(), FieldValue::Num(t))],
+            ..r(ts_ms, t)
+        };
+        let samples = owned([
+            Sample::encode_thinned(&r(1, 1.0), 1, &[rule(false)]),
+            Sample::encode_thinned(&only_t(2, 2.0), 2, &[rule(true)]),
+            Sample::archive(2, &[("t", 2.0)], 3),
+            Sample::encode_thinned(&only_t(3, 9.0), 4, &[rule(true)]),
+        ]);
+        let pushes: Vec<bool> = samples.iter().map(|s| s.pushes()).collect();
+        assert_eq!(pushes, [true, false, true, false]);
+        let shape = Shape {
+            max_samples: 2,
+            max_bytes: 10_000,
+            ..SHAPE
+        };
+        let plan = plan(&samples, &mut Fills::new(), &shape, &ONE);
+        assert_eq!(plan.len(), 1, "two pushed fit a bucket of two: {plan:?}");
+        assert_eq!((plan[0].range.clone(), plan[0].count()), (0..4, 2));
+        let d = bson::Document::try_from(plan[0].to_bson("s", &samples, &shape, false).as_ref())
+            .unwrap();
+        let u = d.get_document("u").unwrap();
+        let pushed = u
+            .get_document("$push")
+            .unwrap()
+            .get_document("samples")
+            .unwrap();
+        let pushed: Vec<String> = pushed
+            .get_array("$each")
+            .unwrap()
+            .iter()
+            .map(|s| format!("{}", s.as_document().unwrap()))
+            .collect();
+        assert_eq!(pushed.len(), 2);
+        assert!(
+            pushed[0].contains("\"d\": \"x\"") && pushed[0].contains("\"t\": 1"),
+            "{pushed:?}"
+        );
+        assert!(
+            !pushed[1].contains("_archive") && pushed[1].contains("\"t\": 2 }"),
+            "{pushed:?}"
+        );
+        let inc = u.get_document("$inc").unwrap();
+        assert_eq!(inc.get_i32("count"), Ok(2));
+        assert_eq!(inc.get_i32("thinned"), Ok(1), "3 readings in 2 samples");
+        assert_eq!(
+            inc.get_f64("sum.t"),
+            Ok(12.0),
+            "1 + 2 + 9, the archived 2 once"
+        );
+        assert_eq!(inc.get_i32("n.t"), Ok(3));
+        assert_eq!(inc.get_i32("thinning.t.stored"), Ok(2));
+        assert_eq!(u.get_document("$max").unwrap().get_f64("max.t"), Ok(9.0));
+        let set = u.get_document("$set").unwrap();
+        assert_eq!(set.get_str("thinning.t.kind"), Ok("swinging_door"));
+        assert_eq!(set.get_f64("thinning.t.deviation"), Ok(0.5));
+        // What the latest value shows: the whole reading.
+        let whole = samples.get(3).whole();
+        assert_eq!(whole.get_f64("t").unwrap(), 9.0);
+        assert!(whole.get("_thin").unwrap().is_none());
     }
 
     #[test]
@@ -1351,6 +1630,7 @@ mod tests {
         let st = Statement {
             start_ms: 0,
             range: 0..2,
+            pushed: 2,
             bytes: 40,
             base: None,
             tag: 0xab,

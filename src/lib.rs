@@ -18,7 +18,8 @@
 //!   recognise redeliveries, hand messages on to admission.
 //! - [`admission`]: decodes each message, appends it to the [`spool`],
 //!   releases PUBACKs in arrival order once durable ([`admission::acks`]);
-//!   saves the Sparkplug B alias maps first ([`admission::sparkplug`]).
+//!   saves the Sparkplug B alias maps first ([`admission::sparkplug`]);
+//!   thins the fields a subscription names ([`admission::thinning`]).
 //! - [`spool`]: the crash-safe local log behind one [`spool::Spool`] handle
 //!   (its appender thread, segments, checkpoint, reading back, tombstones
 //!   of segments a full spool deleted); every file operation goes through
@@ -49,6 +50,9 @@
 //!   the shared-subscription probe), when shared subscriptions are
 //!   trusted, and the redelivery windows the spool keeps.
 //! - [`bucket`]: the bucket document and its upsert statements.
+//! - [`thin`]: thinning rules (deadband, swinging door) with a stated
+//!   error bound; the admission applies them as it spools
+//!   ([`admission::thinning`]).
 //! - [`flush`]: what a flush hands the store and what comes back.
 //! - [`deadletter`]: dead-letter documents, ids, counting and logging.
 //! - [`record`]: the spool's record format (what a record holds, how it is
@@ -95,6 +99,7 @@ pub mod spool;
 pub mod store;
 pub mod tags;
 pub mod telemetry;
+pub mod thin;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -260,12 +265,23 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
     let mut store = store::Store::new(settings, db.clone());
     store.observe(health.clone());
     // With Sparkplug B, nothing is deleted before the admission has read
-    // the state's snapshot and says what its replay needs.
+    // the state's snapshot and says what its replay needs; with thinning,
+    // before it has read back the points held at the last stop.
+    let subs = &settings.subscriptions;
+    let holders = [
+        (
+            spool::Holder::Sparkplug,
+            subs.iter()
+                .any(|s| s.format == decode::PayloadFormat::SparkplugB),
+        ),
+        (
+            spool::Holder::Thinning,
+            subs.iter().any(|s| !s.thinning.is_empty())
+                || admission::thinning::lsn_path(&settings.spool.dir).exists(),
+        ),
+    ];
     let spool_settings = spool::SpoolSettings {
-        held: settings
-            .subscriptions
-            .iter()
-            .any(|s| s.format == decode::PayloadFormat::SparkplugB),
+        held: holders.iter().filter(|h| h.1).map(|h| h.0).collect(),
         ..settings.spool.clone()
     };
     let (spool, recovered, appender) = spool::open(&spool_settings).map_err(|e| {

@@ -18,6 +18,7 @@ const CORE: &[&str] = &[
     "front",
     "record.rs",
     "tags.rs",
+    "thin.rs",
     "pipeline/backlog.rs",
     "pipeline/state.rs",
     "pipeline/pending.rs",

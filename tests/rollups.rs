@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bson::{Bson, Document};
+use bson::Document;
 use common::*;
 use futures_util::TryStreamExt;
 
@@ -62,15 +62,6 @@ fn expected(readings: &[Reading], interval_ms: i64) -> BTreeMap<(String, i64), E
             )
         })
         .collect()
-}
-
-fn number(b: Option<&Bson>) -> f64 {
-    match b {
-        Some(Bson::Double(x)) => *x,
-        Some(Bson::Int32(x)) => *x as f64,
-        Some(Bson::Int64(x)) => *x as f64,
-        other => panic!("not a number: {other:?}"),
-    }
 }
 
 /// The stored rollups of a collection, as [`Expected`].

@@ -19,6 +19,7 @@
 
 pub mod sensors;
 pub mod sparkplug;
+pub mod thinning;
 
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,8 @@ struct Arrivals {
     first: u64,
     bytes: Vec<u8>,
     samples: usize,
+    /// Points thinning stores after their readings ([`thinning`]).
+    archived: usize,
     deadletters: usize,
     messages: usize,
     /// Sparkplug B messages by type, counted once per batch.
@@ -56,6 +59,7 @@ impl Arrivals {
             first,
             bytes: Vec::new(),
             samples: 0,
+            archived: 0,
             deadletters: 0,
             messages: 0,
             sparkplug: Vec::new(),
@@ -74,6 +78,8 @@ pub const MAX_BATCH_BYTES: usize = 256 << 10;
 
 /// How often the spool gauges are refreshed.
 const GAUGE_EVERY: Duration = Duration::from_millis(100);
+/// How often thinned fields are looked at for a silent run to end.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// How often the quietest sensors are told to the status page.
 const QUIET_EVERY: Duration = Duration::from_secs(2);
 
@@ -112,6 +118,11 @@ pub struct Admission {
     /// Where the Sparkplug B state's snapshots go (with a `sparkplug_b`
     /// subscription).
     sparkplug: Option<sparkplug::StateFile>,
+    /// Each thinned field's run ([`thinning`]).
+    thinning: thinning::Thinning,
+    /// Where thinning's hold on the spool is, and what is still to do
+    /// about it ([`ThinningHold`]).
+    thinning_hold: ThinningHold,
     /// Bytes of messages ingest handed on and not yet taken here.
     queue: std::sync::Arc<crate::budget::Budget>,
     /// Bytes of batches offered to the pipeline and not yet taken in: a
@@ -247,6 +258,7 @@ impl Admission {
             metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "sparkplug").set(bytes as f64);
             file
         });
+        let thinning_hold = ThinningHold::open(settings, &spool, recovered.next_lsn);
         Admission {
             decoder,
             acker,
@@ -264,6 +276,8 @@ impl Admission {
             health,
             tell_quiet: !settings.latest.enabled,
             sparkplug,
+            thinning: thinning::Thinning::default(),
+            thinning_hold,
             queue: budgets.queue,
             feed_budget: budgets.feed,
             deadletter_room: DeadLetterRoom::new(
@@ -293,10 +307,21 @@ impl Admission {
         let mut quiet_dirty = false;
         // The last turn made a chunk of a Sparkplug B snapshot.
         let mut chunk_last = false;
+        let mut swept_at = Instant::now();
+        // The points held at the last stop, read back, are stored first.
+        let read_back = std::mem::take(&mut self.thinning_hold.read_back);
+        self.spool_archived(read_back).await;
+        self.thinning_hold.start_end = self.next_lsn;
         loop {
             if gauges_at.elapsed() >= GAUGE_EVERY {
                 gauges_at = Instant::now();
                 self.gauges(&mut marks, &acks);
+            }
+            if swept_at.elapsed() >= SWEEP_EVERY {
+                swept_at = Instant::now();
+                let ended = self.thinning.sweep(now_ms());
+                self.spool_archived(ended).await;
+                self.hold_for_thinning();
             }
             if self.tell_quiet && quiet_dirty && quiet_at.elapsed() >= QUIET_EVERY {
                 quiet_at = Instant::now();
@@ -375,6 +400,8 @@ impl Admission {
                 // While messages wait for their acknowledgement, the gauges
                 // (the oldest unacknowledged one's age) stay current.
                 _ = tokio::time::sleep(GAUGE_EVERY.saturating_sub(gauges_at.elapsed())), if !acks.is_empty() => {}
+                // Silent thinned fields' runs end after their max_interval.
+                _ = tokio::time::sleep(SWEEP_EVERY.saturating_sub(swept_at.elapsed())), if self.thinning.fields() > 0 => {}
                 // While full, look again shortly: checkpoints free segments.
                 _ = tokio::time::sleep(Duration::from_millis(200)), if full => {}
                 // PUBACKs that did not fit into the client's queue.
@@ -402,7 +429,12 @@ impl Admission {
             self.receive(m, &mut acks, &mut reporter, &mut batch);
             self.send(batch).await;
         }
+        // The points thinning still holds are stored: a clean stop ends
+        // every run.
+        let ended = self.thinning.finish();
+        self.spool_archived(ended).await;
         let end = self.next_lsn;
+        self.hold_for_thinning();
         loop {
             self.release(&mut acks);
             if self.spool.durable() >= end {
@@ -426,6 +458,66 @@ impl Admission {
         } else {
             Err(acks.len())
         }
+    }
+
+    /// Keeps the records of the points thinning holds in the spool, and
+    /// says from where in `thinning.lsn` ([`thinning`]): from the oldest
+    /// one's, or from what was read back at start until the points stored
+    /// then are durable. A full spool lets go: a crash then loses the
+    /// held points (the bound of their runs), never a reading.
+    fn hold_for_thinning(&mut self) {
+        let h = &mut self.thinning_hold;
+        if !h.active || self.spool.durable() < h.start_end {
+            return;
+        }
+        let full = self.spool.is_full();
+        let lsn = match self.thinning.oldest_held() {
+            Some(lsn) if !full => lsn,
+            _ => self.next_lsn,
+        };
+        if full && !h.let_go && self.thinning.oldest_held().is_some() {
+            tracing::warn!("The spool is full: it no longer keeps the records of the points thinning holds; after a crash now, the runs they would end start anew without them (readings are not lost, the error bound of those runs is).");
+        }
+        h.let_go = full;
+        if lsn == h.lsn {
+            return;
+        }
+        if let Err(e) = thinning::save_lsn(&h.dir, lsn) {
+            if !h.save_failed {
+                tracing::warn!(error = %e, "Cannot write thinning.lsn in the spool's directory; after a crash the held points are looked for from an older record (slower start, nothing lost).");
+            }
+            h.save_failed = true;
+        } else {
+            h.save_failed = false;
+        }
+        self.spool.hold(crate::spool::Holder::Thinning, lsn);
+        h.lsn = lsn;
+    }
+
+    /// Spools the points of ended runs ([`thinning::Thinning::sweep`]).
+    async fn spool_archived(&mut self, ended: Vec<(String, thinning::Archived)>) {
+        if ended.is_empty() {
+            return;
+        }
+        let mut batch = Arrivals::new(self.next_lsn);
+        for (sensor, points) in ended {
+            for (ts_ms, fields) in points {
+                let fields: Vec<(&str, f64)> = fields.iter().map(|f| (f.0.as_str(), f.1)).collect();
+                let point = Sample::archive(ts_ms, &fields, self.next_lsn);
+                RecordRef {
+                    lsn: self.next_lsn,
+                    received_ms: now_ms(),
+                    entry: EntryRef::Sample {
+                        sensor: &sensor,
+                        doc: point.doc.as_bytes(),
+                    },
+                }
+                .encode_into(&mut batch.bytes);
+                self.next_lsn += 1;
+                batch.archived += 1;
+            }
+        }
+        self.send(batch).await;
     }
 
     /// Releases the acknowledgements of the messages whose records are
@@ -476,10 +568,16 @@ impl Admission {
             return;
         }
         metrics::counter!(telemetry::SAMPLES_DECODED).increment(batch.samples as u64);
+        for c in self.thinning.take_counts() {
+            let points = |outcome| metrics::counter!(telemetry::THINNING_POINTS, "rule" => c.kind, "outcome" => outcome);
+            points("received").increment(c.received);
+            points("stored").increment(c.stored);
+            points("unordered").increment(c.unordered);
+        }
         let mut feed = Feed {
             first: batch.first,
             end: self.next_lsn,
-            records: batch.samples + batch.deadletters,
+            records: batch.samples + batch.archived + batch.deadletters,
             bytes: batch.bytes.into(),
             spooled: Instant::now(),
             held: None,
@@ -650,6 +748,9 @@ impl Admission {
         for d in &decoded.dropped {
             reporter.dropped(d.cause, &m.topic, &d.message);
         }
+        let rules = (decoded.subscription)
+            .and_then(|i| self.decoder.subscriptions().get(i))
+            .map_or(&[][..], |s| &s.thinning[..]);
         for reading in &decoded.readings {
             if !self.sensors.admit(&reading.sensor, m.received_ms) {
                 let max = self.sensors.max;
@@ -661,7 +762,25 @@ impl Admission {
                 });
                 continue;
             }
-            let sample = Sample::encode(reading, self.next_lsn);
+            // The verdicts go into the records (a replay reads them back);
+            // the points of earlier readings that end a run go first.
+            let (thinned, archived) =
+                self.thinning
+                    .thin(rules, reading, m.received_ms, self.next_lsn);
+            for (ts_ms, fields) in &archived {
+                let fields: Vec<(&str, f64)> = fields.iter().map(|f| (f.0.as_str(), f.1)).collect();
+                let point = Sample::archive(*ts_ms, &fields, self.next_lsn);
+                append(
+                    self.next_lsn,
+                    EntryRef::Sample {
+                        sensor: &reading.sensor,
+                        doc: point.doc.as_bytes(),
+                    },
+                );
+                self.next_lsn += 1;
+                batch.archived += 1;
+            }
+            let sample = Sample::encode_thinned(reading, self.next_lsn, &thinned);
             if let Err(too_big) = self.shape.check(sample.as_ref()) {
                 refused.add("sample_too_large", Some(reading.index), || {
                     too_big.to_string()
@@ -754,6 +873,53 @@ impl Admission {
             self.next_lsn += 1;
         }
         acks.push(self.next_lsn, unacked);
+    }
+}
+
+/// Thinning's hold on the spool ([`Admission::hold_for_thinning`]).
+struct ThinningHold {
+    /// A subscription thins, or an earlier run did (`thinning.lsn`).
+    active: bool,
+    dir: std::path::PathBuf,
+    /// The LSN held from (`u64::MAX`: none; 0 until the first hold).
+    lsn: u64,
+    /// The points held at the last stop, to store at start.
+    read_back: Vec<(String, thinning::Archived)>,
+    /// The LSN after those: the read-back records stay held until it is
+    /// durable.
+    start_end: u64,
+    let_go: bool,
+    save_failed: bool,
+}
+
+impl ThinningHold {
+    fn open(settings: &crate::config::Settings, spool: &Spool, next_lsn: u64) -> ThinningHold {
+        let dir = settings.spool.dir.clone();
+        let active = settings
+            .subscriptions
+            .iter()
+            .any(|s| !s.thinning.is_empty())
+            || thinning::lsn_path(&dir).exists();
+        let read_back = match active {
+            true => thinning::read_back(&dir, spool, next_lsn),
+            false => Vec::new(),
+        };
+        let points: usize = read_back.iter().map(|r| r.1.len()).sum();
+        if points > 0 {
+            info!(
+                points,
+                "Thinning: storing the points held at the last stop, read back from the spool."
+            );
+        }
+        ThinningHold {
+            active,
+            dir,
+            lsn: 0,
+            read_back,
+            start_end: u64::MAX,
+            let_go: false,
+            save_failed: false,
+        }
     }
 }
 

@@ -144,7 +144,7 @@ impl StateFile {
             replayed = replayed.unwrap_or(0),
             "Sparkplug B state loaded."
         );
-        spool.hold(from.unwrap_or(next_lsn));
+        spool.hold(crate::spool::Holder::Sparkplug, from.unwrap_or(next_lsn));
         if replayed == Some(0) {
             // The snapshot is current: the replay starts there next time too.
             return (file, state);
@@ -309,7 +309,7 @@ impl StateFile {
             Ok(()) => {
                 metrics::counter!(telemetry::SPARKPLUG_STATE_SAVES).increment(1);
                 self.not_before = None;
-                self.spool.hold(lsn);
+                self.spool.hold(crate::spool::Holder::Sparkplug, lsn);
             }
             Err(e) => {
                 metrics::counter!(telemetry::SPARKPLUG_SAVE_ERRORS).increment(1);
@@ -320,7 +320,7 @@ impl StateFile {
                     // from freeing room: after a crash every node is asked
                     // for a rebirth instead.
                     let _ = std::fs::remove_file(&self.path);
-                    self.spool.hold(u64::MAX);
+                    self.spool.hold(crate::spool::Holder::Sparkplug, u64::MAX);
                     error!(path = %self.path.display(), error = %e, "Cannot write a snapshot of the Sparkplug B state and the spool is full or failing: the spool no longer keeps its changes since the last one and that snapshot is deleted. Acknowledgements go on; after a crash, every edge node is asked for a rebirth (its DATA dead-lettered as unknown_alias until then). Trying again shortly.");
                 } else {
                     warn!(path = %self.path.display(), error = %e, "Cannot write a snapshot of the Sparkplug B state; the spool keeps its changes since the last one (acknowledgements go on). Trying again shortly.");

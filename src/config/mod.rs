@@ -39,7 +39,8 @@ use serde::de::DeserializeOwned;
 use crate::decode::{Limits, PayloadFormat, Subscription, TopicPattern};
 use raw::{
     RawBucket, RawCloser, RawFlush, RawHttp, RawLatest, RawLimits, RawMongo, RawMqtt, RawMqttTls,
-    RawRetention, RawRollup, RawSize, RawSpool, RawStorage, RawSubscription, RawWriteConcern,
+    RawRetention, RawRollup, RawSize, RawSpool, RawStorage, RawSubscription, RawThinning,
+    RawWriteConcern,
 };
 
 /// The annotated example configuration; `palletd print-config` prints it and
@@ -297,6 +298,23 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
         }
     }
 
+    for (i, s) in subscriptions.iter().enumerate() {
+        if s.thinning.is_empty() {
+            continue;
+        }
+        if storage.mode == StorageMode::Timeseries {
+            v.err(
+                format!("subscription[{i}].thinning"),
+                "needs storage.mode = \"buckets\": a time series collection keeps every reading it is given, and its rollups are computed from them",
+            );
+        }
+        if mqtt.as_ref().is_some_and(|m| m.share_group.is_some()) {
+            v.err(
+                format!("subscription[{i}].thinning"),
+                "cannot be used with mqtt.share_group: each palletd would thin its share of a sensor's readings alone, and the bound would not hold",
+            );
+        }
+    }
     if let Some(m) = &mqtt {
         for (i, s) in subscriptions.iter().enumerate() {
             if m.protocol == MqttProtocol::V311 && s.from_properties != Default::default() {

@@ -177,6 +177,19 @@ pub struct RawSubscription {
     pub arrays: Option<String>,
     pub units: Option<std::collections::BTreeMap<String, Vec<String>>>,
     pub retained: Option<String>,
+    pub thinning: Option<std::collections::BTreeMap<String, RawThinning>>,
+}
+
+/// `[subscription.thinning.<field>]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawThinning {
+    pub kind: String,
+    pub deviation: Option<f64>,
+    pub deviation_percent: Option<f64>,
+    pub span: Option<Vec<f64>>,
+    pub max_interval: Option<String>,
+    pub min_interval: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

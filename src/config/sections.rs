@@ -325,7 +325,7 @@ impl Validator {
             when_full,
             max_queued: spool::DEFAULT_MAX_QUEUED,
             redelivery: Default::default(),
-            held: false,
+            held: Vec::new(),
         }
     }
 

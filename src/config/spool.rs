@@ -42,11 +42,22 @@ pub struct SpoolSettings {
     /// index of an older spool's records meant: see
     /// [`crate::front::window`].
     pub redelivery: crate::front::window::Redelivery,
-    /// Keep every segment from the start until [`crate::spool::Spool::hold`]
-    /// says which records may go: set when the Sparkplug B state's changes
-    /// are replayed from the spool, so that nothing it needs is deleted
-    /// before the admission has read its snapshot.
-    pub held: bool,
+    /// Keep every segment from the start until each of these holders
+    /// says with [`crate::spool::Spool::hold`] which records it needs: the
+    /// Sparkplug B state's changes are replayed from the spool, and so are
+    /// the points thinning holds, so nothing they need is deleted before
+    /// the admission has read them.
+    pub held: Vec<Holder>,
+}
+
+/// What keeps records in the spool past the checkpoint
+/// ([`crate::spool::Spool::hold`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// The Sparkplug B state's changes since its snapshot.
+    Sparkplug = 0,
+    /// The points thinning holds ([`crate::admission::thinning`]).
+    Thinning = 1,
 }
 
 /// [`SpoolSettings::max_queued`] of `limits.max_memory`'s default.

@@ -170,6 +170,12 @@ impl Validator {
                 format!("format = \"{format}\" needs a {{field}} placeholder in the topic or a field name here"),
             );
         }
+        let thinning = (s.thinning.into_iter().flatten())
+            .filter_map(|(field, t)| {
+                let rule = self.thinning(t, &format!("{path}.thinning.{field}"))?;
+                Some((field, rule))
+            })
+            .collect();
         Some(Subscription {
             pattern,
             format,
@@ -181,7 +187,89 @@ impl Validator {
             rebirth_min_interval,
             from_properties,
             skip_retained,
+            thinning,
         })
+    }
+
+    /// One field's thinning rule: `kind`, its bound (`deviation`, or
+    /// `deviation_percent` of `span`), `max_interval` (default 10 min)
+    /// and, for a deadband, `min_interval`.
+    fn thinning(&mut self, t: RawThinning, path: &str) -> Option<crate::thin::Rule> {
+        use crate::thin::{Rule, DEADBAND, SWINGING_DOOR};
+        let max_interval = self.positive_duration(
+            &format!("{path}.max_interval"),
+            t.max_interval.as_deref(),
+            "10m",
+        );
+        let min_interval = self.duration(
+            &format!("{path}.min_interval"),
+            t.min_interval.as_deref(),
+            "0s",
+        );
+        let bound = match (t.deviation, t.deviation_percent, t.span.as_deref()) {
+            (Some(d), None, None) => Some(d),
+            (None, Some(pct), Some(&[lo, hi])) if hi > lo && (hi - lo).is_finite() => {
+                Some(pct / 100.0 * (hi - lo))
+            }
+            (None, Some(_), _) => {
+                self.err(
+                    format!("{path}.span"),
+                    "deviation_percent needs span = [low, high], the field's range (high above low)",
+                );
+                None
+            }
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+                self.err(
+                    format!("{path}.deviation"),
+                    "give deviation (in the field's unit) or deviation_percent and span, not both",
+                );
+                None
+            }
+            (None, None, _) => {
+                self.err(
+                    format!("{path}.deviation"),
+                    "missing: the error bound, in the field's unit (or deviation_percent and span)",
+                );
+                None
+            }
+        };
+        let bound = bound.filter(|b| {
+            let ok = b.is_finite() && *b >= 0.0;
+            if !ok {
+                self.err(
+                    format!("{path}.deviation"),
+                    "must be a number of at least 0",
+                );
+            }
+            ok
+        })?;
+        let ms = |d: std::time::Duration| d.as_millis().min(i64::MAX as u128) as i64;
+        match t.kind.as_str() {
+            DEADBAND => Some(Rule::Deadband {
+                band: bound,
+                max_interval_ms: ms(max_interval),
+                min_interval_ms: ms(min_interval),
+            }),
+            SWINGING_DOOR => {
+                if t.min_interval.is_some() {
+                    self.err(
+                        format!("{path}.min_interval"),
+                        "applies to kind = \"deadband\" only (a swinging door keeps its bound)",
+                    );
+                }
+                Some(Rule::SwingingDoor {
+                    deviation: bound,
+                    max_interval_ms: ms(max_interval),
+                })
+            }
+            other => {
+                self.err(
+                    format!("{path}.kind"),
+                    format!("{other:?} is not a thinning rule: \"deadband\" or \"swinging_door\""),
+                );
+                None
+            }
+        }
     }
 
     /// An error for each of `keys` that is set: it does not apply to `what`.

@@ -107,6 +107,59 @@ fn subscription_errors_carry_their_index() {
 }
 
 #[test]
+fn thinning_rules_are_read_and_checked() {
+    use crate::thin::Rule;
+    let sub = "[[subscription]]\ntopic = \"g/{sensor}\"\n";
+    let s = parse(
+        &(MINIMAL.to_string()
+            + sub
+            + "[subscription.thinning.temp]\nkind = \"swinging_door\"\ndeviation = 0.2\n"
+            + "[subscription.thinning.hum]\nkind = \"deadband\"\ndeviation_percent = 1.0\nspan = [0, 100]\nmax_interval = \"1h\"\nmin_interval = \"5s\"\n"),
+        None,
+    )
+    .unwrap();
+    let thinning = &s.subscriptions.last().unwrap().thinning;
+    assert_eq!(
+        thinning,
+        &[
+            (
+                "hum".to_string(),
+                Rule::Deadband {
+                    band: 1.0,
+                    max_interval_ms: 3_600_000,
+                    min_interval_ms: 5_000
+                }
+            ),
+            (
+                "temp".to_string(),
+                Rule::SwingingDoor {
+                    deviation: 0.2,
+                    max_interval_ms: 600_000
+                }
+            ),
+        ]
+    );
+    assert!(s.subscriptions.last().unwrap().in_order());
+    let bad = "[subscription.thinning.a]\nkind = \"spline\"\ndeviation = 1\n\
+               [subscription.thinning.b]\nkind = \"deadband\"\ndeviation_percent = 1.0\n\
+               [subscription.thinning.c]\nkind = \"swinging_door\"\ndeviation = -1.0\nmin_interval = \"1s\"\n\
+               [subscription.thinning.d]\nkind = \"deadband\"\n\
+               [subscription.thinning.e]\nkind = \"swinging_door\"\ndeviation = 1.0\nmin_interval = \"1s\"\n";
+    let joined = errors(&(MINIMAL.to_string() + "[storage]\nmode = \"timeseries\"\n" + sub + bad))
+        .join("\n");
+    for want in [
+        "subscription[1].thinning.a.kind: \"spline\" is not a thinning rule",
+        "subscription[1].thinning.b.span: deviation_percent needs span",
+        "subscription[1].thinning.c.deviation: must be a number of at least 0",
+        "subscription[1].thinning.d.deviation: missing",
+        "subscription[1].thinning.e.min_interval: applies to kind = \"deadband\" only",
+        "subscription[1].thinning: needs storage.mode = \"buckets\"",
+    ] {
+        assert!(joined.contains(want), "{want} in {joined}");
+    }
+}
+
+#[test]
 fn storage_mode_is_checked() {
     let s = parse(
         &(MINIMAL.to_string() + "[storage]\nmode = \"timeseries\"\ngranularity = \"minutes\"\n"),

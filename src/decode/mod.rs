@@ -150,6 +150,9 @@ pub struct Subscription {
     /// new reading: it is passed over. For devices that publish their
     /// state retained (Homie, ESPHome).
     pub skip_retained: bool,
+    /// `[subscription.thinning.<field>]`: the fields whose readings are
+    /// thinned, by stored name, and their rules ([`crate::thin`]).
+    pub thinning: Vec<(String, crate::thin::Rule)>,
 }
 
 impl Subscription {
@@ -167,7 +170,16 @@ impl Subscription {
             rebirth_min_interval: None,
             from_properties: FromProperties::default(),
             skip_retained: false,
+            thinning: Vec::new(),
         }
+    }
+
+    /// Whether its messages must be read in the order a device sent them,
+    /// so it stays on one connection, unshared ([`crate::front::plan`]):
+    /// a Sparkplug B node's BIRTH before its DATA, and a thinned field's
+    /// points in time order ([`crate::thin`]).
+    pub fn in_order(&self) -> bool {
+        self.format == PayloadFormat::SparkplugB || !self.thinning.is_empty()
     }
 
     /// What the configuration calls the sensor id's field (for messages).
@@ -501,6 +513,8 @@ pub struct Decoded {
     /// over ([`SKIPPED_METADATA`], [`SKIPPED_RETAINED`]), counted in
     /// `palletd_messages_skipped_total{reason}`.
     pub skipped: Option<&'static str>,
+    /// The index of the subscription whose pattern took the topic.
+    pub subscription: Option<usize>,
 }
 
 /// A topic with a `$` level that no pattern names (Homie's attributes).
@@ -552,6 +566,11 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    /// The subscriptions, in the configuration's order.
+    pub fn subscriptions(&self) -> &[Subscription] {
+        &self.subscriptions
+    }
+
     pub fn new(subscriptions: Vec<Subscription>, limits: Limits) -> Self {
         Decoder {
             subscriptions,
@@ -614,10 +633,8 @@ impl Decoder {
             });
             return out;
         }
-        let Some((sub, mut matched)) = self
-            .subscriptions
-            .iter()
-            .find_map(|s| s.pattern.matches(topic).map(|m| (s, m)))
+        let Some((index, sub, mut matched)) = (self.subscriptions.iter().enumerate())
+            .find_map(|(i, s)| s.pattern.matches(topic).map(|m| (i, s, m)))
         else {
             if topic.split('/').any(|level| level.starts_with('$')) {
                 // Metadata under a subscribed filter (Homie's `$name`,
@@ -629,6 +646,7 @@ impl Decoder {
             }
             return out;
         };
+        out.subscription = Some(index);
         let from = &sub.from_properties;
         let user = |name: &Option<String>| props?.user(name.as_deref()?);
         if let Some(sensor) = user(&from.sensor) {
@@ -1290,8 +1308,16 @@ mod tests {
             json.errors.is_empty() && json.readings.len() == 1,
             "{json:?}"
         );
-        assert_eq!(from_cbor, json);
-        assert_eq!(from_msgpack, json);
+        assert_eq!(
+            (json.subscription, from_cbor.subscription),
+            (Some(0), Some(1))
+        );
+        let same = |d: Decoded| Decoded {
+            subscription: json.subscription,
+            ..d
+        };
+        assert_eq!(same(from_cbor), json);
+        assert_eq!(same(from_msgpack), json);
         assert_eq!(json.readings[0].ts_ms, NOW - 1000);
         assert!(d.decode("c/a", b"\xff\x00", NOW).errors[0].cause() == "bad_payload");
         // RFC 8428 5.1.2 in JSON, and in CBOR with its labels (bn -2, n 0,
@@ -1318,7 +1344,9 @@ mod tests {
         ciborium::into_writer(&cbor_pack, &mut bytes).unwrap();
         let from_json = d.decode("sj/m", json_pack, NOW);
         assert_eq!(from_json.readings[0].units.len(), 2, "{from_json:?}");
-        assert_eq!(d.decode("sc/m", &bytes, NOW), from_json);
+        let from_cbor = d.decode("sc/m", &bytes, NOW);
+        assert_eq!(from_cbor.readings, from_json.readings);
+        assert_eq!(from_cbor.errors, from_json.errors);
     }
 
     #[test]

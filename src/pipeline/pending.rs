@@ -278,7 +278,7 @@ impl Pending {
             s.uncertain = s.samples.len();
         }
         self.count += 1;
-        self.bytes += sample.bytes() as usize;
+        self.bytes += sample.doc.as_bytes().len();
         if starts {
             self.begin_episode(id, now_ms, false);
         }

@@ -562,7 +562,7 @@ impl Appender {
     pub(super) fn checkpoint(&mut self, lsn: u64) -> io::Result<()> {
         let lsn = lsn.max(self.checkpoint);
         // Records the spool is asked to keep stay, confirmed or not.
-        let bound = lsn.min(self.shared.hold.load(Ordering::Relaxed));
+        let bound = lsn.min(self.shared.hold());
         if lsn == self.checkpoint && bound <= self.deleted_below {
             return Ok(());
         }
@@ -647,7 +647,7 @@ impl Appender {
     /// each held that was not yet in MongoDB.
     fn make_room(&mut self) -> io::Result<()> {
         let open = self.open.as_ref().map(|s| s.first);
-        let hold = self.shared.hold.load(Ordering::Relaxed);
+        let hold = self.shared.hold();
         while self.shared.bytes.load(Ordering::Relaxed) > self.max_size {
             let segments = list_segments(self.storage.as_ref(), &self.dir)?;
             let Some(at) = segments.iter().position(|(f, _)| Some(*f) != open) else {

@@ -89,7 +89,7 @@ pub use identity::machine_fingerprint;
 pub use reader::{Read, Reader};
 pub use recover::Recovery;
 
-pub use crate::config::spool::{Fsync, SpoolSettings, WhenFull, DEFAULT_MAX_QUEUED};
+pub use crate::config::spool::{Fsync, Holder, SpoolSettings, WhenFull, DEFAULT_MAX_QUEUED};
 pub use crate::record::{parse, Entry, EntryRef, Record, RecordRef, SessionId};
 
 /// Numbers the appender keeps and the tasks read.
@@ -104,9 +104,9 @@ struct Shared {
     fsyncs: AtomicU64,
     /// The highest checkpoint asked for; the appender stores it.
     requested: AtomicU64,
-    /// Segments holding records at or above this LSN stay, confirmed or
-    /// not ([`Spool::hold`]); `u64::MAX`: no hold.
-    hold: AtomicU64,
+    /// Segments holding records at or above these LSNs stay, confirmed or
+    /// not ([`Spool::hold`]), one per [`Holder`]; `u64::MAX`: no hold.
+    holds: [AtomicU64; 2],
     /// `drop_oldest` could not get the spool under its size (only the open
     /// segment is left).
     stuck: AtomicBool,
@@ -124,6 +124,14 @@ const HISTORY_LEN: usize = 1024;
 const HISTORY_STEP: Duration = Duration::from_millis(100);
 
 impl Shared {
+    /// The lowest LSN a holder keeps ([`Spool::hold`]).
+    pub(super) fn hold(&self) -> u64 {
+        (self.holds.iter())
+            .map(|h| h.load(Ordering::Relaxed))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
     fn new(max_queued: usize) -> Shared {
         Shared {
             bytes: AtomicU64::new(0),
@@ -131,7 +139,7 @@ impl Shared {
             checkpoint: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
             requested: AtomicU64::new(0),
-            hold: AtomicU64::new(u64::MAX),
+            holds: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
             stuck: AtomicBool::new(false),
             failing: AtomicBool::new(false),
             closing: AtomicBool::new(false),
@@ -229,8 +237,8 @@ fn start(
     shared
         .requested
         .store(recovery.checkpoint, Ordering::Relaxed);
-    if settings.held {
-        shared.hold.store(0, Ordering::Relaxed);
+    for holder in &settings.held {
+        shared.holds[*holder as usize].store(0, Ordering::Relaxed);
     }
     let compressor = match settings.compress {
         true => {
@@ -360,9 +368,10 @@ impl Spool {
     /// confirms them: neither the checkpoint nor `drop_oldest` deletes a
     /// segment holding any of them. The Sparkplug B state's changes are
     /// replayed from its last snapshot's LSN
-    /// ([`crate::admission::sparkplug`]). Never blocks.
-    pub fn hold(&self, lsn: u64) {
-        if self.shared.hold.swap(lsn, Ordering::Relaxed) != lsn {
+    /// ([`crate::admission::sparkplug`]), and thinning's held points are
+    /// read back ([`crate::admission::thinning`]). Never blocks.
+    pub fn hold(&self, holder: Holder, lsn: u64) {
+        if self.shared.holds[holder as usize].swap(lsn, Ordering::Relaxed) != lsn {
             let _ = self.tx.try_send(Command::Checkpoint);
         }
     }
@@ -453,7 +462,7 @@ pub fn bench_read(dir: &Path) -> io::Result<(Duration, Duration, u64)> {
         when_full: WhenFull::Stop,
         max_queued: DEFAULT_MAX_QUEUED,
         redelivery: Default::default(),
-        held: false,
+        held: Vec::new(),
     };
     let started = Instant::now();
     let (spool, _, thread) = open(&settings)?;
@@ -488,7 +497,7 @@ pub fn bench_append(
         when_full: WhenFull::Stop,
         max_queued: DEFAULT_MAX_QUEUED,
         redelivery: Default::default(),
-        held: false,
+        held: Vec::new(),
     };
     let (spool, recovery, thread) = open(&settings)?;
     let started = Instant::now();

@@ -46,7 +46,7 @@ fn start_with(
         when_full,
         max_queued: DEFAULT_MAX_QUEUED,
         redelivery: Default::default(),
-        held: false,
+        held: Vec::new(),
     };
     start(os(), &settings, &rec).unwrap()
 }
@@ -441,7 +441,7 @@ fn a_hold_keeps_its_records_past_the_checkpoint_until_it_moves() {
     let base = recover(dir.path()).unwrap().next_lsn;
     let records: Vec<Record> = (base..base + 5000).map(sample).collect();
     let (spool, thread) = start_at(dir.path(), Some(base), 256 * 1024);
-    spool.hold(base + 1000);
+    spool.hold(Holder::Thinning, base + 1000);
     for r in &records {
         append(&spool, r);
     }
@@ -458,7 +458,7 @@ fn a_hold_keeps_its_records_past_the_checkpoint_until_it_moves() {
     assert_eq!(got, records[1000..].to_vec());
 
     // The hold moves on; the checkpoint stays where it is.
-    spool.hold(base + 4000);
+    spool.hold(Holder::Thinning, base + 4000);
     let started = std::time::Instant::now();
     let moved = loop {
         let now = list_segments(&Os, dir.path()).unwrap();
@@ -1424,7 +1424,7 @@ async fn appends_waiting_for_the_disk_count_against_the_size_and_are_bounded_in_
         when_full: WhenFull::Stop,
         max_queued: 256 * 1024,
         redelivery: Default::default(),
-        held: false,
+        held: Vec::new(),
     };
     let (spool, rec, thread) = open_on(Arc::new(sim.clone()), &settings, BOX).unwrap();
     sim.set_faults(Faults {

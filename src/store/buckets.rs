@@ -659,7 +659,7 @@ impl Buckets {
             }
             let Some(w) = out.last_mut() else { continue };
             w.buckets += 1;
-            w.count += read::number(b.get("count")).unwrap_or(0.0) as i64;
+            w.count += read::readings(&b);
             let empty = Document::new();
             let part = |name: &str| b.get_document(name).unwrap_or(&empty);
             let (sum, n, min, max) = (part("sum"), part("n"), part("min"), part("max"));

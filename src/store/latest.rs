@@ -122,9 +122,11 @@ pub async fn read(
     Ok(n)
 }
 
-/// The newest of a sensor's samples (the last one of equal times).
+/// The newest of a sensor's readings (the last one of equal times; not a
+/// point thinning stored late, [`SampleRef::is_archive`]).
 fn newest<'a>(samples: impl Iterator<Item = SampleRef<'a>>) -> Option<SampleRef<'a>> {
-    samples.fold(None, |best: Option<SampleRef<'a>>, s| match best {
+    let readings = samples.filter(|s| !s.is_archive());
+    readings.fold(None, |best: Option<SampleRef<'a>>, s| match best {
         Some(b) if b.ts_ms > s.ts_ms => Some(b),
         _ => Some(s),
     })
@@ -143,7 +145,7 @@ pub fn statement(sensor: &str, sample: SampleRef<'_>) -> RawDocumentBuf {
     let u = rawdoc! { "$set": {
         "ts": pick(ts.into(), "$ts"),
         // $literal: a stored string that starts with '$' stays a string.
-        "sample": pick(rawdoc! { "$literal": sample.stored().0 }.into(), "$sample"),
+        "sample": pick(rawdoc! { "$literal": sample.whole() }.into(), "$sample"),
         "updatedAt": pick(RawBson::String("$$NOW".into()), "$updatedAt"),
     } };
     rawdoc! { "q": { "_id": sensor }, "u": [u], "upsert": true }

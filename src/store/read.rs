@@ -116,6 +116,13 @@ pub fn fields(reading: &Document, skip: &[&str]) -> Fields {
 }
 
 /// A number stored as double, int32 or int64.
+/// The readings a bucket represents: its samples, and those thinning
+/// left out of them (`thinned`, see [`crate::bucket`]).
+pub fn readings(bucket: &bson::Document) -> i64 {
+    let n = |k: &str| number(bucket.get(k)).unwrap_or(0.0) as i64;
+    n("count") + n("thinned")
+}
+
 pub fn number(b: Option<&Bson>) -> Option<f64> {
     match b? {
         Bson::Double(x) => Some(*x),

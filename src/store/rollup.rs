@@ -798,7 +798,7 @@ impl Passes {
             },
         };
         let summaries = doc! {
-            "sensorId": 1, "startTs": 1, "count": 1, "sum": 1, "n": 1,
+            "sensorId": 1, "startTs": 1, "count": 1, "thinned": 1, "sum": 1, "n": 1,
             "min": 1, "max": 1, "first": 1, "last": 1,
         };
         let mut out: BTreeMap<(String, i64), Rollup> = BTreeMap::new();
@@ -1094,7 +1094,7 @@ impl Rollup {
     /// Adds a bucket's summaries; `false` if it has no `first` and `last`
     /// (then [`Rollup::add_edges_of_samples`] must add its samples').
     fn add_bucket(&mut self, b: &Document) -> bool {
-        self.count += read::number(b.get("count")).unwrap_or(0.0) as i64;
+        self.count += read::readings(b);
         let empty = Document::new();
         let part = |p: &str| b.get_document(p).unwrap_or(&empty);
         let (first, last) = (part("first"), part("last"));

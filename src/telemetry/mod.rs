@@ -26,6 +26,11 @@ use tracing::warn;
 
 pub const MESSAGES_RECEIVED: &str = "palletd_messages_received_total";
 pub const SAMPLES_DECODED: &str = "palletd_samples_decoded_total";
+/// Points of thinned fields, by rule (`deadband`, `swinging_door`) and
+/// outcome: `received`, `stored` (in `samples`; the summaries take every
+/// one received), and `unordered` (stored as received: it came too far
+/// out of order for its rule to place it).
+pub const THINNING_POINTS: &str = "palletd_thinning_points_total";
 /// Messages passed over, by reason: a `$` metadata topic, or a retained
 /// message on a subscription with `retained = "skip"`.
 pub const MESSAGES_SKIPPED: &str = "palletd_messages_skipped_total";
@@ -153,6 +158,10 @@ pub fn describe() {
         "MQTT messages received, by connection (its index: 0 to mqtt.connections - 1; 64 on, sessions being retired)."
     );
     describe_counter!(SAMPLES_DECODED, "Samples decoded from messages.");
+    describe_counter!(
+        THINNING_POINTS,
+        "Points of thinned fields by rule and outcome: received, stored as samples (the summaries and rollups take every one received), and unordered (stored as received: too far out of order for the rule to place)."
+    );
     describe_counter!(
         SAMPLES_STORED,
         "Samples written to buckets with the configured write concern."

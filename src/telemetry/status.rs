@@ -64,6 +64,63 @@ impl Figures {
     }
 }
 
+impl Figures {
+    /// The series of `name` with their labels: (`{label: value}`, value).
+    pub fn labelled(&self, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+        let prefix = format!("{name}{{");
+        self.0
+            .iter()
+            .filter_map(|(series, v)| {
+                let labels = series.strip_prefix(&prefix)?.strip_suffix('}')?;
+                let labels = labels
+                    .split(',')
+                    .filter_map(|l| {
+                        let (k, v) = l.split_once('=')?;
+                        Some((k.to_string(), v.trim_matches('"').to_string()))
+                    })
+                    .collect();
+                Some((labels, *v))
+            })
+            .collect()
+    }
+}
+
+/// The thinning rules' points since start, when a field is thinned: per
+/// rule, received, stored and unordered, and the share stored.
+fn thinning_section(now: &Figures) -> String {
+    let mut rules: BTreeMap<String, [f64; 3]> = BTreeMap::new();
+    for (labels, v) in now.labelled(super::THINNING_POINTS) {
+        let (Some(rule), Some(outcome)) = (labels.get("rule"), labels.get("outcome")) else {
+            continue;
+        };
+        let i = match outcome.as_str() {
+            "received" => 0,
+            "stored" => 1,
+            "unordered" => 2,
+            _ => continue,
+        };
+        rules.entry(rule.clone()).or_default()[i] += v;
+    }
+    rules.retain(|_, f| f[0] > 0.0);
+    if rules.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "<h2>Thinning since start</h2>\n<p class=\"note\">Points of thinned fields: the summaries and rollups take every one received; samples hold those stored.</p>\n<table id=\"thinning\"><tr><th>rule</th><th>received</th><th>stored</th><th>stored of received</th><th>taken as received (out of order)</th></tr>\n",
+    );
+    for (rule, [received, stored, unordered]) in rules {
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td class=\"n\">{received:.0}</td><td class=\"n\">{stored:.0}</td><td class=\"n\" id=\"thinning-{}\">{:.1}%</td><td class=\"n\">{unordered:.0}</td></tr>",
+            escape(&rule),
+            escape(&rule),
+            100.0 * stored / received,
+        );
+    }
+    out.push_str("</table>\n");
+    out
+}
+
 /// What the page needs of `/metrics` at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
@@ -451,6 +508,7 @@ figure {{ margin: 0; }} figcaption {{ font-size: .9em; }} .note {{ color: #666; 
         SNAPSHOT_EVERY.as_secs(),
         charts.concat()
     );
+    page.push_str(&thinning_section(now));
     page.push_str("<h2>Dead letters in the last hour, by cause</h2>\n");
     let recent: Vec<(&String, f64)> = dead_now
         .iter()

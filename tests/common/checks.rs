@@ -246,3 +246,13 @@ pub async fn assert_exactly_once(
         }
     }
 }
+
+/// A stored number of any BSON numeric type.
+pub fn number(b: Option<&Bson>) -> f64 {
+    match b {
+        Some(Bson::Double(x)) => *x,
+        Some(Bson::Int32(x)) => *x as f64,
+        Some(Bson::Int64(x)) => *x as f64,
+        other => panic!("not a number: {other:?}"),
+    }
+}

@@ -1,0 +1,339 @@
+//! Thinning (`[subscription.thinning.<field>]`) end to end: real series
+//! (statsmodels' weekly CO2 under a swinging door, monthly El Nino sea
+//! temperatures under a deadband) published through Mosquitto, palletd
+//! SIGKILLed halfway and stopped cleanly at the end. What MongoDB holds:
+//! every point left out within its rule's bound of what a reader sees,
+//! no point twice, and the summaries and rollups of every reading.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bson::{Bson, Document};
+use common::*;
+
+/// The swinging door's deviation on CO2 (ppm): half a percent of its span.
+const DOOR: f64 = 0.3;
+/// The deadband on the sea temperature (degrees C).
+const BAND: f64 = 0.1;
+/// The reading whose `temp` is a string (a device reporting a fault).
+const FAULT: usize = 1000;
+
+/// One reading as published.
+struct Reading {
+    ts: i64,
+    temp: Option<f64>,
+    sst: f64,
+    door: bool,
+}
+
+/// The whole CO2 series a minute apart, ending three hours ago, with the
+/// sea temperatures beside it and a door opened every 97th minute.
+fn readings() -> Vec<Reading> {
+    let co2 = co2();
+    let sst = elnino();
+    let hour = 3_600_000;
+    let start = (now_ms() / hour - 3) * hour - co2.len() as i64 * 60_000;
+    co2.iter()
+        .enumerate()
+        .map(|(i, (_, ppm))| Reading {
+            ts: start + i as i64 * 60_000,
+            temp: (i != FAULT).then_some(*ppm),
+            sst: sst[i % sst.len()],
+            door: i % 97 == 0,
+        })
+        .collect()
+}
+
+fn config(c: Config) -> Config {
+    let rules: toml::Table = toml::from_str(&format!(
+        r#"
+temp = {{ kind = "swinging_door", deviation = {DOOR}, max_interval = "1h" }}
+sst = {{ kind = "deadband", deviation = {BAND}, max_interval = "1h" }}
+"#
+    ))
+    .unwrap();
+    c.window("1h")
+        .rollup("1h", false, None)
+        .closer("2s", "2s")
+        .subscription(&[
+            ("topic", "greenhouse/{sensor}/telemetry".into()),
+            ("thinning", toml::Value::Table(rules)),
+        ])
+}
+
+async fn publish(publisher: &mut Publisher, readings: &[Reading]) {
+    for r in readings {
+        let mut v = serde_json::json!({ "ts": r.ts, "sst": r.sst });
+        v["temp"] = match r.temp {
+            Some(x) => x.into(),
+            None => "sensor fault".into(),
+        };
+        if r.door {
+            v["door"] = "open".into();
+        }
+        publisher
+            .publish("greenhouse/mauna-loa/telemetry", v.to_string())
+            .await;
+    }
+    publisher.flush().await;
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+}
+
+/// Every stored value of `field`, by time: no time twice.
+fn stored_points(buckets: &[Document], field: &str) -> BTreeMap<i64, Bson> {
+    let mut out = BTreeMap::new();
+    for b in buckets {
+        for s in b.get_array("samples").unwrap() {
+            let s = s.as_document().unwrap();
+            assert!(
+                !s.keys().any(|k| k.starts_with('_')),
+                "palletd's own keys are not stored: {s}"
+            );
+            if let Some(v) = s.get(field) {
+                let ts = s.get_datetime("ts").unwrap().timestamp_millis();
+                assert!(
+                    out.insert(ts, v.clone()).is_none(),
+                    "{field} at {ts} stored twice"
+                );
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thinned_fields_keep_their_bounds_and_every_reading_s_summary_through_a_kill_and_a_stop() {
+    let readings = readings();
+    let n = readings.len();
+    let half = n / 2;
+    let mut stack = Stack::start("thinning", config).await;
+    let mut publisher = stack.publisher().await;
+    publish(&mut publisher, &readings[..half]).await;
+    stack.all_acknowledged().await;
+    stack.wait_stored(1).await;
+    // Killed with points held: the door's candidate ends of its run.
+    stack.palletd.kill();
+    stack.palletd = Palletd::start(&stack.config);
+    stack.palletd.ready().await;
+    publish(&mut publisher, &readings[half..]).await;
+    stack.all_acknowledged().await;
+    let counted = |p: &Palletd, rule: &str, outcome: &str| {
+        let scrape = p.scrape();
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == "palletd_thinning_points_total")
+            .filter(|s| {
+                s.labels.get("rule") == Some(rule) && s.labels.get("outcome") == Some(outcome)
+            })
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(x) => x,
+                _ => 0.0,
+            })
+            .sum::<f64>()
+    };
+    let second = (n - half) as f64;
+    stack
+        .palletd
+        .wait_until(Duration::from_secs(30), "the second half counted", |p| {
+            counted(p, "deadband", "received") == second
+        })
+        .await;
+    assert_eq!(counted(&stack.palletd, "swinging_door", "received"), second);
+    let door_stored = counted(&stack.palletd, "swinging_door", "stored");
+    assert!(door_stored > 0.0 && door_stored < second, "{door_stored}");
+    assert_eq!(counted(&stack.palletd, "swinging_door", "unordered"), 0.0);
+    // The status page shows the share stored.
+    let (_, page) = http_get(stack.palletd.http_port, "/");
+    let share = format!(
+        "id=\"thinning-swinging_door\">{:.1}%",
+        100.0 * door_stored / second
+    );
+    assert!(page.contains(&share), "{share} in {page}");
+    // A clean stop stores every point still held.
+    stack.stop();
+    stack.palletd = Palletd::start(&stack.config);
+    stack.palletd.ready().await;
+    stack.palletd.settled().await;
+
+    let buckets = stack.docs("readings").await;
+    let temp = stored_points(&buckets, "temp");
+    let sst = stored_points(&buckets, "sst");
+    let doors = stored_points(&buckets, "door");
+    let source: BTreeMap<i64, &Reading> = readings.iter().map(|r| (r.ts, r)).collect();
+
+    // The swinging door: the first and last points, the fault, and the
+    // point held at the kill (read back from the spool at the restart)
+    // are stored; every point left out is within the deviation of the
+    // line between the stored points around it.
+    assert_eq!(
+        temp.get(&readings[FAULT].ts),
+        Some(&Bson::String("sensor fault".into()))
+    );
+    let numeric: Vec<(i64, f64)> = temp
+        .iter()
+        .filter_map(|(t, v)| Some((*t, v.as_f64()?)))
+        .collect();
+    for (t, v) in &numeric {
+        assert_eq!(source[t].temp, Some(*v), "stored as received");
+    }
+    for r in [&readings[0], &readings[half - 1], &readings[n - 1]] {
+        assert!(temp.contains_key(&r.ts), "{} stored", r.ts);
+    }
+    assert!(
+        numeric.len() < n * 6 / 10,
+        "thinned: {} of {n}",
+        numeric.len()
+    );
+    let mut worst: f64 = 0.0;
+    for w in numeric.windows(2) {
+        let ((ta, va), (tb, vb)) = (w[0], w[1]);
+        for r in source.range(ta + 1..tb).map(|e| e.1) {
+            let Some(v) = r.temp else { continue };
+            let line = va + (vb - va) * (r.ts - ta) as f64 / (tb - ta) as f64;
+            worst = worst.max((v - line).abs());
+        }
+    }
+    assert!(
+        worst <= DOOR + 1e-9,
+        "a dropped CO2 point is {worst} off the line"
+    );
+
+    // The deadband: every point left out is within the band of the last
+    // one stored.
+    let mut last: Option<f64> = None;
+    let mut kept = 0;
+    for r in &readings {
+        match sst.get(&r.ts) {
+            Some(v) => {
+                assert_eq!(v.as_f64(), Some(r.sst));
+                last = Some(r.sst);
+                kept += 1;
+            }
+            None => {
+                let held = last.expect("the first point is stored");
+                assert!(
+                    (r.sst - held).abs() <= BAND + 1e-9,
+                    "{} dropped, {held} held",
+                    r.sst
+                );
+            }
+        }
+    }
+    assert!(kept < n, "some sea temperatures were left out");
+    // A field without a rule: every value.
+    assert_eq!(doors.len(), readings.iter().filter(|r| r.door).count());
+
+    // The summaries hold every reading once, stored or not.
+    let total = |path: &str| {
+        buckets
+            .iter()
+            .map(|b| number(b.get(path).or(Some(&Bson::Int32(0)))))
+            .sum::<f64>()
+    };
+    assert_eq!(
+        total("count") + total("thinned"),
+        n as f64,
+        "readings represented"
+    );
+    assert_eq!(
+        total("count"),
+        buckets
+            .iter()
+            .map(|b| b.get_array("samples").unwrap().len() as f64)
+            .sum::<f64>()
+    );
+    let sum_of = |path: &str, field: &str| -> f64 {
+        buckets
+            .iter()
+            .filter_map(|b| {
+                b.get_document(path)
+                    .ok()?
+                    .get(field)
+                    .map(|v| number(Some(v)))
+            })
+            .sum()
+    };
+    assert_eq!(sum_of("n", "temp"), (n - 1) as f64);
+    assert_eq!(sum_of("n", "sst"), n as f64);
+    let co2_sum: f64 = readings.iter().filter_map(|r| r.temp).sum();
+    assert!(close(sum_of("sum", "temp"), co2_sum));
+    let b0 = buckets
+        .iter()
+        .find(|b| b.get_document("thinning").is_ok())
+        .unwrap();
+    let rules = b0.get_document("thinning").unwrap();
+    assert_eq!(
+        rules.get_document("temp").unwrap().get_str("kind"),
+        Ok("swinging_door")
+    );
+    assert_eq!(
+        rules.get_document("temp").unwrap().get_f64("deviation"),
+        Ok(DOOR)
+    );
+    assert_eq!(
+        rules.get_document("sst").unwrap().get_str("kind"),
+        Ok("deadband")
+    );
+    assert_eq!(rules.get_document("sst").unwrap().get_f64("band"), Ok(BAND));
+    let stored_by_rule: f64 = buckets
+        .iter()
+        .filter_map(|b| b.get_document("thinning").ok()?.get_document("temp").ok())
+        .map(|t| number(t.get("stored")))
+        .sum();
+    assert_eq!(
+        stored_by_rule,
+        numeric.len() as f64,
+        "thinning.temp.stored: the numbers"
+    );
+
+    // The hourly rollups are those of every reading.
+    let hour = 3_600_000;
+    let mut want: BTreeMap<i64, (i64, Vec<(i64, f64)>)> = BTreeMap::new();
+    for r in &readings {
+        let e = want.entry(r.ts.div_euclid(hour) * hour).or_default();
+        e.0 += 1;
+        if let Some(x) = r.temp {
+            e.1.push((r.ts, x));
+        }
+    }
+    let matches = |docs: &[Document]| -> Result<(), String> {
+        if docs.len() != want.len() {
+            return Err(format!("{} of {} rollups", docs.len(), want.len()));
+        }
+        for d in docs {
+            let start = d.get_datetime("start").unwrap().timestamp_millis();
+            let (count, values) = &want[&start];
+            let f = |p: &str| number(d.get_document(p).unwrap().get("temp"));
+            let sum: f64 = values.iter().map(|v| v.1).sum();
+            let min = values.iter().map(|v| v.1).fold(f64::INFINITY, f64::min);
+            let max = values.iter().map(|v| v.1).fold(f64::NEG_INFINITY, f64::max);
+            let ok = number(d.get("count")) == *count as f64
+                && f("n") == values.len() as f64
+                && close(f("sum"), sum)
+                && f("min") == min
+                && f("max") == max
+                && close(f("avg"), sum / values.len() as f64)
+                && f("first") == values[0].1
+                && f("last") == values[values.len() - 1].1;
+            if !ok {
+                return Err(format!("{d} against {count} readings {values:?}"));
+            }
+        }
+        Ok(())
+    };
+    let mut last_error = String::new();
+    for _ in 0..300 {
+        match matches(&stack.docs("readings_1h").await) {
+            Ok(()) => return,
+            Err(e) => last_error = e,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("the hourly rollups never matched every reading: {last_error}");
+}
