@@ -130,6 +130,15 @@ impl Field {
         &self.rule
     }
 
+    /// Heap bytes it holds (the remembered points, the run before).
+    pub fn heap_bytes(&self) -> usize {
+        let own = self.tail.capacity() * std::mem::size_of::<Point>();
+        own + self
+            .prev
+            .as_ref()
+            .map_or(0, |p| std::mem::size_of::<Field>() + p.heap_bytes())
+    }
+
     /// The swinging door's point not stored yet: the candidate end of its
     /// run.
     pub fn held(&self) -> Option<Point> {

@@ -322,6 +322,10 @@ impl Admission {
                 let ended = self.thinning.sweep(now_ms());
                 self.spool_archived(ended).await;
                 self.hold_for_thinning();
+                if self.thinning_hold.active {
+                    metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "thinning")
+                        .set(self.thinning.bytes() as f64);
+                }
             }
             if self.tell_quiet && quiet_dirty && quiet_at.elapsed() >= QUIET_EVERY {
                 quiet_at = Instant::now();
@@ -400,8 +404,9 @@ impl Admission {
                 // While messages wait for their acknowledgement, the gauges
                 // (the oldest unacknowledged one's age) stay current.
                 _ = tokio::time::sleep(GAUGE_EVERY.saturating_sub(gauges_at.elapsed())), if !acks.is_empty() => {}
-                // Silent thinned fields' runs end after their max_interval.
-                _ = tokio::time::sleep(SWEEP_EVERY.saturating_sub(swept_at.elapsed())), if self.thinning.fields() > 0 => {}
+                // Silent thinned fields' runs end after their max_interval,
+                // and the spool's hold for thinning follows.
+                _ = tokio::time::sleep(SWEEP_EVERY.saturating_sub(swept_at.elapsed())), if self.thinning_hold.active => {}
                 // While full, look again shortly: checkpoints free segments.
                 _ = tokio::time::sleep(Duration::from_millis(200)), if full => {}
                 // PUBACKs that did not fit into the client's queue.

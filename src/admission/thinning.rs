@@ -76,7 +76,14 @@ impl Thinning {
         }
         // The fields whose door now holds this reading's point.
         let mut held_here = Vec::new();
-        let fields = self.sensors.entry(reading.sensor.clone()).or_default();
+        // Looked up by reference: a key is made once per sensor.
+        if !self.sensors.contains_key(&reading.sensor) {
+            self.sensors.insert(reading.sensor.clone(), Vec::new());
+        }
+        let fields = self
+            .sensors
+            .get_mut(&reading.sensor)
+            .expect("just inserted");
         for (name, rule) in rules {
             let Some((_, value)) = reading.fields.iter().find(|f| f.0 == *name) else {
                 continue;
@@ -197,7 +204,9 @@ impl Thinning {
                 s.capacity()
                     + 64
                     + f.capacity() * std::mem::size_of::<FieldState>()
-                    + f.iter().map(|f| f.name.capacity()).sum::<usize>()
+                    + (f.iter())
+                        .map(|f| f.name.capacity() + f.field.heap_bytes())
+                        .sum::<usize>()
             })
             .sum()
     }
@@ -221,11 +230,21 @@ pub fn save_lsn(spool_dir: &Path, lsn: u64) -> io::Result<()> {
 /// Reads back the points held when palletd stopped: each swinging door
 /// field's last record from `thinning.lsn` on, whose point was held and
 /// not stored since (per sensor, to be stored now).
+///
+/// Without `thinning.lsn` no earlier run thinned (it writes the file at
+/// its start): nothing is read, and the file is written now. An
+/// unreadable one is read from the spool's first record.
 pub fn read_back(spool_dir: &Path, spool: &Spool, next_lsn: u64) -> Vec<(String, Archived)> {
-    let from = std::fs::read_to_string(lsn_path(spool_dir))
-        .ok()
-        .and_then(|t| t.trim().parse::<u64>().ok())
-        .unwrap_or(0);
+    let from = match std::fs::read_to_string(lsn_path(spool_dir)) {
+        Ok(text) => text.trim().parse::<u64>().unwrap_or(0),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Err(e) = save_lsn(spool_dir, next_lsn) {
+                warn!(error = %e, "Cannot write thinning.lsn in the spool's directory; after a crash the held points are looked for from the spool's first record.");
+            }
+            return Vec::new();
+        }
+        Err(_) => 0,
+    };
     // (sensor, field) -> the held point, or none (the run ended).
     let mut last: HashMap<(String, String), Option<Point>> = HashMap::new();
     let mut reader = spool.reader(from);
