@@ -12,6 +12,10 @@
 //!   each node its own connection; DATA by alias, three metrics per
 //!   reading like the JSON workload's three fields). Run beside `buckets`
 //!   to compare Sparkplug with JSON in the same run.
+//! - `buckets-thinned` (not in the default list): `buckets` with the
+//!   simulator's three fields thinned (two swinging doors and a
+//!   deadband, about 1% of a day's span of the walk each), beside
+//!   `buckets` to measure what thinning costs and saves.
 //! - `buckets-nolatest` (not in the default list): `buckets` with
 //!   `[latest] enabled = false`, beside `buckets` to measure what the
 //!   latest-value statements cost.
@@ -162,6 +166,20 @@ enum Cli {
     /// reading and RSS, and the two halves' lag side by side (flat, or
     /// growing?).
     Soak(SoakArgs),
+    /// What each thinning rule stores of real series (statsmodels' CO2,
+    /// El Nino, sunspots and Nile data), the hourly weather of `backfill`
+    /// and the simulator's walk: points stored and the largest error of a
+    /// reader interpolating linearly, and of one holding each stored
+    /// value, against the source. No services; the table of
+    /// docs/storage.md.
+    Thinning(ThinningArgs),
+}
+
+#[derive(clap::Args)]
+struct ThinningArgs {
+    /// Where `scripts/install-test-services` put the datasets.
+    #[arg(long)]
+    data: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -515,6 +533,7 @@ fn main() -> anyhow::Result<()> {
         Cli::SparkplugState(args) => sparkplug_state(args),
         Cli::LiveRollups(args) => live_rollups(args),
         Cli::Soak(args) => soak(args),
+        Cli::Thinning(args) => thinning_table(args),
         Cli::Replay(args) => replay(args),
         Cli::History(args) => history(args),
         Cli::Backfill(args) => backfill(args),
@@ -2141,6 +2160,20 @@ fn buckets_sink(args: &RunArgs, svc: &Services, tail: &str) -> anyhow::Result<Si
     start_sink_with(args, "buckets", svc, &svc.mongodb_uri(), "", "", tail)
 }
 
+/// `buckets-thinned`'s subscription: the simulator's three fields
+/// thinned (about 1% of a day's span of its walk; `bench thinning`).
+const THINNED_SUBSCRIPTION: &str = r#"[[subscription]]
+topic = "bench/{sensor}/data"
+[subscription.thinning.temp]
+kind = "swinging_door"
+deviation = 0.25
+[subscription.thinning.humidity]
+kind = "deadband"
+deviation = 0.65
+[subscription.thinning.pressure]
+kind = "swinging_door"
+deviation = 0.5"#;
+
 /// A palletd scenario's storage mode and number of instances:
 /// `buckets` is one instance, `buckets-x2` two; `sparkplug` is one in
 /// bucket mode; `-nolatest` turns `[latest]` off (`buckets-nolatest`),
@@ -2150,6 +2183,7 @@ fn palletd_kind(kind: &str) -> Option<(&str, usize)> {
         return Some(("buckets", 1));
     }
     let kind = kind.strip_suffix("-nolatest").unwrap_or(kind);
+    let kind = kind.strip_suffix("-thinned").unwrap_or(kind);
     let kind = kind.strip_suffix("-v5").unwrap_or(kind);
     let kind = match connections_of(kind) {
         Some(_) => kind.rsplit_once("-c").map_or(kind, |k| k.0),
@@ -2234,6 +2268,8 @@ enabled = {latest}
                     limits_extra = std::env::var("BENCH_PALLETD_LIMITS").unwrap_or_default(),
                     subscription = if kind == "sparkplug" {
                         "[[subscription]]\ntopic = \"spBv1.0/#\"\nformat = \"sparkplug_b\""
+                    } else if kind.ends_with("-thinned") {
+                        THINNED_SUBSCRIPTION
                     } else {
                         "[[subscription]]\ntopic = \"bench/{sensor}/data\""
                     },
@@ -4684,5 +4720,124 @@ fn soak(mut args: SoakArgs) -> anyhow::Result<()> {
         args.run.out.join(format!("{name}.json")),
         serde_json::to_string_pretty(&out)?,
     )?;
+    Ok(())
+}
+
+/// See [`Cli::Thinning`].
+fn thinning_table(args: ThinningArgs) -> anyhow::Result<()> {
+    use palletd::thin::{errors, thin_series, Point, Rule};
+    let dir = args.data.unwrap_or_else(|| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/palletd-test/data")
+    });
+    let csv = |name: &str| -> anyhow::Result<Vec<Vec<f64>>> {
+        let text = std::fs::read_to_string(dir.join(name))
+            .map_err(|e| anyhow::anyhow!("{name}: {e} (run scripts/install-test-services)"))?;
+        Ok(text
+            .lines()
+            .skip(1)
+            .map(|l| {
+                l.split(',')
+                    .filter_map(|c| c.trim_matches('"').parse().ok())
+                    .collect()
+            })
+            .collect())
+    };
+    let at = |step_ms: i64, values: Vec<f64>| -> Vec<Point> {
+        let t = |i: usize| 1_700_000_000_000 + i as i64 * step_ms;
+        values
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| Point { t: t(i), v })
+            .collect()
+    };
+    let week = 7 * 86_400_000;
+    let mut series: Vec<(String, Vec<Point>)> = vec![
+        (
+            "CO2 at Mauna Loa, weekly (ppm)".into(),
+            at(
+                week,
+                csv("co2.csv")?
+                    .iter()
+                    .filter_map(|r| r.get(1).copied())
+                    .collect(),
+            ),
+        ),
+        (
+            "El Nino sea temperature, monthly (C)".into(),
+            at(
+                week * 4,
+                csv("elnino.csv")?
+                    .iter()
+                    .flat_map(|r| r.iter().skip(1).copied().collect::<Vec<_>>())
+                    .collect(),
+            ),
+        ),
+        (
+            "Sunspots, yearly".into(),
+            at(
+                week * 52,
+                csv("sunspots.csv")?
+                    .iter()
+                    .filter_map(|r| r.get(1).copied())
+                    .collect(),
+            ),
+        ),
+        (
+            "Nile flow, yearly".into(),
+            at(
+                week * 52,
+                csv("nile.csv")?
+                    .iter()
+                    .filter_map(|r| r.get(1).copied())
+                    .collect(),
+            ),
+        ),
+    ];
+    for (i, field) in ["temp", "hum", "pres"].iter().enumerate() {
+        let values = (0..8760)
+            .map(|h| weather(0, h)[field].as_f64().unwrap_or(0.0))
+            .collect();
+        series.push((
+            format!("bench hourly weather, a year ({field})"),
+            at(3_600_000, values),
+        ));
+        let walk = palletd::simulate::walk_series(7, 86_400, 1_700_000_000_000, 1000);
+        let values = walk.iter().map(|w| w.1[i]).collect();
+        series.push((
+            format!("simulator walk, a day at 1/s ({field})"),
+            at(1000, values),
+        ));
+    }
+    println!("| series | points | rule | bound (% of span) | stored | stored % | largest error, linear | largest error, held |");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    for (name, points) in &series {
+        let lo = points.iter().map(|p| p.v).fold(f64::INFINITY, f64::min);
+        let hi = points.iter().map(|p| p.v).fold(f64::NEG_INFINITY, f64::max);
+        for pct in [0.5, 1.0, 2.0] {
+            let bound = (hi - lo) * pct / 100.0;
+            let rules = [
+                Rule::SwingingDoor {
+                    deviation: bound,
+                    max_interval_ms: i64::MAX,
+                },
+                Rule::Deadband {
+                    band: bound,
+                    max_interval_ms: i64::MAX,
+                    min_interval_ms: 0,
+                },
+            ];
+            for rule in rules {
+                let keep = thin_series(rule, points);
+                let stored = keep.iter().filter(|k| **k).count();
+                let (linear, held) = errors(points, &keep);
+                println!(
+                    "| {name} | {} | {} | {bound:.3} ({pct}%) | {stored} | {:.1}% | {linear:.3} | {held:.3} |",
+                    points.len(),
+                    rule.kind(),
+                    100.0 * stored as f64 / points.len() as f64,
+                );
+            }
+        }
+    }
     Ok(())
 }

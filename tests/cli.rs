@@ -31,6 +31,21 @@ fn print_config_is_the_example_file_and_it_validates() {
     let (code, text) = check(&example);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("configuration is valid"), "{text}");
+    // Its thinning example, uncommented, is valid too.
+    let (head, rest) = example
+        .split_once("# [subscription.thinning.temp]")
+        .unwrap();
+    let (block, tail) = rest.split_once("\n\n").unwrap();
+    let block: Vec<&str> = block
+        .lines()
+        .map(|l| l.strip_prefix("# ").unwrap_or(l))
+        .collect();
+    let thinned = format!(
+        "{head}[subscription.thinning.temp]{}\n\n{tail}",
+        block.join("\n")
+    );
+    let (code, text) = check(&thinned);
+    assert_eq!(code, Some(0), "{text}\n{thinned}");
 }
 
 #[test]

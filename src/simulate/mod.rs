@@ -109,6 +109,23 @@ impl Walk {
     }
 }
 
+/// One simulated sensor's readings as the simulator publishes them, `n`
+/// of them `step_ms` apart from `start_ms` (the same walk for the same
+/// seed): (ts, temp, humidity, pressure). For measurements off the broker
+/// (`bench thinning`).
+pub fn walk_series(seed: u64, n: usize, start_ms: i64, step_ms: i64) -> Vec<(i64, [f64; 3])> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut walk = Walk::new(&mut rng);
+    (0..n as i64)
+        .map(|i| {
+            let ts = start_ms + i * step_ms;
+            let v = walk.step(&mut rng, ts);
+            let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+            (ts, [f("temp"), f("humidity"), f("pressure")])
+        })
+        .collect()
+}
+
 /// Why the simulator stopped early.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
