@@ -131,19 +131,27 @@ impl<'a> SampleRef<'a> {
 
     /// Whether it is a point thinning stored after the reading it came
     /// with ([`ARCHIVE`]): pushed, and no reading of the summaries.
+    /// The mark is its second element ([`Sample::archive`]): one look.
     pub fn is_archive(&self) -> bool {
-        matches!(self.doc.get(ARCHIVE), Ok(Some(_)))
+        self.second().is_some_and(|name| name == ARCHIVE)
+    }
+
+    /// The name of its second element (the first is `ts`).
+    fn second(&self) -> Option<&'a str> {
+        self.doc.iter().nth(1)?.ok().map(|(name, _)| name)
     }
 
     /// Whether it has anything to push into `samples`: a field thinning
-    /// did not drop (every sample without thinning does).
+    /// did not drop (every sample without thinning does), or a point
+    /// stored late. A payload's field never starts with `_` (escaped),
+    /// so a second element that does not is a field: one look, but for a
+    /// sample that begins with palletd's own keys (Sparkplug B's
+    /// `_state`, or nothing kept but [`THIN`]).
     pub fn pushes(&self) -> bool {
-        self.thin().is_none()
-            || self
-                .doc
-                .iter()
-                .flatten()
-                .any(|(name, _)| name != "ts" && !name.starts_with('_'))
+        match self.second() {
+            Some(name) if !name.starts_with('_') || name == ARCHIVE => true,
+            _ => self.thin().is_none(),
+        }
     }
 
     /// The thinning rules of its fields: (field, rule kind, bound).
@@ -211,14 +219,27 @@ impl<'a> SampleRef<'a> {
 
     /// The numeric fields of the reading, for the summaries and rollups:
     /// those it pushes and those thinning dropped; none of an archived
-    /// point's (its reading was summarised when it came).
+    /// point's (its reading was summarised when it came). One pass over
+    /// the document (this is on every statement's path).
     pub fn nums(&self) -> impl Iterator<Item = (&'a str, f64)> {
         let archive = self.is_archive();
-        let pushed = self.doc.iter().filter_map(move |f| match f.ok()? {
-            (name, bson::RawBsonRef::Double(x)) if !archive => Some((name, x)),
-            _ => None,
-        });
-        pushed.chain(self.dropped())
+        self.doc
+            .iter()
+            .filter(move |_| !archive)
+            .flatten()
+            .flat_map(|(name, value)| {
+                let (one, thin) = match value {
+                    bson::RawBsonRef::Double(x) => (Some((name, x)), None),
+                    bson::RawBsonRef::Document(t) if name == THIN => (None, Some(t)),
+                    _ => (None, None),
+                };
+                let dropped = thin.into_iter().flat_map(|t| {
+                    t.iter()
+                        .flatten()
+                        .filter_map(|(name, v)| Some((name, v.as_document()?.get_f64("v").ok()?)))
+                });
+                one.into_iter().chain(dropped)
+            })
     }
 }
 
@@ -388,13 +409,14 @@ impl Sample {
 
     /// Points of one time that thinning stores after their reading came
     /// ([`ARCHIVE`]).
+    /// The mark goes second, so [`SampleRef::is_archive`] is one look.
     pub fn archive(ts_ms: i64, fields: &[(&str, f64)], lsn: u64) -> Sample {
         let mut doc = RawDocumentBuf::new();
         doc.append("ts", bson::DateTime::from_millis(ts_ms));
+        doc.append(ARCHIVE, true);
         for (name, x) in fields {
             doc.append(*name, *x);
         }
-        doc.append(ARCHIVE, true);
         Sample { ts_ms, doc, lsn }
     }
 
@@ -1573,6 +1595,12 @@ mod tests {
         ]);
         let pushes: Vec<bool> = samples.iter().map(|s| s.pushes()).collect();
         assert_eq!(pushes, [true, false, true, false]);
+        // palletd's own first field (Sparkplug B's death) without thinning.
+        let death = Reading {
+            fields: vec![("_state".into(), FieldValue::Str("offline".into()))],
+            ..r(4, 0.0)
+        };
+        assert!(Sample::encode(&death, 5).as_ref().pushes());
         let shape = Shape {
             max_samples: 2,
             max_bytes: 10_000,
