@@ -136,6 +136,18 @@ impl<'a> SampleRef<'a> {
         self.second().is_some_and(|name| name == ARCHIVE)
     }
 
+    /// Whether it sums up readings thinning left out ([`LEFT_OUT`]).
+    pub fn is_left_out(&self) -> bool {
+        self.second().is_some_and(|name| name == LEFT_OUT)
+    }
+
+    /// Whether it is a reading as received (not a point stored late, not
+    /// readings left out): what the latest value may show.
+    pub fn is_reading(&self) -> bool {
+        self.second()
+            .is_none_or(|name| name != ARCHIVE && name != LEFT_OUT)
+    }
+
     /// The name of its second element (the first is `ts`).
     fn second(&self) -> Option<&'a str> {
         self.doc.iter().nth(1)?.ok().map(|(name, _)| name)
@@ -208,7 +220,7 @@ impl<'a> SampleRef<'a> {
     }
 
     /// The values thinning dropped: summarised, not pushed.
-    fn dropped(&self) -> impl Iterator<Item = (&'a str, f64)> {
+    pub fn dropped(&self) -> impl Iterator<Item = (&'a str, f64)> {
         self.thin().into_iter().flat_map(|t| {
             t.iter().flatten().filter_map(|(name, v)| {
                 let x = v.as_document()?.get_f64("v").ok()?;
@@ -337,6 +349,54 @@ pub const THIN: &str = "_thin";
 /// summarised again (`{ts, <field>: value, _archive: true}`).
 pub const ARCHIVE: &str = "_archive";
 
+/// Marks a sample that sums up readings thinning left out, in time series
+/// mode, where no bucket summarises them ([`LeftOut`]):
+/// `{ts, _leftOut: {count, sum, n, min, max, first, last, thinning}}`,
+/// the summaries shaped as a bucket's. Neither pushed into a bucket nor
+/// a reading of its own.
+pub const LEFT_OUT: &str = "_leftOut";
+
+/// The readings of one sensor and window that thinning left out, summed
+/// up ([`LEFT_OUT`]): `count`, those that left nothing to store (no
+/// document of their own); per field its values left out (`sum`, `n`,
+/// `min`, `max`, `first`, `last`) and its rule.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LeftOut {
+    pub count: i32,
+    fields: Vec<(String, FieldSummary, &'static str, f64)>,
+}
+
+impl LeftOut {
+    /// Adds field `name`'s value `x` of the reading at `ts_ms`, left out
+    /// under a rule of `kind` and `bound`.
+    pub fn add(&mut self, name: &str, ts_ms: i64, x: f64, kind: &'static str, bound: f64) {
+        match self.fields.iter_mut().find(|f| f.0 == name) {
+            Some(f) => {
+                f.1.add(ts_ms, x);
+                (f.2, f.3) = (kind, bound);
+            }
+            None => self
+                .fields
+                .push((name.to_string(), FieldSummary::of(ts_ms, x), kind, bound)),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0 && self.fields.is_empty()
+    }
+
+    /// The latest reading's time.
+    pub fn last_ts(&self) -> Option<i64> {
+        self.fields.iter().map(|f| f.1.last.0).max()
+    }
+
+    /// Heap bytes (an estimate).
+    pub fn heap_bytes(&self) -> usize {
+        self.fields.capacity() * std::mem::size_of::<(String, FieldSummary, &str, f64)>()
+            + self.fields.iter().map(|f| f.0.capacity()).sum::<usize>()
+    }
+}
+
 /// What thinning did to one field of a reading ([`Sample::encode_thinned`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Thinned<'a> {
@@ -417,6 +477,31 @@ impl Sample {
         for (name, x) in fields {
             doc.append(*name, *x);
         }
+        Sample { ts_ms, doc, lsn }
+    }
+
+    /// Readings thinning left out, summed up, as of `ts_ms` (the latest
+    /// of them: in their window) ([`LEFT_OUT`]).
+    pub fn left_out(ts_ms: i64, left: &LeftOut, lsn: u64) -> Sample {
+        let mut parts: [RawDocumentBuf; 7] = Default::default();
+        for (name, f, kind, bound) in &left.fields {
+            let [sum, n, min, max, first, last, rules] = &mut parts;
+            sum.append(name, f.sum);
+            n.append(name, f.n);
+            min.append(name, f.min);
+            max.append(name, f.max);
+            first.append(name, edge(f.first));
+            last.append(name, edge(f.last));
+            rules.append(name, rawdoc! { "kind": *kind, bound_name(kind): *bound });
+        }
+        let mut summary = rawdoc! { "count": left.count };
+        let names = ["sum", "n", "min", "max", "first", "last", "thinning"];
+        for (name, part) in names.into_iter().zip(parts) {
+            summary.append(name, part);
+        }
+        let mut doc = RawDocumentBuf::new();
+        doc.append("ts", bson::DateTime::from_millis(ts_ms));
+        doc.append(LEFT_OUT, summary);
         Sample { ts_ms, doc, lsn }
     }
 

@@ -84,34 +84,50 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
 }
 
-/// Every stored value of `field`, by time: no time twice.
+/// Every stored value of `field` in buckets' samples, by time: no time
+/// twice.
 fn stored_points(buckets: &[Document], field: &str) -> BTreeMap<i64, Bson> {
+    let samples = buckets
+        .iter()
+        .flat_map(|b| b.get_array("samples").unwrap())
+        .map(|s| s.as_document().unwrap());
+    let samples: Vec<&Document> = samples.collect();
+    for s in &samples {
+        assert!(
+            !s.keys().any(|k| k.starts_with('_')),
+            "palletd's own keys are not stored: {s}"
+        );
+    }
+    points(&samples, field)
+}
+
+/// Every stored value of `field` in documents of a reading's time (samples,
+/// time series documents), by time: no time twice.
+fn points(docs: &[&Document], field: &str) -> BTreeMap<i64, Bson> {
     let mut out = BTreeMap::new();
-    for b in buckets {
-        for s in b.get_array("samples").unwrap() {
-            let s = s.as_document().unwrap();
+    for d in docs {
+        if let Some(v) = d.get(field) {
+            let ts = d.get_datetime("ts").unwrap().timestamp_millis();
             assert!(
-                !s.keys().any(|k| k.starts_with('_')),
-                "palletd's own keys are not stored: {s}"
+                out.insert(ts, v.clone()).is_none(),
+                "{field} at {ts} stored twice"
             );
-            if let Some(v) = s.get(field) {
-                let ts = s.get_datetime("ts").unwrap().timestamp_millis();
-                assert!(
-                    out.insert(ts, v.clone()).is_none(),
-                    "{field} at {ts} stored twice"
-                );
-            }
         }
     }
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thinned_fields_keep_their_bounds_and_every_reading_s_summary_through_a_kill_and_a_stop() {
-    let readings = readings();
+/// Publishes `readings` through a SIGKILL halfway and a clean stop at
+/// the end, checking the counts and the status page on the way; returns
+/// the stack, palletd started again and settled.
+async fn through_a_kill_and_a_stop(name: &str, timeseries: bool, readings: &[Reading]) -> Stack {
     let n = readings.len();
     let half = n / 2;
-    let mut stack = Stack::start("thinning", config).await;
+    let mut stack = Stack::start(name, |c| match timeseries {
+        true => config(c).timeseries(),
+        false => config(c),
+    })
+    .await;
     let mut publisher = stack.publisher().await;
     publish(&mut publisher, &readings[..half]).await;
     stack.all_acknowledged().await;
@@ -160,11 +176,19 @@ async fn thinned_fields_keep_their_bounds_and_every_reading_s_summary_through_a_
     stack.palletd = Palletd::start(&stack.config);
     stack.palletd.ready().await;
     stack.palletd.settled().await;
+    stack
+}
 
-    let buckets = stack.docs("readings").await;
-    let temp = stored_points(&buckets, "temp");
-    let sst = stored_points(&buckets, "sst");
-    let doors = stored_points(&buckets, "door");
+/// The stored points of each field: what the rules keep, within their
+/// bounds of every reading; `numeric`: the door's numbers stored.
+fn check_points(
+    readings: &[Reading],
+    temp: &BTreeMap<i64, Bson>,
+    sst: &BTreeMap<i64, Bson>,
+    doors: &BTreeMap<i64, Bson>,
+) -> usize {
+    let n = readings.len();
+    let half = n / 2;
     let source: BTreeMap<i64, &Reading> = readings.iter().map(|r| (r.ts, r)).collect();
 
     // The swinging door: the first and last points, the fault, and the
@@ -208,7 +232,7 @@ async fn thinned_fields_keep_their_bounds_and_every_reading_s_summary_through_a_
     // one stored.
     let mut last: Option<f64> = None;
     let mut kept = 0;
-    for r in &readings {
+    for r in readings {
         match sst.get(&r.ts) {
             Some(v) => {
                 assert_eq!(v.as_f64(), Some(r.sst));
@@ -228,6 +252,19 @@ async fn thinned_fields_keep_their_bounds_and_every_reading_s_summary_through_a_
     assert!(kept < n, "some sea temperatures were left out");
     // A field without a rule: every value.
     assert_eq!(doors.len(), readings.iter().filter(|r| r.door).count());
+    numeric.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thinned_fields_keep_their_bounds_and_every_reading_s_summary_through_a_kill_and_a_stop() {
+    let readings = readings();
+    let n = readings.len();
+    let stack = through_a_kill_and_a_stop("thinning", false, &readings).await;
+    let buckets = stack.docs("readings").await;
+    let temp = stored_points(&buckets, "temp");
+    let sst = stored_points(&buckets, "sst");
+    let doors = stored_points(&buckets, "door");
+    let stored_temp = check_points(&readings, &temp, &sst, &doors);
 
     // The summaries hold every reading once, stored or not.
     let total = |path: &str| {
@@ -287,15 +324,18 @@ async fn thinned_fields_keep_their_bounds_and_every_reading_s_summary_through_a_
         .map(|t| number(t.get("stored")))
         .sum();
     assert_eq!(
-        stored_by_rule,
-        numeric.len() as f64,
+        stored_by_rule, stored_temp as f64,
         "thinning.temp.stored: the numbers"
     );
 
-    // The hourly rollups are those of every reading.
+    check_rollups(&stack, &readings).await;
+}
+
+/// The hourly rollups are those of every reading.
+async fn check_rollups(stack: &Stack, readings: &[Reading]) {
     let hour = 3_600_000;
     let mut want: BTreeMap<i64, (i64, Vec<(i64, f64)>)> = BTreeMap::new();
-    for r in &readings {
+    for r in readings {
         let e = want.entry(r.ts.div_euclid(hour) * hour).or_default();
         e.0 += 1;
         if let Some(x) = r.temp {
@@ -336,4 +376,98 @@ async fn thinned_fields_keep_their_bounds_and_every_reading_s_summary_through_a_
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     panic!("the hourly rollups never matched every reading: {last_error}");
+}
+
+/// The same in time series mode: a document per reading with anything
+/// stored, the values left out summed up per window in documents of
+/// their own (those open at the kill read back from the spool).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_time_series_mode_the_values_left_out_are_summed_up_once_through_a_kill_and_a_stop() {
+    let readings = readings();
+    let n = readings.len();
+    let stack = through_a_kill_and_a_stop("thinning-ts", true, &readings).await;
+    let docs = stack.docs("readings").await;
+    let mut records = std::collections::HashSet::new();
+    for d in &docs {
+        let record = (d.get_str("_spool").unwrap(), d.get_i64("lsn").unwrap());
+        assert!(records.insert(record), "{record:?} stored twice");
+        assert!(!d.contains_key("_thin"), "{d}");
+    }
+    let (left_out, stored): (Vec<&Document>, Vec<&Document>) =
+        docs.iter().partition(|d| d.contains_key("_leftOut"));
+    let temp = points(&stored, "temp");
+    let sst = points(&stored, "sst");
+    let doors = points(&stored, "door");
+    check_points(&readings, &temp, &sst, &doors);
+    let own: Vec<&&Document> = stored
+        .iter()
+        .filter(|d| !d.contains_key("_archive"))
+        .collect();
+    assert!(own.len() < n, "{} documents of {n} readings", own.len());
+
+    // Every reading once: a document of its own, or counted in a summary.
+    let summary = |d: &Document| d.get_document("_leftOut").unwrap().clone();
+    let left = |part: &str, field: &str| -> f64 {
+        (left_out.iter().map(|d| summary(d)))
+            .filter_map(|s| Some(number(Some(s.get_document(part).ok()?.get(field)?))))
+            .sum()
+    };
+    let counted: f64 = left_out
+        .iter()
+        .map(|d| number(summary(d).get("count")))
+        .sum();
+    assert_eq!(own.len() as f64 + counted, n as f64, "readings represented");
+    let own_values =
+        |field: &str| -> Vec<f64> { own.iter().filter_map(|d| d.get_f64(field).ok()).collect() };
+    assert_eq!(
+        own_values("temp").len() as f64 + left("n", "temp"),
+        (n - 1) as f64
+    );
+    assert_eq!(own_values("sst").len() as f64 + left("n", "sst"), n as f64);
+    let co2_sum: f64 = readings.iter().filter_map(|r| r.temp).sum();
+    assert!(close(
+        own_values("temp").iter().sum::<f64>() + left("sum", "temp"),
+        co2_sum
+    ));
+    // The rule and its bound go with the values left out.
+    for s in left_out.iter().map(|d| summary(d)) {
+        let rules = s.get_document("thinning").unwrap();
+        for field in s.get_document("n").unwrap().keys() {
+            let (kind, bound, value) = match field.as_str() {
+                "temp" => ("swinging_door", "deviation", DOOR),
+                "sst" => ("deadband", "band", BAND),
+                other => panic!("{other} left out: {s}"),
+            };
+            let rule = rules.get_document(field).unwrap();
+            assert_eq!(rule.get_str("kind"), Ok(kind));
+            assert_eq!(rule.get_f64(bound), Ok(value));
+        }
+    }
+
+    // `palletd query`: the points stored, and per window every reading.
+    let cfg = (stack.config).write_to(stack.palletd.dir.path(), "query.toml");
+    let lines = query_ok(&cfg, &["--sensor", "mauna-loa"]);
+    let printed = lines.lines().filter(|l| l.contains("\"temp\"")).count();
+    assert_eq!(printed, temp.len(), "the points, no summary: {lines:.300}");
+    assert!(!lines.contains("_leftOut") && !lines.contains("_archive"));
+    let hour = 3_600_000;
+    let mut want: BTreeMap<i64, (i64, f64)> = BTreeMap::new();
+    for r in &readings {
+        let e = want.entry(r.ts.div_euclid(hour) * hour).or_default();
+        e.0 += 1;
+        e.1 += r.temp.unwrap_or(0.0);
+    }
+    let stats = query_ok(&cfg, &["--sensor", "mauna-loa", "--stats"]);
+    let stats: Vec<serde_json::Value> = (stats.lines())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(stats.len(), want.len());
+    for (w, (count, sum)) in stats.iter().zip(want.values()) {
+        assert_eq!(w["count"].as_i64(), Some(*count), "{w}");
+        assert!(
+            close(w["fields"]["temp"]["sum"].as_f64().unwrap(), *sum),
+            "{w}"
+        );
+    }
+    check_rollups(&stack, &readings).await;
 }

@@ -276,7 +276,7 @@ impl Admission {
             health,
             tell_quiet: !settings.latest.enabled,
             sparkplug,
-            thinning: thinning::Thinning::default(),
+            thinning: thinning::Thinning::new(left_out_window(settings)),
             thinning_hold,
             queue: budgets.queue,
             feed_budget: budgets.feed,
@@ -319,7 +319,7 @@ impl Admission {
             }
             if swept_at.elapsed() >= SWEEP_EVERY {
                 swept_at = Instant::now();
-                let ended = self.thinning.sweep(now_ms());
+                let ended = self.thinning.sweep(now_ms(), self.spool.is_full());
                 self.spool_archived(ended).await;
                 self.hold_for_thinning();
                 if self.thinning_hold.active {
@@ -499,22 +499,21 @@ impl Admission {
         h.lsn = lsn;
     }
 
-    /// Spools the points of ended runs ([`thinning::Thinning::sweep`]).
-    async fn spool_archived(&mut self, ended: Vec<(String, thinning::Archived)>) {
+    /// Spools the points of ended runs and the values left out that are
+    /// due ([`thinning::Thinning::sweep`]).
+    async fn spool_archived(&mut self, ended: Vec<(String, thinning::Later)>) {
         if ended.is_empty() {
             return;
         }
         let mut batch = Arrivals::new(self.next_lsn);
-        for (sensor, points) in ended {
-            for (ts_ms, fields) in points {
-                let fields: Vec<(&str, f64)> = fields.iter().map(|f| (f.0.as_str(), f.1)).collect();
-                let point = Sample::archive(ts_ms, &fields, self.next_lsn);
+        for (sensor, later) in ended {
+            for sample in later.samples(self.next_lsn) {
                 RecordRef {
                     lsn: self.next_lsn,
                     received_ms: now_ms(),
                     entry: EntryRef::Sample {
                         sensor: &sensor,
-                        doc: point.doc.as_bytes(),
+                        doc: sample.doc.as_bytes(),
                     },
                 }
                 .encode_into(&mut batch.bytes);
@@ -769,17 +768,15 @@ impl Admission {
             }
             // The verdicts go into the records (a replay reads them back);
             // the points of earlier readings that end a run go first.
-            let (thinned, archived) =
-                self.thinning
-                    .thin(rules, reading, m.received_ms, self.next_lsn);
-            for (ts_ms, fields) in &archived {
-                let fields: Vec<(&str, f64)> = fields.iter().map(|f| (f.0.as_str(), f.1)).collect();
-                let point = Sample::archive(*ts_ms, &fields, self.next_lsn);
+            let (thinned, later) = self
+                .thinning
+                .thin(rules, reading, m.received_ms, self.next_lsn);
+            for sample in later.samples(self.next_lsn) {
                 append(
                     self.next_lsn,
                     EntryRef::Sample {
                         sensor: &reading.sensor,
-                        doc: point.doc.as_bytes(),
+                        doc: sample.doc.as_bytes(),
                     },
                 );
                 self.next_lsn += 1;
@@ -888,8 +885,8 @@ struct ThinningHold {
     dir: std::path::PathBuf,
     /// The LSN held from (`u64::MAX`: none; 0 until the first hold).
     lsn: u64,
-    /// The points held at the last stop, to store at start.
-    read_back: Vec<(String, thinning::Archived)>,
+    /// What thinning held at the last stop, to spool at start.
+    read_back: Vec<(String, thinning::Later)>,
     /// The LSN after those: the read-back records stay held until it is
     /// durable.
     start_end: u64,
@@ -906,14 +903,16 @@ impl ThinningHold {
             .any(|s| !s.thinning.is_empty())
             || thinning::lsn_path(&dir).exists();
         let read_back = match active {
-            true => thinning::read_back(&dir, spool, next_lsn),
+            true => thinning::read_back(&dir, spool, next_lsn, left_out_window(settings)),
             false => Vec::new(),
         };
-        let points: usize = read_back.iter().map(|r| r.1.len()).sum();
-        if points > 0 {
+        let points: usize = read_back.iter().map(|r| r.1.points.len()).sum();
+        let left_out: usize = read_back.iter().map(|r| r.1.left_out.len()).sum();
+        if points + left_out > 0 {
             info!(
                 points,
-                "Thinning: storing the points held at the last stop, read back from the spool."
+                left_out,
+                "Thinning: storing the points held at the last stop and the readings left out not yet summed up, read back from the spool."
             );
         }
         ThinningHold {
@@ -926,6 +925,13 @@ impl ThinningHold {
             save_failed: false,
         }
     }
+}
+
+/// `bucket.window` in ms in time series mode, where thinning sums up the
+/// values it leaves out per window ([`thinning::Thinning::new`]).
+fn left_out_window(settings: &crate::config::Settings) -> Option<i64> {
+    (settings.storage.mode == crate::config::StorageMode::Timeseries)
+        .then_some(settings.bucket.window.as_millis() as i64)
 }
 
 /// Room for a chunk of a snapshot on its way to the writing thread.

@@ -302,12 +302,6 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
         if s.thinning.is_empty() {
             continue;
         }
-        if storage.mode == StorageMode::Timeseries {
-            v.err(
-                format!("subscription[{i}].thinning"),
-                "needs storage.mode = \"buckets\": a time series collection keeps every reading it is given, and its rollups are computed from them",
-            );
-        }
         if mqtt.as_ref().is_some_and(|m| m.share_group.is_some()) {
             v.err(
                 format!("subscription[{i}].thinning"),

@@ -153,10 +153,13 @@ fn thinning_rules_are_read_and_checked() {
         "subscription[1].thinning.c.deviation: must be a number of at least 0",
         "subscription[1].thinning.d.deviation: missing",
         "subscription[1].thinning.e.min_interval: applies to kind = \"deadband\" only",
-        "subscription[1].thinning: needs storage.mode = \"buckets\"",
     ] {
         assert!(joined.contains(want), "{want} in {joined}");
     }
+    assert!(
+        !joined.contains("storage.mode"),
+        "both storage modes thin: {joined}"
+    );
 }
 
 #[test]

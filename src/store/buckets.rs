@@ -659,19 +659,7 @@ impl Buckets {
             }
             let Some(w) = out.last_mut() else { continue };
             w.buckets += 1;
-            w.count += read::readings(&b);
-            let empty = Document::new();
-            let part = |name: &str| b.get_document(name).unwrap_or(&empty);
-            let (sum, n, min, max) = (part("sum"), part("n"), part("min"), part("max"));
-            for (field, s) in sum {
-                w.merge(
-                    field,
-                    read::number(Some(s)).unwrap_or(0.0),
-                    read::number(n.get(field)).unwrap_or(0.0) as i64,
-                    read::number(min.get(field)).unwrap_or(f64::INFINITY),
-                    read::number(max.get(field)).unwrap_or(f64::NEG_INFINITY),
-                );
-            }
+            w.add_summaries(&b);
         }
         Ok(out)
     }

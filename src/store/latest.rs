@@ -123,9 +123,10 @@ pub async fn read(
 }
 
 /// The newest of a sensor's readings (the last one of equal times; not a
-/// point thinning stored late, [`SampleRef::is_archive`]).
+/// point thinning stored late nor readings it left out summed up,
+/// [`SampleRef::is_reading`]).
 fn newest<'a>(samples: impl Iterator<Item = SampleRef<'a>>) -> Option<SampleRef<'a>> {
-    let readings = samples.filter(|s| !s.is_archive());
+    let readings = samples.filter(|s| s.is_reading());
     readings.fold(None, |best: Option<SampleRef<'a>>, s| match best {
         Some(b) if b.ts_ms > s.ts_ms => Some(b),
         _ => Some(s),

@@ -62,6 +62,26 @@ impl WindowStats {
         self.merge(field, x, 1, x, x);
     }
 
+    /// Adds a bucket's summaries, or those of readings thinning left out
+    /// in time series mode (shaped alike, see [`crate::bucket`]): the
+    /// readings they represent ([`readings`]) and per field `sum`, `n`,
+    /// `min`, `max`.
+    pub fn add_summaries(&mut self, b: &Document) {
+        self.count += readings(b);
+        let empty = Document::new();
+        let part = |name: &str| b.get_document(name).unwrap_or(&empty);
+        let (sum, n, min, max) = (part("sum"), part("n"), part("min"), part("max"));
+        for (field, s) in sum {
+            self.merge(
+                field,
+                number(Some(s)).unwrap_or(0.0),
+                number(n.get(field)).unwrap_or(0.0) as i64,
+                number(min.get(field)).unwrap_or(f64::INFINITY),
+                number(max.get(field)).unwrap_or(f64::NEG_INFINITY),
+            );
+        }
+    }
+
     /// Adds a partial rollup of `field`.
     pub fn merge(&mut self, field: &str, sum: f64, n: i64, min: f64, max: f64) {
         let e = match self.fields.get_mut(field) {
@@ -115,7 +135,6 @@ pub fn fields(reading: &Document, skip: &[&str]) -> Fields {
         .collect()
 }
 
-/// A number stored as double, int32 or int64.
 /// The readings a bucket represents: its samples, and those thinning
 /// left out of them (`thinned`, see [`crate::bucket`]).
 pub fn readings(bucket: &bson::Document) -> i64 {
@@ -123,6 +142,7 @@ pub fn readings(bucket: &bson::Document) -> i64 {
     n("count") + n("thinned")
 }
 
+/// A number stored as double, int32 or int64.
 pub fn number(b: Option<&Bson>) -> Option<f64> {
     match b? {
         Bson::Double(x) => Some(*x),

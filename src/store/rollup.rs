@@ -56,6 +56,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::mongo::{self, Decision, Mongo};
 use super::read::{self, Range};
+use crate::bucket::{ARCHIVE, LEFT_OUT};
 use crate::config::{RollupSettings, Settings, StorageMode};
 use crate::flush::Batch;
 use crate::retry::{Aborted, Backoff};
@@ -840,7 +841,10 @@ impl Passes {
     }
 
     /// Rollups of time series documents (one interval: `query.from`),
-    /// computed on the server; only the results travel.
+    /// computed on the server; only the results travel. Of the readings'
+    /// documents, then the summaries of the readings thinning left out
+    /// (one per sensor and window, or a few), added in palletd; points
+    /// thinning stored late are neither.
     async fn aggregate_readings(
         &self,
         db: &Database,
@@ -851,7 +855,12 @@ impl Passes {
         let from = bson::DateTime::from_millis(start);
         let to = bson::DateTime::from_millis(start + spec.interval_ms());
         let coll = db.collection::<Document>(&self.base);
-        let matching = doc! { "$match": { "sensorId": { "$in": &query.sensors }, "ts": { "$gte": from, "$lt": to } } };
+        let sensors =
+            doc! { "sensorId": { "$in": &query.sensors }, "ts": { "$gte": from, "$lt": to } };
+        let mut readings = sensors.clone();
+        readings.insert(LEFT_OUT, doc! { "$exists": false });
+        readings.insert(ARCHIVE, doc! { "$exists": false });
+        let matching = doc! { "$match": readings };
         let mut out: BTreeMap<(String, i64), Rollup> = BTreeMap::new();
         let counting = vec![
             matching.clone(),
@@ -894,6 +903,19 @@ impl Passes {
             if let Some(r) = out.get_mut(&(sensor.to_string(), start)) {
                 r.add_field(field, &row);
             }
+        }
+        let mut left_out = sensors;
+        left_out.insert(LEFT_OUT, doc! { "$exists": true });
+        let mut cursor = coll
+            .find(left_out)
+            .projection(doc! { "_id": 0, "sensorId": 1, LEFT_OUT: 1 })
+            .await?;
+        while let Some(d) = cursor.try_next().await? {
+            let (Ok(sensor), Ok(sums)) = (d.get_str("sensorId"), d.get_document(LEFT_OUT)) else {
+                continue;
+            };
+            let r = out.entry((sensor.to_string(), start)).or_default();
+            r.add_bucket(sums);
         }
         Ok(out)
     }
@@ -1091,8 +1113,10 @@ fn edge_of(b: Option<&Bson>) -> Option<(i64, f64)> {
 }
 
 impl Rollup {
-    /// Adds a bucket's summaries; `false` if it has no `first` and `last`
-    /// (then [`Rollup::add_edges_of_samples`] must add its samples').
+    /// Adds a bucket's summaries (or those of readings thinning left out
+    /// in time series mode, shaped alike); `false` if it has no `first`
+    /// and `last` (then [`Rollup::add_edges_of_samples`] must add its
+    /// samples').
     fn add_bucket(&mut self, b: &Document) -> bool {
         self.count += read::readings(b);
         let empty = Document::new();

@@ -18,6 +18,16 @@
 //!   spool's id: LSNs come from each box's clock, so another box writing
 //!   the same sensor id may hold the same LSN (a document without
 //!   `_spool`, from a version before it, matches any).
+//! - **Thinning** ([`crate::thin`]): a reading thinning left nothing of
+//!   has no document; the values left out are summed up per sensor and
+//!   window in documents of their own, `{ts, sensorId, lsn, _spool,
+//!   _leftOut: {count, sum, n, min, max, first, last, thinning}}`
+//!   ([`crate::bucket::LEFT_OUT`]: `count` readings without a document,
+//!   the rest per field as a bucket has them), spooled by the admission,
+//!   so a replay finds them by their LSN as any document; a point stored
+//!   late is a document marked `_archive: true`, no reading of its own.
+//!   Rollups and `palletd query` count the readings' documents and add
+//!   the summaries.
 //! - **Seal**: nothing to do; the server manages its buckets.
 //! - **Read**: readings in `ts` order on `{sensorId, ts}`; per-window
 //!   rollups computed from them (windows of `bucket.window`).
@@ -35,7 +45,7 @@ use tracing::{debug, info};
 use super::mongo::{self, count_statement_error, rejection, Decision, Mongo};
 use super::read::{self, Fields, Range, Summary, WindowStats};
 use super::SchemaError;
-use crate::bucket::SampleRef;
+use crate::bucket::{SampleRef, ARCHIVE, LEFT_OUT};
 use crate::config::Settings;
 use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
 use crate::retry::{Aborted, Backoff};
@@ -188,12 +198,17 @@ impl Timeseries {
             run.outcomes = vec![Outcome::NotSent; run.samples.len()];
         }
         // (run, sample) of every reading still to send.
-        let mut todo: Vec<(usize, usize)> = batch
-            .runs
-            .iter()
-            .enumerate()
-            .flat_map(|(r, run)| (0..run.samples.len()).map(move |s| (r, s)))
-            .collect();
+        // A reading thinning left nothing of is applied with nothing to
+        // send: what it adds to the rollups is in a summary of its own.
+        let mut todo: Vec<(usize, usize)> = Vec::new();
+        for (r, run) in batch.runs.iter_mut().enumerate() {
+            for s in 0..run.samples.len() {
+                match run.samples.get(s).pushes() {
+                    true => todo.push((r, s)),
+                    false => run.outcomes[s] = Outcome::Applied,
+                }
+            }
+        }
         let mut backoff = Backoff::default();
         while !todo.is_empty() {
             let runs = &batch.runs;
@@ -261,6 +276,9 @@ impl Timeseries {
             .await?;
         let mut n = 0;
         while let Some(d) = cursor.try_next().await? {
+            if d.contains_key(LEFT_OUT) {
+                continue;
+            }
             let ts = d.get_datetime("ts")?.timestamp_millis();
             emit(ts, read::fields(&d, OWN_FIELDS))?;
             n += 1;
@@ -268,7 +286,9 @@ impl Timeseries {
         Ok(n)
     }
 
-    /// Per-window rollups computed from the readings.
+    /// Per-window rollups computed from the readings' documents and the
+    /// summaries of those thinning left out (points stored late are
+    /// neither).
     pub(super) async fn window_stats(
         &self,
         db: &Database,
@@ -277,31 +297,47 @@ impl Timeseries {
     ) -> read::Result<Vec<WindowStats>> {
         let mut out: Vec<WindowStats> = Vec::new();
         let window_ms = self.window_ms;
-        self.readings(db, sensor, range, |ts, fields| {
-            let start = ts.div_euclid(window_ms) * window_ms;
+        let mut cursor = self
+            .coll(db)
+            .find(read::filter(sensor, "ts", range))
+            .sort(doc! { "ts": 1 })
+            .projection(doc! { "_id": 0, "sensorId": 0, "lsn": 0, SPOOL: 0 })
+            .await?;
+        while let Some(d) = cursor.try_next().await? {
+            if d.get_bool(ARCHIVE).unwrap_or(false) {
+                continue;
+            }
+            let start = d
+                .get_datetime("ts")?
+                .timestamp_millis()
+                .div_euclid(window_ms)
+                * window_ms;
             if out.last().map(|w| w.start_ms) != Some(start) {
                 out.push(WindowStats::new(start));
             }
-            if let Some(w) = out.last_mut() {
-                w.count += 1;
-                for (k, v) in &fields {
-                    if let bson::Bson::Double(x) = v {
-                        w.add(k, *x);
-                    }
+            let Some(w) = out.last_mut() else { continue };
+            if let Ok(left) = d.get_document(LEFT_OUT) {
+                w.add_summaries(left);
+                continue;
+            }
+            w.count += 1;
+            for (k, v) in &d {
+                if let bson::Bson::Double(x) = v {
+                    w.add(k, *x);
                 }
             }
-            Ok(())
-        })
-        .await?;
+        }
         Ok(out)
     }
 
     pub(super) async fn summary(&self, db: &Database) -> read::Result<Summary> {
+        // Stored points: not the summaries of readings left out.
+        let left_out = format!("${LEFT_OUT}");
         let mut agg = self
             .coll(db)
             .aggregate(vec![doc! { "$group": {
                 "_id": null,
-                "samples": { "$sum": 1 },
+                "samples": { "$sum": { "$cond": [{ "$eq": [{ "$type": left_out }, "missing"] }, 1, 0] } },
                 "sensors": { "$addToSet": "$sensorId" },
             } }])
             .await?;
@@ -316,8 +352,8 @@ impl Timeseries {
 }
 
 /// The fields of a time series document that palletd writes besides the
-/// reading's own (and `ts`).
-pub const OWN_FIELDS: &[&str] = &["sensorId", "lsn", SPOOL];
+/// reading's own (and `ts`); `_archive` marks a point thinning stored late.
+pub const OWN_FIELDS: &[&str] = &["sensorId", "lsn", SPOOL, ARCHIVE];
 
 /// The spool's id, `s<8 hex>` (a name no payload's field maps to: it
 /// starts with `_`).
@@ -337,8 +373,9 @@ pub fn reading_doc(sensor: &str, sample: SampleRef<'_>, tag: u32) -> RawDocument
     d.append(SPOOL, spool_id(tag));
     for (name, value) in sample.doc.iter().flatten() {
         // Units stay out: a time series has no bucket document of
-        // palletd's to keep them once in.
-        if name != "ts" && name != crate::bucket::UNITS {
+        // palletd's to keep them once in; so does what thinning did (a
+        // value it left out is summed up in a document of its own).
+        if name != "ts" && name != crate::bucket::UNITS && name != crate::bucket::THIN {
             d.append(name, value.to_raw_bson());
         }
     }
