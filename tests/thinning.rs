@@ -384,8 +384,56 @@ async fn check_rollups(stack: &Stack, readings: &[Reading]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_time_series_mode_the_values_left_out_are_summed_up_once_through_a_kill_and_a_stop() {
     let readings = readings();
-    let n = readings.len();
     let stack = through_a_kill_and_a_stop("thinning-ts", true, &readings).await;
+    check_time_series(&stack, &readings).await;
+}
+
+/// Features together, in time series mode: the reply to an insert holding
+/// a summary of values left out is lost after the server applied it, then
+/// the database is away while the second half comes (spooled,
+/// acknowledged, written from the backlog when it is back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_time_series_mode_a_lost_reply_and_an_outage_store_every_reading_once() {
+    let readings = readings();
+    let half = readings.len() / 2;
+    let db = Database::start();
+    let proxy = CutProxy::start_cutting(db.port, "insert", Some(b"_leftOut")).await;
+    let mut stack = Stack::on(Broker::start(), db, "thinning-cut", |c| {
+        config(c)
+            .timeseries()
+            .mongodb_uri(&proxy.uri())
+            .uncompressed()
+    })
+    .await;
+    proxy.arm();
+    let mut publisher = stack.publisher().await;
+    publish(&mut publisher, &readings[..half]).await;
+    stack.all_acknowledged().await;
+    stack
+        .palletd
+        .wait_for_log(
+            "An interrupted insert had been applied in part",
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_eq!(proxy.cuts(), 1);
+    stack.db.stop();
+    publish(&mut publisher, &readings[half..]).await;
+    stack.all_acknowledged().await;
+    stack.db.start_again();
+    stack.stop();
+    stack.palletd = Palletd::start(&stack.config);
+    stack.palletd.ready().await;
+    stack.palletd.settled().await;
+    check_time_series(&stack, &readings).await;
+}
+
+/// What a time series collection holds after `readings`: each record
+/// once, the points within their bounds, every reading once in a document
+/// of its own or a summary, `palletd query` and the rollups of every
+/// reading.
+async fn check_time_series(stack: &Stack, readings: &[Reading]) {
+    let n = readings.len();
     let docs = stack.docs("readings").await;
     let mut records = std::collections::HashSet::new();
     for d in &docs {
@@ -398,7 +446,7 @@ async fn in_time_series_mode_the_values_left_out_are_summed_up_once_through_a_ki
     let temp = points(&stored, "temp");
     let sst = points(&stored, "sst");
     let doors = points(&stored, "door");
-    check_points(&readings, &temp, &sst, &doors);
+    check_points(readings, &temp, &sst, &doors);
     let own: Vec<&&Document> = stored
         .iter()
         .filter(|d| !d.contains_key("_archive"))
@@ -452,7 +500,7 @@ async fn in_time_series_mode_the_values_left_out_are_summed_up_once_through_a_ki
     assert!(!lines.contains("_leftOut") && !lines.contains("_archive"));
     let hour = 3_600_000;
     let mut want: BTreeMap<i64, (i64, f64)> = BTreeMap::new();
-    for r in &readings {
+    for r in readings {
         let e = want.entry(r.ts.div_euclid(hour) * hour).or_default();
         e.0 += 1;
         e.1 += r.temp.unwrap_or(0.0);
@@ -469,5 +517,5 @@ async fn in_time_series_mode_the_values_left_out_are_summed_up_once_through_a_ki
             "{w}"
         );
     }
-    check_rollups(&stack, &readings).await;
+    check_rollups(stack, readings).await;
 }
