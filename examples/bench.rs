@@ -4839,5 +4839,81 @@ fn thinning_table(args: ThinningArgs) -> anyhow::Result<()> {
             }
         }
     }
+    thinning_state();
     Ok(())
+}
+
+/// What the admission's thinning state costs with many sensors: each of
+/// 1,000 and 100,000 sensors sends 40 readings of the simulator's walk
+/// 15 s apart (10 minutes: no run ends for silence) under
+/// `buckets-thinned`'s rules, in each storage mode; per reading the time
+/// of the decision, the verdicts' sample and what is spooled later, and
+/// per sensor the state's bytes (as `palletd_memory_bytes{part="thinning"}`
+/// counts them).
+fn thinning_state() {
+    use palletd::admission::thinning::Thinning;
+    use palletd::bucket::Sample;
+    use palletd::decode::{FieldValue, Reading};
+    use palletd::thin::Rule;
+    let door = |deviation| Rule::SwingingDoor {
+        deviation,
+        max_interval_ms: 600_000,
+    };
+    let rules = vec![
+        ("temp".to_string(), door(0.25)),
+        (
+            "humidity".to_string(),
+            Rule::Deadband {
+                band: 0.65,
+                max_interval_ms: 600_000,
+                min_interval_ms: 0,
+            },
+        ),
+        ("pressure".to_string(), door(0.5)),
+    ];
+    const PER_SENSOR: usize = 40;
+    println!();
+    println!("| sensors | mode | ns / reading | records spooled later / reading | state bytes / sensor |");
+    println!("|---:|---|---:|---:|---:|");
+    for sensors in [1_000usize, 100_000] {
+        for (mode, window) in [("buckets", None), ("timeseries", Some(3_600_000))] {
+            let walks: Vec<Vec<(i64, [f64; 3])>> = (0..sensors)
+                .map(|i| {
+                    palletd::simulate::walk_series(i as u64, PER_SENSOR, 1_700_000_000_000, 15_000)
+                })
+                .collect();
+            let mut th = Thinning::new(window);
+            let mut later = 0usize;
+            let mut lsn = 0u64;
+            let mut reading = Reading::default();
+            let started = Instant::now();
+            for k in 0..PER_SENSOR {
+                for (i, walk) in walks.iter().enumerate() {
+                    let (ts, v) = walk[k];
+                    reading.sensor.clear();
+                    reading.sensor.push_str(&format!("s{i}"));
+                    reading.ts_ms = ts;
+                    reading.fields = ["temp", "humidity", "pressure"]
+                        .iter()
+                        .zip(v)
+                        .map(|(n, x)| (n.to_string(), FieldValue::Num(x)))
+                        .collect();
+                    let (thinned, l) = th.thin(&rules, &reading, ts, lsn);
+                    for s in l.samples(lsn) {
+                        std::hint::black_box(s);
+                    }
+                    later += l.len();
+                    lsn += l.len() as u64;
+                    std::hint::black_box(Sample::encode_thinned(&reading, lsn, &thinned));
+                    lsn += 1;
+                }
+            }
+            let ns = started.elapsed().as_nanos() as f64 / (sensors * PER_SENSOR) as f64;
+            println!(
+                "| {sensors} | {mode} | {ns:.0} | {:.3} | {} |",
+                later as f64 / (sensors * PER_SENSOR) as f64,
+                th.bytes() / sensors,
+            );
+        }
+    }
 }
