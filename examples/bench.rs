@@ -4882,7 +4882,7 @@ fn thinning_state() {
                     palletd::simulate::walk_series(i as u64, PER_SENSOR, 1_700_000_000_000, 15_000)
                 })
                 .collect();
-            let mut th = Thinning::new(window);
+            let mut th = Thinning::new(window, usize::MAX);
             let mut later = 0usize;
             let mut lsn = 0u64;
             let mut reading = Reading::default();

@@ -117,6 +117,20 @@ fn points(docs: &[&Document], field: &str) -> BTreeMap<i64, Bson> {
     out
 }
 
+/// A counter's value, summed over the series with these labels.
+fn counter(p: &Palletd, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    p.scrape()
+        .samples
+        .iter()
+        .filter(|s| s.metric == metric)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(x) => x,
+            _ => 0.0,
+        })
+        .sum()
+}
+
 /// Publishes `readings` through a SIGKILL halfway and a clean stop at
 /// the end, checking the counts and the status page on the way; returns
 /// the stack, palletd started again and settled.
@@ -139,19 +153,11 @@ async fn through_a_kill_and_a_stop(name: &str, timeseries: bool, readings: &[Rea
     publish(&mut publisher, &readings[half..]).await;
     stack.all_acknowledged().await;
     let counted = |p: &Palletd, rule: &str, outcome: &str| {
-        let scrape = p.scrape();
-        scrape
-            .samples
-            .iter()
-            .filter(|s| s.metric == "palletd_thinning_points_total")
-            .filter(|s| {
-                s.labels.get("rule") == Some(rule) && s.labels.get("outcome") == Some(outcome)
-            })
-            .map(|s| match s.value {
-                prometheus_parse::Value::Counter(x) => x,
-                _ => 0.0,
-            })
-            .sum::<f64>()
+        counter(
+            p,
+            "palletd_thinning_points_total",
+            &[("rule", rule), ("outcome", outcome)],
+        )
     };
     let second = (n - half) as f64;
     stack
@@ -518,4 +524,90 @@ async fn check_time_series(stack: &Stack, readings: &[Reading]) {
         );
     }
     check_rollups(stack, readings).await;
+}
+
+/// Many sensors in a small memory: thinning's runs take an eighth of
+/// `limits.max_memory` (512 KiB of 4 MiB, about 350 sensors of these two
+/// fields); beyond it the runs of the sensors heard from longest ago end
+/// early, their held points stored, and every bound and summary holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_their_memory_share_runs_end_early_and_keep_their_bounds() {
+    const SENSORS: usize = 800;
+    const EACH: usize = 5;
+    let mut stack = Stack::start("thinning-memory", |c| {
+        config(c).set("limits.max_memory", "4MiB")
+    })
+    .await;
+    let mut publisher = stack.publisher().await;
+    let start = (now_ms() / 60_000 - 30) * 60_000;
+    // A straight line per sensor: the door leaves out all but a run's
+    // ends; a deadband of a constant stores its first point.
+    let value = |i: usize, k: usize| 300.0 + i as f64 * 0.01 + k as f64 * 0.05;
+    let mut publish = async |ks: std::ops::Range<usize>| {
+        for k in ks {
+            for i in 0..SENSORS {
+                let v = serde_json::json!({ "ts": start + k as i64 * 60_000, "temp": value(i, k), "sst": 25.0 });
+                publisher
+                    .publish(&format!("greenhouse/s{i:03}/telemetry"), v.to_string())
+                    .await;
+            }
+        }
+        publisher.flush().await;
+    };
+    // Three readings each, then the runs of some end for memory; two more.
+    publish(0..3).await;
+    stack.all_acknowledged().await;
+    stack
+        .palletd
+        .wait_until(Duration::from_secs(30), "runs ended for memory", |p| {
+            counter(p, "palletd_thinning_sensors_ended_total", &[]) > 0.0
+        })
+        .await;
+    publish(3..EACH).await;
+    stack.all_acknowledged().await;
+    stack.stop();
+    stack.palletd = Palletd::start(&stack.config);
+    stack.palletd.ready().await;
+    stack.palletd.settled().await;
+
+    let buckets = stack.docs("readings").await;
+    let total = |path: &str| -> f64 {
+        (buckets.iter())
+            .map(|b| number(b.get(path).or(Some(&Bson::Int32(0)))))
+            .sum()
+    };
+    let n = (SENSORS * EACH) as f64;
+    assert_eq!(total("count") + total("thinned"), n, "readings represented");
+    let mut ended = 0;
+    for i in 0..SENSORS {
+        let sensor = format!("s{i:03}");
+        let mine: Vec<Document> = (buckets.iter())
+            .filter(|b| b.get_str("sensorId") == Ok(sensor.as_str()))
+            .cloned()
+            .collect();
+        let temp = stored_points(&mine, "temp");
+        let ts = |k: usize| start + k as i64 * 60_000;
+        // Each point left out lies on the line between the stored ones.
+        let points: Vec<(i64, f64)> = temp
+            .iter()
+            .map(|(t, v)| (*t, v.as_f64().unwrap()))
+            .collect();
+        for w in points.windows(2) {
+            let ((ta, va), (tb, vb)) = (w[0], w[1]);
+            for k in (0..EACH).filter(|k| (ta + 1..tb).contains(&ts(*k))) {
+                let line = va + (vb - va) * (ts(k) - ta) as f64 / (tb - ta) as f64;
+                assert!((value(i, k) - line).abs() <= DOOR + 1e-9, "{sensor} at {k}");
+            }
+        }
+        // A run's ends; a run ended early (at any sweep) adds its held
+        // point and the next run's first, and the deadband's constant
+        // starts again with the next run.
+        assert_eq!(temp.keys().next(), Some(&ts(0)), "{sensor}");
+        assert_eq!(temp.keys().last(), Some(&ts(EACH - 1)), "{sensor}");
+        let sst = stored_points(&mine, "sst").len();
+        assert_eq!(sst > 1, temp.len() > 2, "{sensor}: {sst} sst, {temp:?}");
+        ended += (temp.len() > 2) as usize;
+    }
+    // Some ended early: those ended before the last two readings came.
+    assert!(ended > 0, "none ended early");
 }

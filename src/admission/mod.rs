@@ -276,7 +276,10 @@ impl Admission {
             health,
             tell_quiet: !settings.latest.enabled,
             sparkplug,
-            thinning: thinning::Thinning::new(left_out_window(settings)),
+            thinning: thinning::Thinning::new(
+                left_out_window(settings),
+                settings.limits.split().thinning,
+            ),
             thinning_hold,
             queue: budgets.queue,
             feed_budget: budgets.feed,
@@ -321,6 +324,14 @@ impl Admission {
                 swept_at = Instant::now();
                 let ended = self.thinning.sweep(now_ms(), self.spool.is_full());
                 self.spool_archived(ended).await;
+                let over = self.thinning.take_sensors_ended();
+                if over > 0 {
+                    metrics::counter!(telemetry::THINNING_ENDED).increment(over);
+                    if !self.thinning_hold.over_budget {
+                        tracing::warn!(sensors = over, "Thinning's runs hold more than their share of limits.max_memory: the runs of the sensors heard from longest ago end early (their points held are stored and the bound holds; they store more points). Raise limits.max_memory, or thin fewer fields.");
+                    }
+                }
+                self.thinning_hold.over_budget = over > 0;
                 self.hold_for_thinning();
                 if self.thinning_hold.active {
                     metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "thinning")
@@ -892,6 +903,8 @@ struct ThinningHold {
     start_end: u64,
     let_go: bool,
     save_failed: bool,
+    /// The last sweep ended runs for memory (a WARN when it begins).
+    over_budget: bool,
 }
 
 impl ThinningHold {
@@ -923,6 +936,7 @@ impl ThinningHold {
             start_end: u64::MAX,
             let_go: false,
             save_failed: false,
+            over_budget: false,
         }
     }
 }

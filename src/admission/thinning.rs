@@ -82,7 +82,7 @@ impl Open {
 }
 
 /// The thinning state of every sensor with a thinned field.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Thinning {
     sensors: HashMap<String, SensorState>,
     /// Points received, stored, and taken as they were (out of order
@@ -92,6 +92,9 @@ pub struct Thinning {
     /// Time series mode: `bucket.window` in ms; the values left out are
     /// summed up per sensor and window ([`LeftOut`]).
     left_out_window: Option<i64>,
+    /// Thinning's share of `limits.max_memory` ([`Thinning::bytes`]).
+    max_bytes: usize,
+    sensors_ended: u64,
 }
 
 /// What to spool for one sensor besides its readings' records.
@@ -131,11 +134,15 @@ impl Later {
 impl Thinning {
     /// `left_out_window`: `bucket.window` in ms in time series mode, where
     /// the values left out are summed up ([`LeftOut`]); `None` in bucket
-    /// mode, where each bucket does it.
-    pub fn new(left_out_window: Option<i64>) -> Thinning {
+    /// mode, where each bucket does it. `max_bytes`: what the runs may
+    /// hold ([`Thinning::sweep`]).
+    pub fn new(left_out_window: Option<i64>, max_bytes: usize) -> Thinning {
         Thinning {
+            sensors: HashMap::new(),
+            counts: Vec::new(),
             left_out_window,
-            ..Thinning::default()
+            max_bytes,
+            sensors_ended: 0,
         }
     }
 
@@ -268,11 +275,39 @@ impl Thinning {
     /// of them, `all_left_out`: the spool is full and no longer keeps
     /// their records): what to spool now, per sensor. A sensor left with
     /// nothing held is forgotten.
+    ///
+    /// Beyond `max_bytes`, the runs of the sensors heard from longest ago
+    /// end too, until the state holds three quarters of it (counted in
+    /// `sensors_ended`): a run may end at any point, its held point
+    /// stored, and the bound holds; what is lost is what a longer run
+    /// would have left out.
     pub fn sweep(&mut self, now_ms: i64, all_left_out: bool) -> Vec<(String, Later)> {
-        self.end_runs(
+        let mut out = self.end_runs(
             |f| now_ms - f.received_ms >= max_interval(f.field.rule()),
             |o| all_left_out || now_ms >= o.due_ms,
-        )
+        );
+        let total = self.bytes();
+        if total > self.max_bytes {
+            // (last heard, bytes) per sensor, the longest-silent first.
+            let mut by_age: Vec<(i64, usize)> = (self.sensors.iter())
+                .map(|(name, s)| {
+                    let heard = s.fields.iter().map(|f| f.received_ms).max();
+                    (heard.unwrap_or(i64::MIN), sensor_bytes(name, s))
+                })
+                .collect();
+            by_age.sort_unstable();
+            let (mut held, mut cutoff) = (total, i64::MIN);
+            for (heard, bytes) in by_age {
+                if held <= self.max_bytes / 4 * 3 {
+                    break;
+                }
+                (held, cutoff) = (held - bytes, heard);
+            }
+            let before = self.sensors.len();
+            out.extend(self.end_runs(|f| f.received_ms <= cutoff, |_| false));
+            self.sensors_ended += (before - self.sensors.len()) as u64;
+        }
+        out
     }
 
     /// Ends every run (a clean shutdown): what to spool.
@@ -322,22 +357,27 @@ impl Thinning {
 
     /// Heap bytes of the state (an estimate).
     pub fn bytes(&self) -> usize {
-        self.sensors
-            .iter()
-            .map(|(name, s)| {
-                let f = &s.fields;
-                name.capacity()
-                    + 64
-                    + f.capacity() * std::mem::size_of::<FieldState>()
-                    + (f.iter())
-                        .map(|f| f.name.capacity() + f.field.heap_bytes())
-                        .sum::<usize>()
-                    + s.open
-                        .as_ref()
-                        .map_or(0, |o| std::mem::size_of::<Open>() + o.sums.heap_bytes())
-            })
-            .sum()
+        let sensors = self.sensors.iter();
+        sensors.map(|(name, s)| sensor_bytes(name, s)).sum()
     }
+
+    /// Sensors whose runs ended to keep within `max_bytes`, since the
+    /// last call.
+    pub fn take_sensors_ended(&mut self) -> u64 {
+        std::mem::take(&mut self.sensors_ended)
+    }
+}
+
+/// Heap bytes of one sensor's state (an estimate).
+fn sensor_bytes(name: &str, s: &SensorState) -> usize {
+    let f = &s.fields;
+    name.len()
+        + 64
+        + f.capacity() * std::mem::size_of::<FieldState>()
+        + (f.iter())
+            .map(|f| f.name.capacity() + f.field.heap_bytes())
+            .sum::<usize>()
+        + (s.open.as_ref()).map_or(0, |o| std::mem::size_of::<Open>() + o.sums.heap_bytes())
 }
 
 /// The file that says from which LSN the held points' records are kept.
@@ -580,7 +620,7 @@ mod tests {
                 max_interval_ms: 60_000,
             },
         )];
-        let mut th = Thinning::default();
+        let mut th = Thinning::new(None, usize::MAX);
         let num = |x: f64| FieldValue::Num(x);
         for (i, s) in ["a", "b"].iter().enumerate() {
             let (t, arch) = th.thin(&rules, &reading(s, 1000, &[("t", num(i as f64))]), 0, 1);
@@ -627,6 +667,49 @@ mod tests {
         assert_eq!(counts, vec![want]);
     }
 
+    /// Beyond their share of memory the runs of the sensors heard from
+    /// longest ago end, their held points to be stored, down to three
+    /// quarters of the share.
+    #[test]
+    fn beyond_its_memory_the_longest_silent_sensors_runs_end() {
+        let rules = vec![(
+            "t".to_string(),
+            Rule::SwingingDoor {
+                deviation: 0.5,
+                max_interval_ms: 3_600_000,
+            },
+        )];
+        let feed = |th: &mut Thinning| {
+            for i in 0..100i64 {
+                for k in 0..3 {
+                    let r = reading(
+                        &format!("s{i:03}"),
+                        1000 * k,
+                        &[("t", FieldValue::Num(0.1 * k as f64))],
+                    );
+                    th.thin(&rules, &r, i, 1);
+                }
+            }
+        };
+        let mut all = Thinning::new(None, usize::MAX);
+        feed(&mut all);
+        let total = all.bytes();
+        assert!(all.sweep(100, false).is_empty());
+        let mut th = Thinning::new(None, total / 2);
+        feed(&mut th);
+        let ended = th.sweep(100, false);
+        assert!(th.bytes() <= total / 2 / 4 * 3, "{} of {total}", th.bytes());
+        let n = th.take_sensors_ended() as usize;
+        assert_eq!(ended.len(), n, "each stores its held point");
+        assert!((60..70).contains(&n), "{n} of 100 ended");
+        assert_eq!(th.fields(), 100 - n);
+        for (sensor, later) in &ended {
+            assert!(sensor.as_str() < "s070", "the longest-silent: {sensor}");
+            assert_eq!(later.points, vec![(2000, vec![("t".to_string(), 0.2)])]);
+        }
+        assert!(th.sweep(101, false).is_empty(), "within its share again");
+    }
+
     /// In time series mode the values left out are summed up per sensor
     /// and window: spooled when a reading comes in another window, when
     /// due, or at the end; `count` only of readings left with nothing.
@@ -638,7 +721,7 @@ mod tests {
             min_interval_ms: 0,
         };
         let rules = vec![("t".to_string(), band), ("u".to_string(), band)];
-        let mut th = Thinning::new(Some(10_000));
+        let mut th = Thinning::new(Some(10_000), usize::MAX);
         let num = |x: f64| FieldValue::Num(x);
         let r = |ts, t, u: Option<f64>| {
             let mut f = vec![("t", num(t))];

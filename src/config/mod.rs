@@ -282,6 +282,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     limits.sparkplug = subscriptions
         .iter()
         .any(|s| s.format == PayloadFormat::SparkplugB);
+    limits.thinning = subscriptions.iter().any(|s| !s.thinning.is_empty());
     spool.max_queued = limits.split().spool;
     let rollups = v.rollups(raw_rollups, bucket.window);
     if let (Some(m), Some(i)) = (

@@ -276,6 +276,7 @@ impl Validator {
             max_deadletter_rate,
             // Set once the subscriptions are read.
             sparkplug: false,
+            thinning: false,
         }
     }
 

@@ -78,6 +78,8 @@ pub struct LimitSettings {
     pub max_memory_from: MemoryBudgetFrom,
     /// A subscription decodes Sparkplug B: its state takes a share.
     pub sparkplug: bool,
+    /// A subscription thins a field: the runs take a share.
+    pub thinning: bool,
     /// Bytes of dead letters spooled per second in the long run (a minute's
     /// worth at once).
     pub max_deadletter_rate: u64,
@@ -111,22 +113,27 @@ pub struct MemorySplit {
     /// What Sparkplug B BIRTHs taught (beyond: the longest-silent edge
     /// node is forgotten); 0 without a Sparkplug B subscription.
     pub sparkplug: usize,
+    /// Thinning's runs (beyond: the longest-silent sensors' runs end);
+    /// 0 without a thinned field.
+    pub thinning: usize,
 }
 
 impl LimitSettings {
     /// An eighth for the ingest queue, a sixteenth for the spool's write
     /// queue, an eighth for the feed, an eighth for the Sparkplug B state
-    /// (with a Sparkplug B subscription), the rest for what waits for
-    /// MongoDB.
+    /// (with a Sparkplug B subscription), an eighth for thinning's runs
+    /// (with a thinned field), the rest for what waits for MongoDB.
     pub fn split(&self) -> MemorySplit {
         let all = self.max_memory as usize;
         let sparkplug = if self.sparkplug { all / 8 } else { 0 };
+        let thinning = if self.thinning { all / 8 } else { 0 };
         MemorySplit {
             ingest: all / 8,
             spool: all / 16,
             feed: all / 8,
-            pending: all - 2 * (all / 8) - all / 16 - sparkplug,
+            pending: all - 2 * (all / 8) - all / 16 - sparkplug - thinning,
             sparkplug,
+            thinning,
         }
     }
 }

@@ -140,6 +140,17 @@ fn thinning_rules_are_read_and_checked() {
         ]
     );
     assert!(s.subscriptions.last().unwrap().in_order());
+    // The runs take an eighth of limits.max_memory, from what waits for
+    // MongoDB.
+    let (thinned, plain) = (
+        s.limits.split(),
+        parse(MINIMAL, None).unwrap().limits.split(),
+    );
+    assert_eq!(thinned.thinning, s.limits.max_memory as usize / 8);
+    assert_eq!(
+        (plain.thinning, plain.pending - thinned.pending),
+        (0, thinned.thinning)
+    );
     let bad = "[subscription.thinning.a]\nkind = \"spline\"\ndeviation = 1\n\
                [subscription.thinning.b]\nkind = \"deadband\"\ndeviation_percent = 1.0\n\
                [subscription.thinning.c]\nkind = \"swinging_door\"\ndeviation = -1.0\nmin_interval = \"1s\"\n\

@@ -31,6 +31,9 @@ pub const SAMPLES_DECODED: &str = "palletd_samples_decoded_total";
 /// one received), and `unordered` (stored as received: it came too far
 /// out of order for its rule to place it).
 pub const THINNING_POINTS: &str = "palletd_thinning_points_total";
+/// Sensors whose thinning runs were ended early to keep the runs within
+/// thinning's share of `limits.max_memory`.
+pub const THINNING_ENDED: &str = "palletd_thinning_sensors_ended_total";
 /// Messages passed over, by reason: a `$` metadata topic, or a retained
 /// message on a subscription with `retained = "skip"`.
 pub const MESSAGES_SKIPPED: &str = "palletd_messages_skipped_total";
@@ -161,6 +164,10 @@ pub fn describe() {
     describe_counter!(
         THINNING_POINTS,
         "Points of thinned fields by rule and outcome: received, stored as samples (the summaries and rollups take every one received), and unordered (stored as received: too far out of order for the rule to place)."
+    );
+    describe_counter!(
+        THINNING_ENDED,
+        "Sensors whose thinning runs were ended early, the longest-silent first, to keep the runs within thinning's share of limits.max_memory (their held points are stored, so the bound holds; their next points start new runs)."
     );
     describe_counter!(
         SAMPLES_STORED,
