@@ -504,6 +504,9 @@ async fn check_time_series(stack: &Stack, readings: &[Reading]) {
     let printed = lines.lines().filter(|l| l.contains("\"temp\"")).count();
     assert_eq!(printed, temp.len(), "the points, no summary: {lines:.300}");
     assert!(!lines.contains("_leftOut") && !lines.contains("_archive"));
+    let summary = query_ok(&cfg, &["--summary"]);
+    let points = format!("holding {} samples of 1 sensors", stored.len());
+    assert!(summary.contains(&points), "{points} in {summary}");
     let hour = 3_600_000;
     let mut want: BTreeMap<i64, (i64, f64)> = BTreeMap::new();
     for r in readings {
