@@ -1811,10 +1811,13 @@ async fn sink(args: SinkArgs) -> anyhow::Result<()> {
     let server = palletd::telemetry::http::serve(
         ([127, 0, 0, 1], args.metrics_port).into(),
         &Default::default(),
-        handle,
-        Arc::new(palletd::telemetry::Health::default()),
-        Arc::default(),
-        Duration::from_secs(10),
+        palletd::telemetry::http::Pages {
+            metrics: handle,
+            health: Arc::new(palletd::telemetry::Health::default()),
+            history: Arc::default(),
+            flush_bound: Duration::from_secs(10),
+            api: None,
+        },
         stop.clone(),
     )
     .await?;

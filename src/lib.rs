@@ -358,10 +358,16 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
         let server = telemetry::http::serve(
             addr,
             &settings.http.auth,
-            metrics.clone(),
-            health.clone(),
-            history,
-            READY_FLUSH_BOUND,
+            telemetry::http::Pages {
+                metrics: metrics.clone(),
+                health: health.clone(),
+                history,
+                flush_bound: READY_FLUSH_BOUND,
+                api: Some(Arc::new(telemetry::api::Api {
+                    store: store::Store::new(settings, db.clone()),
+                    window_ms: settings.bucket.window.as_millis() as i64,
+                })),
+            },
             done.clone(),
         )
         .await

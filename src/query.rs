@@ -35,7 +35,7 @@ pub fn parse_time(text: &str, now_ms: i64) -> std::result::Result<i64, String> {
         })
 }
 
-fn json_value(b: &Bson) -> serde_json::Value {
+pub fn json_value(b: &Bson) -> serde_json::Value {
     match b {
         Bson::Double(x) => serde_json::json!(x),
         Bson::Int32(x) => serde_json::json!(x),
@@ -48,7 +48,7 @@ fn json_value(b: &Bson) -> serde_json::Value {
     }
 }
 
-fn csv_field(v: &serde_json::Value) -> String {
+pub fn csv_field(v: &serde_json::Value) -> String {
     let s = match v {
         serde_json::Value::String(s) => s.clone(),
         serde_json::Value::Null => String::new(),
@@ -263,3 +263,130 @@ pub fn print_summary(s: &Summary, out: &mut impl Write) -> std::io::Result<()> {
         ),
     }
 }
+
+/// At most this many points (steps times fields) in one series answer.
+pub const MAX_POINTS: usize = 10_000;
+/// At most this many stored documents (buckets, time series documents)
+/// or readings read for one series answer.
+pub const MAX_READ: u64 = 200_000;
+
+/// One field's values over one step of a series: their count, sum,
+/// smallest and largest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeriesPoint {
+    pub start_ms: i64,
+    pub field: String,
+    pub n: i64,
+    pub sum: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+/// Where a series was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeriesSource {
+    /// The windows' summaries (a bucket's, or the time series documents
+    /// and summaries of readings thinning left out): every reading.
+    Windows,
+    /// The stored samples (a step shorter than `bucket.window`, or not a
+    /// whole number of them): with thinning, the points kept.
+    Samples,
+}
+
+/// One sensor's numeric fields (or `field` alone) in steps of `step_ms`
+/// (aligned to the epoch) over `range`, widened to whole steps (a point
+/// is its whole step's): from the windows' summaries when the step is a
+/// whole number of `window_ms`, else from the samples. At
+/// most [`MAX_POINTS`] points and [`MAX_READ`] documents or readings
+/// read: beyond, [`QueryError::TooMuch`] saying what to change.
+pub async fn series(
+    store: &Store,
+    window_ms: i64,
+    sensor: &str,
+    field: Option<&str>,
+    range: (i64, i64),
+    step_ms: i64,
+) -> Result<(SeriesSource, Vec<SeriesPoint>)> {
+    if step_ms < 1000 || range.1 <= range.0 {
+        return Err(QueryError::TooMuch(
+            "step must be at least 1s and from before to".into(),
+        ));
+    }
+    let from = range.0.div_euclid(step_ms) * step_ms;
+    let to = (range.1 - 1).div_euclid(step_ms) * step_ms + step_ms;
+    let steps = ((to - from) as u64).div_ceil(step_ms as u64);
+    if steps > MAX_POINTS as u64 {
+        return Err(QueryError::TooMuch(format!(
+            "{steps} steps of {step_ms} ms from {} to {}: at most {MAX_POINTS}; take a larger step or a shorter range",
+            iso(from),
+            iso(to)
+        )));
+    }
+    let range = Range {
+        from: Some(from),
+        to: Some(to),
+    };
+    let wanted = |name: &str| field.is_none_or(|f| f == name);
+    let mut points: BTreeMap<(i64, String), SeriesPoint> = BTreeMap::new();
+    let mut add = |start: i64, name: &str, (sum, n, min, max): (f64, i64, f64, f64)| {
+        let key = (start.div_euclid(step_ms) * step_ms, name.to_string());
+        let p = points.entry(key).or_insert_with(|| SeriesPoint {
+            start_ms: start.div_euclid(step_ms) * step_ms,
+            field: name.to_string(),
+            n: 0,
+            sum: 0.0,
+            min: f64::INFINITY,
+            max: f64::NEG_INFINITY,
+        });
+        p.n += n;
+        p.sum += sum;
+        p.min = p.min.min(min);
+        p.max = p.max.max(max);
+    };
+    let source = if window_ms > 0 && step_ms % window_ms == 0 {
+        let stats = store
+            .window_stats_within(sensor, range, Some(MAX_READ))
+            .await
+            .map_err(|e| too_much(e, "take a shorter range"))?;
+        for w in &stats {
+            for (name, f) in w.fields.iter().filter(|f| wanted(f.0)) {
+                add(w.start_ms, name, *f);
+            }
+        }
+        SeriesSource::Windows
+    } else {
+        let mut read = 0u64;
+        store
+            .readings(sensor, range, |ts, fields| {
+                read += 1;
+                if read > MAX_READ {
+                    return Err(std::io::Error::other(OVER_READ));
+                }
+                for (name, v) in fields.iter().filter(|f| wanted(&f.0)) {
+                    if let Bson::Double(x) = v {
+                        add(ts, name, (*x, 1, *x, *x));
+                    }
+                }
+                Ok(())
+            })
+            .await
+            .map_err(|e| match e {
+                QueryError::Io(e) if e.to_string() == OVER_READ => QueryError::TooMuch(format!(
+                    "more than {MAX_READ} readings in the range; take a shorter range, or a step of a whole number of bucket.window ({window_ms} ms), read from the windows' summaries"
+                )),
+                e => e,
+            })?;
+        SeriesSource::Samples
+    };
+    Ok((source, points.into_values().collect()))
+}
+
+/// Says what to change when a bounded read would read too much.
+fn too_much(e: QueryError, advice: &str) -> QueryError {
+    match e {
+        QueryError::TooMuch(what) => QueryError::TooMuch(format!("{what}; {advice}")),
+        e => e,
+    }
+}
+
+const OVER_READ: &str = "series: read bound reached";

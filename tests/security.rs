@@ -554,7 +554,8 @@ async fn http_credentials_guard_the_page_and_metrics_but_not_the_probes() {
         vec!["Authorization: Token t0ken-8f3a".to_string()],
         vec!["Authorization: Basic t0ken-8f3a".to_string()],
     ];
-    for path in ["/", "/metrics"] {
+    let paths = ["/", "/metrics", "/api/sensors", "/api/series?sensor=a"];
+    for path in paths {
         for headers in &refused {
             let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
             let (status, head, body) = http_get_with(port, path, &headers);
@@ -570,6 +571,8 @@ async fn http_credentials_guard_the_page_and_metrics_but_not_the_probes() {
     let good_basic = basic("ops:correct horse");
     let (status, _, page) = http_get_with(port, "/", &[&good_basic]);
     assert_eq!(status, 200);
+    let (status, _, sensors) = http_get_with(port, "/api/sensors", &[&good_basic]);
+    assert_eq!((status, sensors.starts_with('[')), (200, true), "{sensors}");
     assert!(page.contains("<html"), "{page}");
     // The scheme's case does not matter (RFC 9110).
     let (status, _, metrics) =
@@ -579,7 +582,7 @@ async fn http_credentials_guard_the_page_and_metrics_but_not_the_probes() {
     let scrape = prometheus_parse::Scrape::parse(lines).unwrap();
     assert_eq!(
         common::metric(&scrape, "palletd_http_unauthorized_total", None),
-        (2 * refused.len()) as f64
+        (paths.len() * refused.len()) as f64
     );
     for probe in ["/healthz", "/readyz"] {
         assert_eq!(http_get(port, probe).0, 200, "{probe}");

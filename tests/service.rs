@@ -559,3 +559,152 @@ async fn csv_export_names_every_field_even_one_that_appears_late() {
     assert!(lines[5].ends_with(",open,4,4"), "{csv}");
     stack.stop();
 }
+
+/// The series API (`/api/series`, `/api/sensors`) against the real
+/// database: a step of whole windows is read from the windows' summaries
+/// and takes every reading, thinned or not (equal to `palletd query
+/// --stats`); a shorter step from the samples (the points kept); a request
+/// beyond the bounds is refused with what to change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_series_api_answers_from_the_windows_or_the_samples_within_its_bounds() {
+    let rules: toml::Table =
+        toml::from_str(r#"t = { kind = "deadband", deviation = 5.0 }"#).unwrap();
+    let mut stack = Stack::start("api", |c| {
+        c.window("1h").subscription(&[
+            ("topic", "api/{sensor}/telemetry".into()),
+            ("thinning", toml::Value::Table(rules)),
+        ])
+    })
+    .await;
+    let port = stack.palletd.http_port;
+    let mut publisher = stack.publisher().await;
+    // Three hours of a reading a minute, ending an hour ago.
+    let hour = 3_600_000;
+    let start = (now_ms() / hour - 4) * hour;
+    let value = |k: i64| (k % 37) as f64 + 0.5;
+    for k in 0..180 {
+        let v = serde_json::json!({ "ts": start + k * 60_000, "v": value(k), "t": value(k) });
+        publisher.publish("api/a/telemetry", v.to_string()).await;
+    }
+    publisher.flush().await;
+    stack.all_acknowledged().await;
+    stack.stop();
+    stack.palletd = Palletd::start(&stack.config);
+    stack.palletd.ready().await;
+    stack.palletd.settled().await;
+
+    let iso = |ms: i64| {
+        let t = chrono::DateTime::from_timestamp_millis(ms).unwrap();
+        t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    };
+    let get = |path: String| {
+        let (status, head, body) = http_get_with(port, &path, &[]);
+        let source = (head.lines()).find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("x-palletd-source: ")
+                .map(str::to_string)
+        });
+        (status, source, body)
+    };
+    let rows = |body: &str| -> Vec<serde_json::Value> { serde_json::from_str(body).unwrap() };
+    let range = format!("from={}&to={}", iso(start), iso(start + 3 * hour));
+
+    // Whole windows: every reading of each field, as palletd query --stats.
+    let cfg = (stack.config).write_to(stack.palletd.dir.path(), "api.toml");
+    let stats: Vec<serde_json::Value> = query_ok(&cfg, &["--sensor", "a", "--stats"])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(stats.len(), 3);
+    for field in ["v", "t"] {
+        let (status, source, body) = get(format!(
+            "/api/series?sensor=a&field={field}&step=1h&{range}"
+        ));
+        assert_eq!(
+            (status, source.as_deref()),
+            (200, Some("windows")),
+            "{body}"
+        );
+        let got = rows(&body);
+        assert_eq!(got.len(), 3, "{body}");
+        for (p, w) in got.iter().zip(&stats) {
+            assert_eq!(
+                p["time"].as_str().map(|t| &t[..19]),
+                w["startTs"].as_str().map(|t| &t[..19])
+            );
+            assert_eq!(p["field"], field);
+            assert_eq!(
+                p["n"].as_i64(),
+                Some(60),
+                "every reading, thinned or not: {p}"
+            );
+            for k in ["n", "min", "max", "sum"] {
+                assert_eq!(
+                    p[k].as_f64(),
+                    w["fields"][field][k].as_f64(),
+                    "{k} of {field}: {p} {w}"
+                );
+            }
+        }
+    }
+    // Ten minutes: from the samples; `t` has the points its deadband kept.
+    let (status, source, body) = get(format!("/api/series?sensor=a&step=10m&{range}"));
+    assert_eq!(
+        (status, source.as_deref()),
+        (200, Some("samples")),
+        "{body}"
+    );
+    let got = rows(&body);
+    let of = |f: &str| got.iter().filter(|p| p["field"] == f).collect::<Vec<_>>();
+    assert_eq!(of("v").len(), 18);
+    for (i, p) in of("v").iter().enumerate() {
+        let ks = (i as i64 * 10)..(i as i64 * 10 + 10);
+        assert_eq!(p["n"].as_i64(), Some(10));
+        assert_eq!(
+            p["sum"].as_f64(),
+            Some(ks.clone().map(value).sum::<f64>()),
+            "{p}"
+        );
+        assert_eq!(
+            p["min"].as_f64(),
+            ks.clone().map(value).reduce(f64::min),
+            "{p}"
+        );
+    }
+    let kept: i64 = of("t").iter().map(|p| p["n"].as_i64().unwrap()).sum();
+    assert!(kept > 0 && kept < 180, "{kept} points of t kept");
+    // CSV.
+    let (status, _, csv) = get(format!(
+        "/api/series?sensor=a&field=v&step=1h&{range}&format=csv"
+    ));
+    assert_eq!(status, 200);
+    assert_eq!(csv.lines().next(), Some("time,field,n,avg,min,max,sum"));
+    assert_eq!(csv.lines().count(), 4);
+
+    // Bounds and mistakes: 400 with what to change.
+    let (status, _, body) = get("/api/series?sensor=a&step=1s&from=30d".into());
+    assert_eq!(status, 400);
+    assert!(
+        body.contains("at most 10000") && body.contains("larger step"),
+        "{body}"
+    );
+    let (status, _, body) = get("/api/series?field=v".into());
+    assert_eq!(status, 400);
+    assert!(body.contains("sensor=ID is needed"), "{body}");
+    let (status, _, body) = get("/api/series?sensor=a&step=often".into());
+    assert_eq!(status, 400);
+    assert!(body.contains("step"), "{body}");
+
+    // The sensors and their latest readings.
+    let (status, _, body) = get("/api/sensors".into());
+    assert_eq!(status, 200, "{body}");
+    let sensors = rows(&body);
+    assert_eq!(sensors.len(), 1, "{body}");
+    assert_eq!(sensors[0]["sensorId"], "a");
+    assert_eq!(sensors[0]["fields"]["v"].as_f64(), Some(value(179)));
+    assert_eq!(
+        sensors[0]["fields"]["t"].as_f64(),
+        Some(value(179)),
+        "the reading whole"
+    );
+}

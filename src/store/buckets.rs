@@ -638,21 +638,29 @@ impl Buckets {
         Ok(n)
     }
 
-    /// Per-window rollups from the buckets' rollup fields (no samples read).
+    /// Per-window rollups from the buckets' rollup fields (no samples
+    /// read); at most `max` buckets ([`read::within`]).
     pub(super) async fn window_stats(
         &self,
         db: &Database,
         sensor: &str,
         range: Range,
+        max: Option<u64>,
     ) -> read::Result<Vec<WindowStats>> {
-        let mut cursor = self
-            .coll(db)
+        let coll = self.coll(db);
+        let mut find = coll
             .find(self.bucket_filter(sensor, range))
             .sort(doc! { "startTs": 1 })
-            .projection(doc! { "samples": 0 })
-            .await?;
+            .projection(doc! { "samples": 0 });
+        if let Some(max) = max {
+            find = find.limit(max as i64 + 1);
+        }
+        let mut cursor = find.await?;
         let mut out: Vec<WindowStats> = Vec::new();
+        let mut n = 0;
         while let Some(b) = cursor.try_next().await? {
+            n += 1;
+            read::within(n, max)?;
             let start = b.get_datetime("startTs")?.timestamp_millis();
             if out.last().map(|w| w.start_ms) != Some(start) {
                 out.push(WindowStats::new(start));

@@ -394,10 +394,22 @@ impl Store {
 
     /// Per-window rollups of one sensor.
     pub async fn window_stats(&self, sensor: &str, range: Range) -> read::Result<Vec<WindowStats>> {
+        self.window_stats_within(sensor, range, None).await
+    }
+
+    /// Per-window rollups of one sensor from at most `max` stored
+    /// documents (buckets, or time series documents), else
+    /// [`read::QueryError::TooMuch`].
+    pub async fn window_stats_within(
+        &self,
+        sensor: &str,
+        range: Range,
+        max: Option<u64>,
+    ) -> read::Result<Vec<WindowStats>> {
         let db = &self.mongo.db;
         match &self.mode {
-            Mode::Buckets(m) => m.window_stats(db, sensor, range).await,
-            Mode::Timeseries(m) => m.window_stats(db, sensor, range).await,
+            Mode::Buckets(m) => m.window_stats(db, sensor, range, max).await,
+            Mode::Timeseries(m) => m.window_stats(db, sensor, range, max).await,
         }
     }
 

@@ -17,6 +17,9 @@ pub enum QueryError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Unsupported(String),
+    /// A bounded read would have read more than its bound.
+    #[error("{0}")]
+    TooMuch(String),
 }
 
 pub type Result<T> = std::result::Result<T, QueryError>;
@@ -133,6 +136,17 @@ pub fn fields(reading: &Document, skip: &[&str]) -> Fields {
         .filter(|(k, _)| k.as_str() != "ts" && !skip.contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
+}
+
+/// `n` documents read so far, at most `max`: else [`QueryError::TooMuch`]
+/// (a bounded cursor asks for one more than `max`, to tell).
+pub fn within(n: u64, max: Option<u64>) -> Result<()> {
+    match max {
+        Some(max) if n > max => Err(QueryError::TooMuch(format!(
+            "more than {max} stored documents in the range"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// The readings a bucket represents: its samples, and those thinning

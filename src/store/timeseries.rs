@@ -289,21 +289,29 @@ impl Timeseries {
     /// Per-window rollups computed from the readings' documents and the
     /// summaries of those thinning left out (points stored late are
     /// neither).
+    /// At most `max` documents ([`read::within`]).
     pub(super) async fn window_stats(
         &self,
         db: &Database,
         sensor: &str,
         range: Range,
+        max: Option<u64>,
     ) -> read::Result<Vec<WindowStats>> {
         let mut out: Vec<WindowStats> = Vec::new();
         let window_ms = self.window_ms;
-        let mut cursor = self
-            .coll(db)
+        let coll = self.coll(db);
+        let mut find = coll
             .find(read::filter(sensor, "ts", range))
             .sort(doc! { "ts": 1 })
-            .projection(doc! { "_id": 0, "sensorId": 0, "lsn": 0, SPOOL: 0 })
-            .await?;
+            .projection(doc! { "_id": 0, "sensorId": 0, "lsn": 0, SPOOL: 0 });
+        if let Some(max) = max {
+            find = find.limit(max as i64 + 1);
+        }
+        let mut cursor = find.await?;
+        let mut n = 0;
         while let Some(d) = cursor.try_next().await? {
+            n += 1;
+            read::within(n, max)?;
             if d.get_bool(ARCHIVE).unwrap_or(false) {
                 continue;
             }

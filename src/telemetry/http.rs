@@ -1,4 +1,5 @@
 //! The HTTP endpoint: `/` (the status page), `/metrics` (Prometheus text),
+//! `/api/sensors` and `/api/series` (what is stored, [`super::api`]),
 //! `/healthz` (the process runs) and `/readyz` (200 when ready, else 503
 //! with the reason).
 //!
@@ -12,8 +13,8 @@
 //! [`CONNECTION_LIFETIME`] in all.
 //!
 //! With `[http]` credentials (a username and password for HTTP Basic, a
-//! token for `Authorization: Bearer`, or both, either passing), `/` and
-//! `/metrics` answer 401 without them; `/healthz` and `/readyz` stay open
+//! token for `Authorization: Bearer`, or both, either passing), `/`,
+//! `/metrics` and `/api/` answer 401 without them; `/healthz` and `/readyz` stay open
 //! for probes (they tell only whether palletd runs and is ready, and why
 //! not). Refusals are counted in `palletd_http_unauthorized_total`. The
 //! comparison is of SHA-256 digests, so its time does not tell how much of
@@ -47,35 +48,38 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// read the page it asked for).
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 
+/// What the endpoint serves from.
 #[derive(Clone)]
-struct HttpState {
-    metrics: Option<PrometheusHandle>,
-    health: Arc<Health>,
-    history: Arc<History>,
-    flush_bound: Duration,
+pub struct Pages {
+    pub metrics: Option<PrometheusHandle>,
+    pub health: Arc<Health>,
+    pub history: Arc<History>,
+    /// How long a flush may take before `/readyz` says so.
+    pub flush_bound: Duration,
+    /// The series API's reader (`None`: no `/api/`).
+    pub api: Option<Arc<super::api::Api>>,
 }
 
 /// Binds the HTTP endpoint; the returned future serves until `stop`.
 pub async fn serve(
     addr: SocketAddr,
     auth: &HttpAuth,
-    metrics: Option<PrometheusHandle>,
-    health: Arc<Health>,
-    history: Arc<History>,
-    flush_bound: Duration,
+    state: Pages,
     stop: CancellationToken,
 ) -> std::io::Result<impl std::future::Future<Output = ()>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    info!(address = %listener.local_addr()?, "Serving the status page at /, /metrics, /healthz and /readyz.");
-    let state = HttpState {
-        metrics,
-        health,
-        history,
-        flush_bound,
-    };
+    info!(address = %listener.local_addr()?, "Serving the status page at /, /metrics, /api/, /healthz and /readyz.");
     let mut private = axum::Router::new()
         .route("/", get(status_page))
         .route("/metrics", get(metrics_page));
+    if let Some(api) = state.api.clone() {
+        private = private.merge(
+            axum::Router::new()
+                .route("/api/sensors", get(super::api::sensors))
+                .route("/api/series", get(super::api::series))
+                .with_state(api),
+        );
+    }
     if auth.required() {
         let check = Arc::new(Credentials::new(auth));
         private = private.route_layer(axum::middleware::from_fn_with_state(check, authorize));
@@ -202,7 +206,7 @@ async fn authorize(
 }
 
 async fn metrics_page(
-    State(s): State<HttpState>,
+    State(s): State<Pages>,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
     let body = s.metrics.as_ref().map(|m| m.render()).unwrap_or_default();
     (
@@ -213,7 +217,7 @@ async fn metrics_page(
 }
 
 async fn status_page(
-    State(s): State<HttpState>,
+    State(s): State<Pages>,
 ) -> (StatusCode, [(&'static str, &'static str); 2], String) {
     let figures = Figures::parse(&s.metrics.as_ref().map(|m| m.render()).unwrap_or_default());
     let facts = status::Facts {
@@ -238,7 +242,7 @@ async fn status_page(
     )
 }
 
-async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
+async fn readyz(State(s): State<Pages>) -> (StatusCode, String) {
     match s.health.ready(s.flush_bound) {
         Ok(()) => match s.health.backlog_note() {
             Some(note) => (StatusCode::OK, format!("ready; {note}\n")),

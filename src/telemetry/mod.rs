@@ -12,6 +12,7 @@
 //! - [`systemd::supervise`] probes the database once a second and talks to
 //!   systemd: `READY=1`, `STATUS=` and `WATCHDOG=1` (see that module).
 
+pub mod api;
 pub mod deadletters;
 pub mod health;
 pub mod http;
