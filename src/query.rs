@@ -264,7 +264,9 @@ pub fn print_summary(s: &Summary, out: &mut impl Write) -> std::io::Result<()> {
     }
 }
 
-/// At most this many points (steps times fields) in one series answer.
+/// At most this many steps in one series answer (a point per step and
+/// field: the fields of one sensor are bounded by
+/// `limits.max_fields_per_sample`).
 pub const MAX_POINTS: usize = 10_000;
 /// At most this many stored documents (buckets, time series documents)
 /// or readings read for one series answer.
@@ -297,7 +299,7 @@ pub enum SeriesSource {
 /// (aligned to the epoch) over `range`, widened to whole steps (a point
 /// is its whole step's): from the windows' summaries when the step is a
 /// whole number of `window_ms`, else from the samples. At
-/// most [`MAX_POINTS`] points and [`MAX_READ`] documents or readings
+/// most [`MAX_POINTS`] steps and [`MAX_READ`] documents or readings
 /// read: beyond, [`QueryError::TooMuch`] saying what to change.
 pub async fn series(
     store: &Store,

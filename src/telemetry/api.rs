@@ -12,7 +12,7 @@
 //!   not), else from the samples. `from`/`to` are RFC 3339 or a duration
 //!   ago (`24h`), by default the last 24 hours; `step` a duration, by
 //!   default the range in about 500 steps (whole windows when that is a
-//!   window or more). At most [`crate::query::MAX_POINTS`] points and
+//!   window or more). At most [`crate::query::MAX_POINTS`] steps and
 //!   [`crate::query::MAX_READ`] documents read: beyond, 400 and what to
 //!   change. `X-Palletd-Source: windows | samples` says where it came from.
 
