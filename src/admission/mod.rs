@@ -335,7 +335,7 @@ impl Admission {
                 self.hold_for_thinning();
                 if self.thinning_hold.active {
                     metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "thinning")
-                        .set(self.thinning.bytes() as f64);
+                        .set(self.thinning.swept_bytes() as f64);
                 }
             }
             if self.tell_quiet && quiet_dirty && quiet_at.elapsed() >= QUIET_EVERY {

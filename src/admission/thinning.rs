@@ -95,6 +95,8 @@ pub struct Thinning {
     /// Thinning's share of `limits.max_memory` ([`Thinning::bytes`]).
     max_bytes: usize,
     sensors_ended: u64,
+    /// [`Thinning::bytes`] as the last sweep left it.
+    swept_bytes: usize,
 }
 
 /// What to spool for one sensor besides its readings' records.
@@ -143,6 +145,7 @@ impl Thinning {
             left_out_window,
             max_bytes,
             sensors_ended: 0,
+            swept_bytes: 0,
         }
     }
 
@@ -287,6 +290,7 @@ impl Thinning {
             |o| all_left_out || now_ms >= o.due_ms,
         );
         let total = self.bytes();
+        self.swept_bytes = total;
         if total > self.max_bytes {
             // (last heard, bytes) per sensor, the longest-silent first.
             let mut by_age: Vec<(i64, usize)> = (self.sensors.iter())
@@ -306,8 +310,15 @@ impl Thinning {
             let before = self.sensors.len();
             out.extend(self.end_runs(|f| f.received_ms <= cutoff, |_| false));
             self.sensors_ended += (before - self.sensors.len()) as u64;
+            self.swept_bytes = self.bytes();
         }
         out
+    }
+
+    /// The state's bytes as the last sweep left them (what the gauge
+    /// shows; summed once per sweep, not again).
+    pub fn swept_bytes(&self) -> usize {
+        self.swept_bytes
     }
 
     /// Ends every run (a clean shutdown): what to spool.
@@ -699,6 +710,7 @@ mod tests {
         feed(&mut th);
         let ended = th.sweep(100, false);
         assert!(th.bytes() <= total / 2 / 4 * 3, "{} of {total}", th.bytes());
+        assert_eq!(th.swept_bytes(), th.bytes(), "what the gauge shows");
         let n = th.take_sensors_ended() as usize;
         assert_eq!(ended.len(), n, "each stores its held point");
         assert!((60..70).contains(&n), "{n} of 100 ended");
