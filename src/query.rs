@@ -126,7 +126,7 @@ pub async fn print_latest(
     out: &mut impl Write,
 ) -> Result<u64> {
     store
-        .latest(sensor, |id, ts, sample, updated| {
+        .latest(sensor, None, |id, ts, sample, updated| {
             let mut obj = serde_json::Map::new();
             obj.insert("sensorId".into(), id.into());
             obj.insert("ts".into(), iso(ts).into());
@@ -284,9 +284,20 @@ pub struct SeriesPoint {
     pub max: f64,
 }
 
+impl SeriesPoint {
+    /// The mean of the step's values (what the API and the charts show).
+    pub fn avg(&self) -> f64 {
+        self.sum / self.n.max(1) as f64
+    }
+}
+
 /// Where a series was read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SeriesSource {
+    /// A rollup collection (`[[rollup]]` `name`): its settled intervals;
+    /// the others (not rolled up yet, late data due again, partial) from
+    /// the windows' summaries, `from_windows` of them.
+    Rollup { name: String, from_windows: u64 },
     /// The windows' summaries (a bucket's, or the time series documents
     /// and summaries of readings thinning left out): every reading.
     Windows,
@@ -297,8 +308,10 @@ pub enum SeriesSource {
 
 /// One sensor's numeric fields (or `field` alone) in steps of `step_ms`
 /// (aligned to the epoch) over `range`, widened to whole steps (a point
-/// is its whole step's): from the windows' summaries when the step is a
-/// whole number of `window_ms`, else from the samples. At
+/// is its whole step's): from a rollup when the step is a whole number of
+/// a `[[rollup]]`'s interval (the longest such), from the windows'
+/// summaries when it is a whole number of `window_ms`, else from the
+/// samples. At
 /// most [`MAX_POINTS`] steps and [`MAX_READ`] documents or readings
 /// read: beyond, [`QueryError::TooMuch`] saying what to change.
 pub async fn series(
@@ -345,7 +358,47 @@ pub async fn series(
         p.min = p.min.min(min);
         p.max = p.max.max(max);
     };
-    let source = if window_ms > 0 && step_ms % window_ms == 0 {
+    let source = if let Some(spec) = store.rollup_for(step_ms) {
+        let rows = store
+            .settled_rollups(spec, sensor, (from, to), MAX_READ)
+            .await
+            .map_err(|e| too_much(e, "take a shorter range"))?;
+        let interval = spec.interval_ms();
+        let settled: std::collections::HashSet<i64> = rows.iter().map(|r| r.start_ms).collect();
+        for r in &rows {
+            for (name, f) in r.fields.iter().filter(|f| wanted(f.0)) {
+                add(r.start_ms, name, (f[0], f[1] as i64, f[2], f[3]));
+            }
+        }
+        // The intervals not settled: from the windows, in one read from
+        // the first to the last of them (the open ones are the last).
+        let rest: Vec<i64> = (from..to)
+            .step_by(interval as usize)
+            .filter(|s| !settled.contains(s))
+            .collect();
+        if let (Some(first), Some(last)) = (rest.first(), rest.last()) {
+            let within = Range {
+                from: Some(*first),
+                to: Some(last + interval),
+            };
+            let stats = store
+                .window_stats_within(sensor, within, Some(MAX_READ))
+                .await
+                .map_err(|e| too_much(e, "take a shorter range"))?;
+            for w in stats
+                .iter()
+                .filter(|w| !settled.contains(&spec.start_of(w.start_ms)))
+            {
+                for (name, f) in w.fields.iter().filter(|f| wanted(f.0)) {
+                    add(w.start_ms, name, *f);
+                }
+            }
+        }
+        SeriesSource::Rollup {
+            name: spec.name.clone(),
+            from_windows: rest.len() as u64,
+        }
+    } else if window_ms > 0 && step_ms % window_ms == 0 {
         let stats = store
             .window_stats_within(sensor, range, Some(MAX_READ))
             .await

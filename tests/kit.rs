@@ -176,8 +176,10 @@ async fn the_status_page_renders_in_a_browser_with_the_figures_of_metrics() {
     assert!(causes >= 1, "{dom}");
     for s in ["st-0", "st-1", "st-2", "st-3"] {
         assert!(
-            dom.contains(&format!("<td>{s}</td>")),
-            "{s} among the quiet sensors: {dom}"
+            dom.contains(&format!(
+                "<td><a href=\"/?sensor={s}#sensor-charts\">{s}</a></td>"
+            )),
+            "{s} among the quiet sensors, its charts a click away: {dom}"
         );
     }
     let version = run(Command::new(env!("CARGO_BIN_EXE_palletd")).arg("--version")).1;
@@ -212,6 +214,233 @@ async fn the_status_page_renders_in_a_browser_with_the_figures_of_metrics() {
     stack.stop();
 }
 
+/// A sensor's charts on the status page, in a real browser: a week of a
+/// reading a minute (the Mauna Loa CO2 and El Nino series, real data),
+/// rolled up by the hour; each field's chart has the points `/api/series`
+/// answers for the parameters its link names (the week from the rollup,
+/// the hour from the samples), the chooser lists the sensor, no script
+/// runs and nothing fails to load; and a screenshot, as in the README.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sensors_charts_render_in_a_browser_with_the_points_of_the_api() {
+    let mut stack = Stack::start("sensorcharts", |c| {
+        c.window("1h")
+            .rollup("1h", false, None)
+            .closer("200ms", "1s")
+            .subscription(&[("topic", "kit/{sensor}/telemetry".into())])
+    })
+    .await;
+    let port = stack.palletd.http_port;
+    let co2 = co2();
+    let sst = elnino();
+    let minute = 60_000;
+    let end = now_ms() / minute * minute;
+    let week = 7 * 24 * 60;
+    let mut publisher = stack.publisher().await;
+    for k in 0..week {
+        let v = serde_json::json!({
+            "ts": end - (week - 1 - k) * minute,
+            // Each series whole over the week.
+            "co2": co2[k as usize * co2.len() / week as usize].1,
+            "sst": sst[k as usize * sst.len() / week as usize],
+        });
+        publisher
+            .publish("kit/greenhouse-1/telemetry", v.to_string())
+            .await;
+    }
+    publisher.flush().await;
+    stack.wait_stored(week as usize).await;
+    // The past hours rolled up: the week is read from the rollup but for
+    // the hours not settled yet (the open one, the one closing).
+    let source = |path: &str| {
+        let (_, head, _) = http_get_with(port, path, &[]);
+        head.lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("x-palletd-source: ")
+                    .map(str::to_string)
+            })
+            .unwrap_or_default()
+    };
+    eventually(Duration::from_secs(60), "the week rolled up", || async {
+        let s = source("/api/series?sensor=greenhouse-1&field=co2&from=7d&step=1h");
+        s.starts_with("rollup:1h")
+            && s.strip_prefix("rollup:1h+windows:")
+                .is_none_or(|n| n.parse::<i64>().unwrap() <= 2)
+    })
+    .await;
+
+    let page = |range: &str| format!("http://127.0.0.1:{port}/?sensor=greenhouse-1&range={range}");
+    // The href of the element with this id.
+    let href = |dom: &str, id: &str| -> String {
+        let at = dom
+            .find(&format!("id=\"{id}\""))
+            .unwrap_or_else(|| panic!("{id}: {dom}"));
+        let rest = &dom[at..];
+        let start = rest.find("href=\"").unwrap() + 6;
+        let end = start + rest[start..].find('"').unwrap();
+        rest[start..end].replace("&amp;", "&")
+    };
+    for (range, steps, source_wanted) in [("week", 168, "rollup:1h"), ("hour", 60, "samples")] {
+        let (dom, log) = chromium(&["--dump-dom", &page(range)]);
+        assert!(
+            dom.contains("<option value=\"greenhouse-1\">"),
+            "the chooser lists the sensor: {dom}"
+        );
+        assert!(!dom.contains("<script"), "{dom}");
+        for field in ["co2", "sst"] {
+            let drawn = chart_points(&dom, &format!("sensor-{field}"));
+            let api = href(&dom, &format!("sensor-{field}-json"));
+            assert!(
+                api.starts_with("/api/series?sensor=greenhouse-1&field="),
+                "{api}"
+            );
+            assert!(
+                source(&api).starts_with(source_wanted),
+                "{api}: {}",
+                source(&api)
+            );
+            let (status, body) = http_get(port, &api);
+            assert_eq!(status, 200, "{body}");
+            let rows: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+            let answered: Vec<(i64, f64)> = rows
+                .iter()
+                .map(|r| {
+                    let t = chrono::DateTime::parse_from_rfc3339(r["time"].as_str().unwrap());
+                    (t.unwrap().timestamp_millis(), r["avg"].as_f64().unwrap())
+                })
+                .collect();
+            assert_eq!(
+                drawn, answered,
+                "{range} of {field}: the chart against {api}"
+            );
+            // Every step of the range has a point (the newest minute may
+            // not have come yet).
+            assert!(
+                drawn.len() <= steps && drawn.len() + 2 >= steps,
+                "{range} of {field}: {} points",
+                drawn.len()
+            );
+            let n: i64 = rows.iter().map(|r| r["n"].as_i64().unwrap()).sum();
+            // Every reading of the range (the week's first hour may begin
+            // before it): a reading a minute.
+            let within = if range == "week" {
+                week - 60..=week
+            } else {
+                58..=60
+            };
+            assert!(within.contains(&n), "{range} of {field}: {n} readings");
+        }
+        let console: Vec<&str> = log
+            .lines()
+            .filter(|l| {
+                l.contains("CONSOLE") || l.contains("Uncaught") || l.contains("Failed to load")
+            })
+            .collect();
+        assert!(console.is_empty(), "console: {console:?}");
+    }
+
+    // The sensors dashboard's queries (its variables' and panels'), as
+    // Grafana's Infinity would send them: each answers, with the columns
+    // the query names in every row.
+    let text =
+        std::fs::read_to_string(repo().join("deploy/grafana/palletd-sensors-dashboard.json"))
+            .unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut queries: Vec<&serde_json::Value> = dash["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["query"].get("infinityQuery"))
+        .collect();
+    for panel in dash["panels"].as_array().unwrap() {
+        queries.extend(panel["targets"].as_array().unwrap());
+    }
+    assert_eq!(queries.len(), 4);
+    let iso = |ms: i64| {
+        let t = chrono::DateTime::from_timestamp_millis(ms).unwrap();
+        t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    };
+    let (from, to) = (iso(end - 7 * 86_400_000), iso(end));
+    let fill = |text: &str, field: &str| {
+        text.replace("${palletd}", "")
+            .replace("${sensor}", "greenhouse-1")
+            .replace("${field}", field)
+            .replace("${__from:date:iso}", &from)
+            .replace("${__to:date:iso}", &to)
+    };
+    let mut fields_listed = Vec::new();
+    for field in ["co2", "sst"] {
+        for q in &queries {
+            assert_eq!(q["datasource"]["type"], "yesoreyeram-infinity-datasource");
+            assert_eq!(
+                (q["type"].as_str(), q["source"].as_str()),
+                (Some("json"), Some("url"))
+            );
+            let params: Vec<(String, String)> = q["url_options"]["params"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    (
+                        p["key"].as_str().unwrap().to_string(),
+                        fill(p["value"].as_str().unwrap(), field),
+                    )
+                })
+                .collect();
+            let url = fill(q["url"].as_str().unwrap(), field);
+            let path = match params.is_empty() {
+                true => url.clone(),
+                false => format!("{url}?{}", serde_urlencoded::to_string(&params).unwrap()),
+            };
+            let (status, body) = http_get(port, &path);
+            assert_eq!(status, 200, "{path}: {body}");
+            let rows: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+            assert!(!rows.is_empty(), "{path}");
+            for c in q["columns"].as_array().unwrap() {
+                let selector = c["selector"].as_str().unwrap();
+                for r in &rows {
+                    let v = &r[selector];
+                    match c["type"].as_str().unwrap() {
+                        "timestamp" => assert!(
+                            chrono::DateTime::parse_from_rfc3339(v.as_str().unwrap_or("")).is_ok(),
+                            "{path}: {selector} of {r}"
+                        ),
+                        "number" => assert!(v.is_number(), "{path}: {selector} of {r}"),
+                        _ => assert!(v.is_string(), "{path}: {selector} of {r}"),
+                    }
+                }
+            }
+            if url == "/api/fields" {
+                fields_listed = rows.iter().map(|r| r["field"].clone()).collect();
+            }
+            if url == "/api/series" {
+                // A week by default in whole windows: the hourly rollup.
+                assert!(source(&path).starts_with("rollup:1h"), "{path}");
+                assert!(rows.iter().all(|r| r["field"] == field));
+            }
+        }
+    }
+    assert_eq!(fields_listed, vec!["co2", "sst"]);
+
+    let shot = stack.palletd.dir.path().join("sensor.png");
+    chromium(&[
+        &format!("--screenshot={}", shot.display()),
+        "--window-size=900,1000",
+        "--hide-scrollbars",
+        &page("week"),
+    ]);
+    let png = std::fs::read(&shot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+    if let Some(keep) = std::env::var_os("PALLETD_KEEP_SENSOR_SCREENSHOT") {
+        std::fs::copy(&shot, keep).unwrap();
+    }
+    stack.stop();
+}
+
 #[test]
 fn version_completions_and_man_page_come_from_the_command_line() {
     let palletd = env!("CARGO_BIN_EXE_palletd");
@@ -227,6 +456,68 @@ fn version_completions_and_man_page_come_from_the_command_line() {
         ok && man.contains(".TH palletd") && man.contains("simulate"),
         "{man}"
     );
+}
+
+/// Both dashboards against Grafana's own dashboard schema: the types
+/// `@grafana/schema` generates from it, checked by TypeScript with excess
+/// properties refused (a misspelt key, a wrong value fails; Grafana's
+/// string enums taken as their values). `__inputs` is the import
+/// format's, outside the schema.
+#[test]
+fn the_dashboards_pass_grafanas_dashboard_schema() {
+    let home = PathBuf::from(std::env::var_os("HOME").unwrap());
+    let root = home.join(".cache/palletd-test/grafana-schema");
+    let tsc = root.join("node_modules/typescript/bin/tsc");
+    assert!(
+        tsc.is_file() && root.join("node_modules/@grafana/schema").is_dir(),
+        "no @grafana/schema and TypeScript in {}: {INSTALL_HINT}",
+        root.display()
+    );
+    // Inside the root, so that the import finds its node_modules.
+    let dir = tempfile::tempdir_in(&root).unwrap();
+    let check = |name: &str, dash: &serde_json::Value| -> (bool, String) {
+        let mut dash = dash.clone();
+        dash.as_object_mut().unwrap().remove("__inputs");
+        let file = dir.path().join(format!("{name}.ts"));
+        std::fs::write(
+            &file,
+            format!(
+                "import type {{ Dashboard }} from \"@grafana/schema/dist/esm/raw/dashboard/x/Dashboard_types.gen\";\n\
+                 type Plain<T> = T extends string ? `${{T}}` : T extends number | boolean | null | undefined ? T : T extends Array<infer U> ? Array<Plain<U>> : {{ [K in keyof T]: Plain<T[K]> }};\n\
+                 export const dashboard: Plain<Dashboard> = {};\n",
+                serde_json::to_string_pretty(&dash).unwrap()
+            ),
+        )
+        .unwrap();
+        let (ok, out, err) = run(Command::new("node")
+            .arg(&tsc)
+            .args([
+                "--strict",
+                "--noEmit",
+                "--moduleResolution",
+                "bundler",
+                "--module",
+                "esnext",
+                "--target",
+                "es2020",
+            ])
+            .arg(&file));
+        (ok, format!("{out}{err}"))
+    };
+    for name in ["palletd-dashboard", "palletd-sensors-dashboard"] {
+        let text =
+            std::fs::read_to_string(repo().join(format!("deploy/grafana/{name}.json"))).unwrap();
+        let dash: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let (ok, out) = check(name, &dash);
+        assert!(ok, "{name} against Grafana's schema:\n{out}");
+        // The check can fail: a misspelt key is refused.
+        let mut bad = dash.clone();
+        let panel = bad["panels"][0].as_object_mut().unwrap();
+        let pos = panel.remove("gridPos").unwrap();
+        panel.insert("gridpos".into(), pos);
+        let (ok, out) = check(&format!("{name}-bad"), &bad);
+        assert!(!ok && out.contains("gridpos"), "{out}");
+    }
 }
 
 /// Every `palletd_*` metric name palletd defines.
@@ -445,6 +736,8 @@ fn the_debian_package_holds_the_kit_and_lintian_finds_no_errors() {
         "./usr/share/doc/palletd/copyright",
         "./usr/share/palletd/prometheus/palletd.rules.yml",
         "./usr/share/palletd/grafana/palletd-dashboard.json",
+        "./usr/share/palletd/grafana/palletd-sensors-dashboard.json",
+        "./usr/share/doc/palletd/docs/sensor-charts.png",
     ] {
         assert!(contents.contains(path), "{path} missing:\n{contents}");
     }

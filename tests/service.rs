@@ -561,19 +561,25 @@ async fn csv_export_names_every_field_even_one_that_appears_late() {
 }
 
 /// The series API (`/api/series`, `/api/sensors`) against the real
-/// database: a step of whole windows is read from the windows' summaries
-/// and takes every reading, thinned or not (equal to `palletd query
-/// --stats`); a shorter step from the samples (the points kept); a request
-/// beyond the bounds is refused with what to change.
+/// database: a step of whole rollup intervals is read from the rollup's
+/// settled intervals (equal to `palletd query --stats --rollup`), an
+/// interval due again (a late reading, its pass not run) from the windows;
+/// a step of whole windows from the windows' summaries (equal to `palletd
+/// query --stats`); both take every reading, thinned or not; a shorter
+/// step from the samples (the points kept); a request beyond the bounds is
+/// refused with what to change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_series_api_answers_from_the_windows_or_the_samples_within_its_bounds() {
+async fn the_series_api_answers_from_the_rollups_the_windows_or_the_samples_within_its_bounds() {
     let rules: toml::Table =
         toml::from_str(r#"t = { kind = "deadband", deviation = 5.0 }"#).unwrap();
     let mut stack = Stack::start("api", |c| {
-        c.window("1h").subscription(&[
-            ("topic", "api/{sensor}/telemetry".into()),
-            ("thinning", toml::Value::Table(rules)),
-        ])
+        c.window("30m")
+            .rollup("1h", false, None)
+            .closer("200ms", "1s")
+            .subscription(&[
+                ("topic", "api/{sensor}/telemetry".into()),
+                ("thinning", toml::Value::Table(rules)),
+            ])
     })
     .await;
     let port = stack.palletd.http_port;
@@ -592,6 +598,25 @@ async fn the_series_api_answers_from_the_windows_or_the_samples_within_its_bound
     stack.palletd = Palletd::start(&stack.config);
     stack.palletd.ready().await;
     stack.palletd.settled().await;
+    let cfg_dir = tempfile::tempdir().unwrap();
+    let cfg = (stack.config).write_to(cfg_dir.path(), "api.toml");
+    let lines = |out: String| -> Vec<serde_json::Value> {
+        out.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let rolled_up = || {
+        lines(query_ok(
+            &cfg,
+            &["--sensor", "a", "--stats", "--rollup", "1h"],
+        ))
+    };
+    eventually(
+        Duration::from_secs(60),
+        "the three hours rolled up",
+        || async { rolled_up().iter().filter(|r| r["partial"] == false).count() == 3 },
+    )
+    .await;
 
     let iso = |ms: i64| {
         let t = chrono::DateTime::from_timestamp_millis(ms).unwrap();
@@ -608,44 +633,55 @@ async fn the_series_api_answers_from_the_windows_or_the_samples_within_its_bound
     };
     let rows = |body: &str| -> Vec<serde_json::Value> { serde_json::from_str(body).unwrap() };
     let range = format!("from={}&to={}", iso(start), iso(start + 3 * hour));
+    // Each point against a summary of its step (a window's or a rollup's).
+    let same =
+        |got: &[serde_json::Value], want: &[serde_json::Value], time: &str, n: i64, field: &str| {
+            assert_eq!(got.len(), want.len(), "{got:?}");
+            for (p, w) in got.iter().zip(want) {
+                assert_eq!(
+                    p["time"].as_str().map(|t| &t[..19]),
+                    w[time].as_str().map(|t| &t[..19])
+                );
+                assert_eq!(p["field"], field);
+                assert_eq!(
+                    p["n"].as_i64(),
+                    Some(n),
+                    "every reading, thinned or not: {p}"
+                );
+                for k in ["n", "min", "max", "sum"] {
+                    assert_eq!(
+                        p[k].as_f64(),
+                        w["fields"][field][k].as_f64(),
+                        "{k} of {field}: {p} {w}"
+                    );
+                }
+            }
+        };
 
     // Whole windows: every reading of each field, as palletd query --stats.
-    let cfg = (stack.config).write_to(stack.palletd.dir.path(), "api.toml");
-    let stats: Vec<serde_json::Value> = query_ok(&cfg, &["--sensor", "a", "--stats"])
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(stats.len(), 3);
+    let stats = lines(query_ok(&cfg, &["--sensor", "a", "--stats"]));
+    assert_eq!(stats.len(), 6);
+    // Whole hours: the rollup, as palletd query --stats --rollup 1h.
+    let rollups = rolled_up();
     for field in ["v", "t"] {
         let (status, source, body) = get(format!(
-            "/api/series?sensor=a&field={field}&step=1h&{range}"
+            "/api/series?sensor=a&field={field}&step=30m&{range}"
         ));
         assert_eq!(
             (status, source.as_deref()),
             (200, Some("windows")),
             "{body}"
         );
-        let got = rows(&body);
-        assert_eq!(got.len(), 3, "{body}");
-        for (p, w) in got.iter().zip(&stats) {
-            assert_eq!(
-                p["time"].as_str().map(|t| &t[..19]),
-                w["startTs"].as_str().map(|t| &t[..19])
-            );
-            assert_eq!(p["field"], field);
-            assert_eq!(
-                p["n"].as_i64(),
-                Some(60),
-                "every reading, thinned or not: {p}"
-            );
-            for k in ["n", "min", "max", "sum"] {
-                assert_eq!(
-                    p[k].as_f64(),
-                    w["fields"][field][k].as_f64(),
-                    "{k} of {field}: {p} {w}"
-                );
-            }
-        }
+        same(&rows(&body), &stats, "startTs", 30, field);
+        let (status, source, body) = get(format!(
+            "/api/series?sensor=a&field={field}&step=1h&{range}"
+        ));
+        assert_eq!(
+            (status, source.as_deref()),
+            (200, Some("rollup:1h")),
+            "{body}"
+        );
+        same(&rows(&body), &rollups, "start", 60, field);
     }
     // Ten minutes: from the samples; `t` has the points its deadband kept.
     let (status, source, body) = get(format!("/api/series?sensor=a&step=10m&{range}"));
@@ -707,4 +743,36 @@ async fn the_series_api_answers_from_the_windows_or_the_samples_within_its_bound
         Some(value(179)),
         "the reading whole"
     );
+
+    // A late reading in the second hour, with no pass to compute its
+    // rollup again (the closer runs once an hour): that hour is read from
+    // the windows, the others from the rollup, and every reading counts.
+    stack.stop();
+    stack.config = stack.config.clone().closer("1h", "1s");
+    stack.palletd = Palletd::start(&stack.config);
+    stack.palletd.ready().await;
+    let mut publisher = stack.publisher().await;
+    let late = serde_json::json!({ "ts": start + 90 * 60_000 + 30_000, "v": 100.0, "t": 100.0 });
+    publisher.publish("api/a/telemetry", late.to_string()).await;
+    publisher.flush().await;
+    stack.all_acknowledged().await;
+    stack.palletd.settled().await;
+    assert_eq!(rolled_up(), rollups, "no pass ran");
+    let (status, source, body) = get(format!("/api/series?sensor=a&field=v&step=1h&{range}"));
+    assert_eq!(
+        (status, source.as_deref()),
+        (200, Some("rollup:1h+windows:1")),
+        "{body}"
+    );
+    let got = rows(&body);
+    let n: Vec<i64> = got.iter().map(|p| p["n"].as_i64().unwrap()).collect();
+    assert_eq!(n, vec![60, 61, 60], "{body}");
+    assert_eq!(got[1]["max"].as_f64(), Some(100.0));
+    assert_eq!(
+        got[1]["sum"].as_f64(),
+        Some(rollups[1]["fields"]["v"]["sum"].as_f64().unwrap() + 100.0)
+    );
+    same(&got[..1], &rollups[..1], "start", 60, "v");
+    same(&got[2..], &rollups[2..], "start", 60, "v");
+    stack.stop();
 }

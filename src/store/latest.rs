@@ -102,15 +102,17 @@ pub async fn read(
     db: &Database,
     collection: &str,
     sensor: Option<&str>,
+    limit: Option<u64>,
     mut emit: impl FnMut(&str, i64, &Document, i64) -> std::io::Result<()>,
 ) -> super::read::Result<u64> {
     use futures_util::TryStreamExt;
     let filter = sensor.map_or_else(Document::new, |s| doc! { "_id": s });
-    let mut cursor = db
-        .collection::<Document>(collection)
-        .find(filter)
-        .sort(doc! { "_id": 1 })
-        .await?;
+    let coll = db.collection::<Document>(collection);
+    let mut find = coll.find(filter).sort(doc! { "_id": 1 });
+    if let Some(limit) = limit {
+        find = find.limit(limit as i64);
+    }
+    let mut cursor = find.await?;
     let mut n = 0;
     while let Some(d) = cursor.try_next().await? {
         let id = d.get_str("_id")?;

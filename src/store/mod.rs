@@ -34,7 +34,7 @@ use mongodb::Database;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::config::{Settings, StorageMode};
+use crate::config::{RollupSettings, Settings, StorageMode};
 use crate::flush::{Batch, Resolution, Resolve, Written};
 use crate::retry::{Aborted, Backoff};
 use crate::tags::Tags;
@@ -360,7 +360,30 @@ impl Store {
         range: Range,
     ) -> read::Result<Vec<rollup::RollupRow>> {
         let coll = format!("{}_{name}", self.collection());
-        rollup::read_rollups(&self.mongo.db, &coll, sensor, range).await
+        rollup::read_rollups(&self.mongo.db, &coll, sensor, range, None).await
+    }
+
+    /// The rollup a series of steps of `step_ms` is read from: of those
+    /// whose interval divides the step, the longest.
+    pub fn rollup_for(&self, step_ms: i64) -> Option<&RollupSettings> {
+        self.rollups
+            .as_ref()?
+            .specs()
+            .iter()
+            .filter(|s| step_ms % s.interval_ms() == 0)
+            .max_by_key(|s| s.interval_ms())
+    }
+
+    /// A sensor's settled rollups of `spec` over `range` (whole
+    /// intervals), at most `max` ([`rollup::settled`]).
+    pub async fn settled_rollups(
+        &self,
+        spec: &RollupSettings,
+        sensor: &str,
+        range: (i64, i64),
+        max: u64,
+    ) -> read::Result<Vec<rollup::RollupRow>> {
+        rollup::settled(&self.mongo.db, self.collection(), spec, sensor, range, max).await
     }
 
     /// Windows ending at or before this are sealed by a seal at `now_ms`.
@@ -427,10 +450,12 @@ impl Store {
         Ok(s)
     }
 
-    /// Each sensor's latest value (`<collection>_latest`), or `sensor`'s.
+    /// Each sensor's latest value (`<collection>_latest`), or `sensor`'s;
+    /// the first `limit` by id.
     pub async fn latest(
         &self,
         sensor: Option<&str>,
+        limit: Option<u64>,
         emit: impl FnMut(&str, i64, &bson::Document, i64) -> std::io::Result<()>,
     ) -> read::Result<u64> {
         let Some(l) = &self.latest else {
@@ -438,7 +463,7 @@ impl Store {
                 "[latest] enabled = false: palletd keeps no latest values".into(),
             ));
         };
-        latest::read(&self.mongo.db, l.collection(), sensor, emit).await
+        latest::read(&self.mongo.db, l.collection(), sensor, limit, emit).await
     }
 
     /// The raw documents palletd wrote (bucket mode only).

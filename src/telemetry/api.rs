@@ -5,16 +5,22 @@
 //! - `GET /api/sensors[?limit=N]`: each sensor's latest reading (from
 //!   `<collection>_latest`), by id, at most `limit` (default and largest
 //!   [`MAX_SENSORS`]; `X-Palletd-Truncated: true` when there are more).
+//! - `GET /api/fields?sensor=ID`: the numeric fields of its latest
+//!   reading, `[{field, value, time}]`.
 //! - `GET /api/series?sensor=ID[&field=F][&from=T][&to=T][&step=D][&format=csv]`:
 //!   per step and numeric field `{time, field, n, avg, min, max, sum}`
-//!   ([`crate::query::series`]): from the windows' summaries when the
-//!   step is a whole number of `bucket.window` (every reading, thinned or
-//!   not), else from the samples. `from`/`to` are RFC 3339 or a duration
-//!   ago (`24h`), by default the last 24 hours; `step` a duration, by
-//!   default the range in about 500 steps (whole windows when that is a
-//!   window or more). At most [`crate::query::MAX_POINTS`] steps and
-//!   [`crate::query::MAX_READ`] documents read: beyond, 400 and what to
-//!   change. `X-Palletd-Source: windows | samples` says where it came from.
+//!   ([`crate::query::series`]): from a `[[rollup]]` when the step is a
+//!   whole number of its interval (the intervals not rolled up yet from
+//!   the windows), from the windows' summaries when it is a whole number
+//!   of `bucket.window` (both: every reading, thinned or not), else from
+//!   the samples. `from`/`to` are RFC 3339 or a duration ago (`24h`), by
+//!   default the last 24 hours; `step` a duration, by default the range
+//!   in about 500 steps ([`default_step`]). At most
+//!   [`crate::query::MAX_POINTS`] steps and [`crate::query::MAX_READ`]
+//!   documents read: beyond, 400 and what to
+//!   change. `X-Palletd-Source` says where it came from: `rollup:1h` (or
+//!   `rollup:1h+windows:N`, N intervals not settled read from the
+//!   windows), `windows` or `samples`.
 
 use std::sync::Arc;
 
@@ -23,6 +29,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
+use super::status::{ChartRange, SensorView, SeriesRead};
 use crate::clock::iso;
 use crate::query::{self, QueryError, SeriesSource};
 use crate::store::Store;
@@ -42,32 +49,89 @@ pub struct SensorsParams {
     limit: Option<usize>,
 }
 
+/// Sensors the status page's chooser lists (the first by id).
+pub const CHOOSER_SENSORS: usize = 1000;
+
+/// How long the status page waits for the database for a sensor's charts.
+const CHARTS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The status page's sensor charts at `now`: the sensors to choose from
+/// and, when one is chosen, its series over `range` (the API's answer to
+/// the same parameters; in steps of whole windows when the samples are
+/// more than the API reads).
+pub async fn sensor_view(
+    api: &Api,
+    sensor: Option<String>,
+    range: ChartRange,
+    now: i64,
+) -> SensorView {
+    let mut view = SensorView::default();
+    if let Ok(Ok((ids, more))) =
+        tokio::time::timeout(CHARTS_TIMEOUT, latest(&api.store, CHOOSER_SENSORS)).await
+    {
+        view.ids = ids.into_iter().map(|s| s.0).collect();
+        view.more = more;
+    }
+    let Some(sensor) = sensor.filter(|s| !s.is_empty()) else {
+        return view;
+    };
+    let mut step = range.step_ms();
+    let read = loop {
+        let to = (now.div_euclid(step) + 1) * step;
+        let from = to - range.span_ms();
+        let read = query::series(&api.store, api.window_ms, &sensor, None, (from, to), step);
+        match tokio::time::timeout(CHARTS_TIMEOUT, read).await {
+            Ok(Ok((source, points))) => {
+                break Ok(SeriesRead {
+                    from_ms: from,
+                    to_ms: to,
+                    step_ms: step,
+                    source: source_name(&source),
+                    points,
+                })
+            }
+            Ok(Err(QueryError::TooMuch(_))) if api.window_ms > 0 && step % api.window_ms != 0 => {
+                step = step.div_euclid(api.window_ms).max(1) * api.window_ms;
+                if step < range.step_ms() {
+                    step += api.window_ms;
+                }
+            }
+            Ok(Err(e)) => break Err(e.to_string()),
+            Err(_) => {
+                break Err(format!(
+                    "the database did not answer within {} s",
+                    CHARTS_TIMEOUT.as_secs()
+                ))
+            }
+        }
+    };
+    view.chosen = Some((sensor, range, read));
+    view
+}
+
+/// `X-Palletd-Source`'s value.
+fn source_name(source: &SeriesSource) -> String {
+    match source {
+        SeriesSource::Rollup { name, from_windows } if *from_windows > 0 => {
+            format!("rollup:{name}+windows:{from_windows}")
+        }
+        SeriesSource::Rollup { name, .. } => format!("rollup:{name}"),
+        SeriesSource::Windows => "windows".into(),
+        SeriesSource::Samples => "samples".into(),
+    }
+}
+
 /// `GET /api/sensors`.
 pub async fn sensors(State(api): State<Arc<Api>>, Query(p): Query<SensorsParams>) -> Response {
     let limit = p.limit.unwrap_or(MAX_SENSORS).min(MAX_SENSORS);
-    let mut out = Vec::new();
-    let mut truncated = false;
-    let read = api
-        .store
-        .latest(None, |id, ts, sample, _| {
-            if out.len() == limit {
-                truncated = true;
-                return Err(std::io::Error::other(ENOUGH));
-            }
-            let fields: serde_json::Map<String, serde_json::Value> = sample
-                .iter()
-                .filter(|(k, _)| k.as_str() != "ts")
-                .map(|(k, v)| (k.clone(), query::json_value(v)))
-                .collect();
-            out.push(serde_json::json!({ "sensorId": id, "time": iso(ts), "fields": fields }));
-            Ok(())
-        })
-        .await;
-    match read {
-        Ok(_) => {}
-        Err(QueryError::Io(e)) if e.to_string() == ENOUGH => {}
+    let (sensors, truncated) = match latest(&api.store, limit).await {
+        Ok(r) => r,
         Err(e) => return failed(e),
-    }
+    };
+    let out: Vec<serde_json::Value> = sensors
+        .into_iter()
+        .map(|(id, ts, fields)| serde_json::json!({ "sensorId": id, "time": iso(ts), "fields": fields }))
+        .collect();
     let mut response = json(&out);
     if truncated {
         response
@@ -77,7 +141,69 @@ pub async fn sensors(State(api): State<Arc<Api>>, Query(p): Query<SensorsParams>
     response
 }
 
-const ENOUGH: &str = "api: enough sensors";
+#[derive(Deserialize)]
+pub struct FieldsParams {
+    sensor: Option<String>,
+}
+
+/// `GET /api/fields?sensor=ID`: the numeric fields of the sensor's latest
+/// reading, `[{field, value, time}]` (what a dashboard repeats a panel
+/// by); 404 for a sensor without one.
+pub async fn fields(State(api): State<Arc<Api>>, Query(p): Query<FieldsParams>) -> Response {
+    let Some(sensor) = p.sensor.as_deref().filter(|s| !s.is_empty()) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "sensor=ID is needed (GET /api/sensors lists them)\n",
+        )
+            .into_response();
+    };
+    let mut out = Vec::new();
+    let read = api
+        .store
+        .latest(Some(sensor), Some(1), |_, ts, sample, _| {
+            for (k, v) in sample.iter().filter(|(k, _)| k.as_str() != "ts") {
+                if let Some(value) = crate::store::read::number(Some(v)) {
+                    out.push(serde_json::json!({ "field": k, "value": value, "time": iso(ts) }));
+                }
+            }
+            Ok(())
+        })
+        .await;
+    match read {
+        Ok(0) => (StatusCode::NOT_FOUND, format!("no reading of {sensor:?}\n")).into_response(),
+        Ok(_) => json(&out),
+        Err(e) => failed(e),
+    }
+}
+
+/// The first `limit` sensors by id with their latest reading (time and
+/// fields), and whether there are more.
+pub async fn latest(
+    store: &Store,
+    limit: usize,
+) -> Result<
+    (
+        Vec<(String, i64, serde_json::Map<String, serde_json::Value>)>,
+        bool,
+    ),
+    QueryError,
+> {
+    let mut out = Vec::new();
+    store
+        .latest(None, Some(limit as u64 + 1), |id, ts, sample, _| {
+            let fields = sample
+                .iter()
+                .filter(|(k, _)| k.as_str() != "ts")
+                .map(|(k, v)| (k.clone(), query::json_value(v)))
+                .collect();
+            out.push((id.to_string(), ts, fields));
+            Ok(())
+        })
+        .await?;
+    let more = out.len() > limit;
+    out.truncate(limit);
+    Ok((out, more))
+}
 
 #[derive(Deserialize)]
 pub struct SeriesParams {
@@ -136,14 +262,10 @@ pub async fn series(State(api): State<Arc<Api>>, Query(p): Query<SeriesParams>) 
         Ok(r) => r,
         Err(e) => return failed(e),
     };
-    let source = match source {
-        SeriesSource::Windows => "windows",
-        SeriesSource::Samples => "samples",
-    };
-    let rows = points.iter().map(|p| {
-        let avg = p.sum / p.n.max(1) as f64;
-        (iso(p.start_ms), &p.field, p.n, avg, p.min, p.max, p.sum)
-    });
+    let source = source_name(&source);
+    let rows = points
+        .iter()
+        .map(|p| (iso(p.start_ms), &p.field, p.n, p.avg(), p.min, p.max, p.sum));
     let mut response = if csv {
         let mut text = String::from("time,field,n,avg,min,max,sum\n");
         for (time, field, n, avg, min, max, sum) in rows {
@@ -159,9 +281,9 @@ pub async fn series(State(api): State<Arc<Api>>, Query(p): Query<SeriesParams>) 
             .collect();
         json(&rows)
     };
-    response
-        .headers_mut()
-        .insert("x-palletd-source", HeaderValue::from_static(source));
+    if let Ok(source) = HeaderValue::from_str(&source) {
+        response.headers_mut().insert("x-palletd-source", source);
+    }
     response
 }
 
@@ -170,16 +292,22 @@ fn json(rows: &[serde_json::Value]) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// The range in about 500 steps: whole seconds, or whole windows when
-/// that is a window or more (then read from the windows' summaries).
-fn default_step(span_ms: i64, window_ms: i64) -> i64 {
+/// The range in about 500 steps of whole seconds, or, when the range
+/// holds [`WINDOWS_FOR_SUMMARIES`] windows or more, in steps of whole
+/// windows (read from the rollups or the windows' summaries, whatever the
+/// rate of the sensor; then fewer steps when that is under 500).
+pub fn default_step(span_ms: i64, window_ms: i64) -> i64 {
     let step = (span_ms / 500).max(1000);
-    if window_ms > 0 && step >= window_ms {
-        step.div_euclid(window_ms) * window_ms
+    if window_ms > 0 && span_ms >= WINDOWS_FOR_SUMMARIES * window_ms {
+        step.div_euclid(window_ms).max(1) * window_ms
     } else {
         step.div_euclid(1000) * 1000
     }
 }
+
+/// From this many windows in the range on, the default step is whole
+/// windows.
+pub const WINDOWS_FOR_SUMMARIES: i64 = 100;
 
 /// A read that failed: 400 for a bound (with what to change), 503 for the
 /// database.
@@ -204,7 +332,9 @@ mod tests {
     fn the_default_step_is_whole_windows_from_a_window_on() {
         let hour = 3_600_000;
         assert_eq!(default_step(86_400_000, hour), 172_000);
+        assert_eq!(default_step(7 * 86_400_000, hour), hour);
         assert_eq!(default_step(300 * 86_400_000, hour), 14 * hour);
         assert_eq!(default_step(60_000, hour), 1000);
+        assert_eq!(default_step(7 * 86_400_000, 60_000), 1_200_000);
     }
 }

@@ -76,6 +76,7 @@ pub async fn serve(
         private = private.merge(
             axum::Router::new()
                 .route("/api/sensors", get(super::api::sensors))
+                .route("/api/fields", get(super::api::fields))
                 .route("/api/series", get(super::api::series))
                 .with_state(api),
         );
@@ -216,8 +217,16 @@ async fn metrics_page(
     )
 }
 
+/// The status page's parameters: a sensor to chart, over a range.
+#[derive(serde::Deserialize)]
+struct PageParams {
+    sensor: Option<String>,
+    range: Option<String>,
+}
+
 async fn status_page(
     State(s): State<Pages>,
+    axum::extract::Query(p): axum::extract::Query<PageParams>,
 ) -> (StatusCode, [(&'static str, &'static str); 2], String) {
     let figures = Figures::parse(&s.metrics.as_ref().map(|m| m.render()).unwrap_or_default());
     let facts = status::Facts {
@@ -231,7 +240,15 @@ async fn status_page(
         database_reachable: s.health.database_reachable(),
         quiet: s.health.quiet(),
     };
-    let page = status::render(&facts, &figures, &s.history, crate::clock::now_ms());
+    let now = crate::clock::now_ms();
+    let range = p.range.as_deref().and_then(status::ChartRange::parse);
+    let sensors = match &s.api {
+        Some(api) => {
+            Some(super::api::sensor_view(api, p.sensor, range.unwrap_or_default(), now).await)
+        }
+        None => None,
+    };
+    let page = status::render(&facts, &figures, &s.history, now, sensors.as_ref());
     (
         StatusCode::OK,
         [

@@ -40,7 +40,7 @@ use bson::{doc, Bson, Document};
 use futures_util::TryStreamExt;
 use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
 
-pub const INSTALL_HINT: &str = "run `scripts/install-test-services` (installs Mosquitto, libfiu's fiu-utils, Chromium, promtool, lintian and Node.js from Debian, aedes from npm, statsmodels' datasets from PyPI and SecantusDB from crates.io)";
+pub const INSTALL_HINT: &str = "run `scripts/install-test-services` (installs Mosquitto, libfiu's fiu-utils, Chromium, promtool, lintian and Node.js from Debian, aedes, @grafana/schema and TypeScript from npm, statsmodels' datasets from PyPI and SecantusDB from crates.io)";
 
 pub const HOUR_MS: i64 = 3_600_000;
 
