@@ -314,6 +314,30 @@ pub enum SeriesSource {
 /// samples. At
 /// most [`MAX_POINTS`] steps and [`MAX_READ`] documents or readings
 /// read: beyond, [`QueryError::TooMuch`] saying what to change.
+/// Which source [`series`] reads: the cheapest the step allows, or one
+/// asked for (`source=` of the API: to compare them, or to see the points
+/// thinning kept at any step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Prefer {
+    #[default]
+    Cheapest,
+    Rollup,
+    Windows,
+    Samples,
+}
+
+impl Prefer {
+    pub fn parse(text: &str) -> Option<Prefer> {
+        Some(match text {
+            "auto" => Prefer::Cheapest,
+            "rollup" => Prefer::Rollup,
+            "windows" => Prefer::Windows,
+            "samples" => Prefer::Samples,
+            _ => return None,
+        })
+    }
+}
+
 pub async fn series(
     store: &Store,
     window_ms: i64,
@@ -321,7 +345,27 @@ pub async fn series(
     field: Option<&str>,
     range: (i64, i64),
     step_ms: i64,
+    prefer: Prefer,
 ) -> Result<(SeriesSource, Vec<SeriesPoint>)> {
+    let whole_windows = window_ms > 0 && step_ms % window_ms == 0;
+    let rollup = match prefer {
+        Prefer::Cheapest | Prefer::Rollup => store.rollup_for(step_ms),
+        _ => None,
+    };
+    match prefer {
+        Prefer::Rollup if rollup.is_none() => {
+            return Err(QueryError::TooMuch(format!(
+                "source=rollup: no [[rollup]] interval divides the step of {step_ms} ms"
+            )))
+        }
+        Prefer::Windows if !whole_windows => {
+            return Err(QueryError::TooMuch(format!(
+                "source=windows: the step must be a whole number of bucket.window ({window_ms} ms)"
+            )))
+        }
+        _ => {}
+    }
+    let windows = whole_windows && matches!(prefer, Prefer::Cheapest | Prefer::Windows);
     if step_ms < 1000 || range.1 <= range.0 {
         return Err(QueryError::TooMuch(
             "step must be at least 1s and from before to".into(),
@@ -358,7 +402,7 @@ pub async fn series(
         p.min = p.min.min(min);
         p.max = p.max.max(max);
     };
-    let source = if let Some(spec) = store.rollup_for(step_ms) {
+    let source = if let Some(spec) = rollup {
         let rows = store
             .settled_rollups(spec, sensor, (from, to), MAX_READ)
             .await
@@ -398,7 +442,7 @@ pub async fn series(
             name: spec.name.clone(),
             from_windows: rest.len() as u64,
         }
-    } else if window_ms > 0 && step_ms % window_ms == 0 {
+    } else if windows {
         let stats = store
             .window_stats_within(sensor, range, Some(MAX_READ))
             .await

@@ -683,6 +683,22 @@ async fn the_series_api_answers_from_the_rollups_the_windows_or_the_samples_with
         );
         same(&rows(&body), &rollups, "start", 60, field);
     }
+    // Asked for, the samples give the same hours of the unthinned field;
+    // a source the step does not allow is refused.
+    let (status, source, body) = get(format!(
+        "/api/series?sensor=a&field=v&step=1h&source=samples&{range}"
+    ));
+    assert_eq!(
+        (status, source.as_deref()),
+        (200, Some("samples")),
+        "{body}"
+    );
+    same(&rows(&body), &rollups, "start", 60, "v");
+    let (status, _, body) = get(format!(
+        "/api/series?sensor=a&step=30m&source=rollup&{range}"
+    ));
+    assert_eq!(status, 400);
+    assert!(body.contains("no [[rollup]] interval divides"), "{body}");
     // Ten minutes: from the samples; `t` has the points its deadband kept.
     let (status, source, body) = get(format!("/api/series?sensor=a&step=10m&{range}"));
     assert_eq!(

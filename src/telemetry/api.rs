@@ -18,9 +18,10 @@
 //!   in about 500 steps ([`default_step`]). At most
 //!   [`crate::query::MAX_POINTS`] steps and [`crate::query::MAX_READ`]
 //!   documents read: beyond, 400 and what to
-//!   change. `X-Palletd-Source` says where it came from: `rollup:1h` (or
-//!   `rollup:1h+windows:N`, N intervals not settled read from the
-//!   windows), `windows` or `samples`.
+//!   change. `source=rollup|windows|samples` asks for one (400 when the
+//!   step does not allow it). `X-Palletd-Source` says where it came from:
+//!   `rollup:1h` (or `rollup:1h+windows:N`, N intervals not settled read
+//!   from the windows), `windows` or `samples`.
 
 use std::sync::Arc;
 
@@ -79,7 +80,15 @@ pub async fn sensor_view(
     let read = loop {
         let to = (now.div_euclid(step) + 1) * step;
         let from = to - range.span_ms();
-        let read = query::series(&api.store, api.window_ms, &sensor, None, (from, to), step);
+        let read = query::series(
+            &api.store,
+            api.window_ms,
+            &sensor,
+            None,
+            (from, to),
+            step,
+            query::Prefer::Cheapest,
+        );
         match tokio::time::timeout(CHARTS_TIMEOUT, read).await {
             Ok(Ok((source, points))) => {
                 break Ok(SeriesRead {
@@ -213,6 +222,7 @@ pub struct SeriesParams {
     to: Option<String>,
     step: Option<String>,
     format: Option<String>,
+    source: Option<String>,
 }
 
 /// `GET /api/series`.
@@ -249,6 +259,11 @@ pub async fn series(State(api): State<Arc<Api>>, Query(p): Query<SeriesParams>) 
         Some("csv") => true,
         Some(other) => return bad(format!("format: {other:?} is not json or csv")),
     };
+    let prefer = match p.source.as_deref().map(query::Prefer::parse) {
+        None => query::Prefer::Cheapest,
+        Some(Some(prefer)) => prefer,
+        Some(None) => return bad("source: auto, rollup, windows or samples".into()),
+    };
     let (source, points) = match query::series(
         &api.store,
         api.window_ms,
@@ -256,6 +271,7 @@ pub async fn series(State(api): State<Arc<Api>>, Query(p): Query<SeriesParams>) 
         p.field.as_deref(),
         (from, to),
         step_ms,
+        prefer,
     )
     .await
     {
