@@ -554,7 +554,14 @@ async fn http_credentials_guard_the_page_and_metrics_but_not_the_probes() {
         vec!["Authorization: Token t0ken-8f3a".to_string()],
         vec!["Authorization: Basic t0ken-8f3a".to_string()],
     ];
-    let paths = ["/", "/metrics", "/api/sensors", "/api/series?sensor=a"];
+    let paths = [
+        "/",
+        "/?sensor=a&range=week",
+        "/metrics",
+        "/api/sensors",
+        "/api/fields?sensor=a",
+        "/api/series?sensor=a",
+    ];
     for path in paths {
         for headers in &refused {
             let headers: Vec<&str> = headers.iter().map(String::as_str).collect();

@@ -570,16 +570,32 @@ async fn csv_export_names_every_field_even_one_that_appears_late() {
 /// refused with what to change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_series_api_answers_from_the_rollups_the_windows_or_the_samples_within_its_bounds() {
+    series_api("api", false).await;
+}
+
+/// The same in time series mode: the windows are the documents and the
+/// summaries of the values thinning left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_series_api_answers_the_same_in_time_series_mode() {
+    series_api("api-ts", true).await;
+}
+
+async fn series_api(name: &str, timeseries: bool) {
     let rules: toml::Table =
         toml::from_str(r#"t = { kind = "deadband", deviation = 5.0 }"#).unwrap();
-    let mut stack = Stack::start("api", |c| {
-        c.window("30m")
+    let mut stack = Stack::start(name, |c| {
+        let c = c
+            .window("30m")
             .rollup("1h", false, None)
             .closer("200ms", "1s")
             .subscription(&[
                 ("topic", "api/{sensor}/telemetry".into()),
                 ("thinning", toml::Value::Table(rules)),
-            ])
+            ]);
+        match timeseries {
+            true => c.timeseries(),
+            false => c,
+        }
     })
     .await;
     let port = stack.palletd.http_port;
