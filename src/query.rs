@@ -306,14 +306,6 @@ pub enum SeriesSource {
     Samples,
 }
 
-/// One sensor's numeric fields (or `field` alone) in steps of `step_ms`
-/// (aligned to the epoch) over `range`, widened to whole steps (a point
-/// is its whole step's): from a rollup when the step is a whole number of
-/// a `[[rollup]]`'s interval (the longest such), from the windows'
-/// summaries when it is a whole number of `window_ms`, else from the
-/// samples. At
-/// most [`MAX_POINTS`] steps and [`MAX_READ`] documents or readings
-/// read: beyond, [`QueryError::TooMuch`] saying what to change.
 /// Which source [`series`] reads: the cheapest the step allows, or one
 /// asked for (`source=` of the API: to compare them, or to see the points
 /// thinning kept at any step).
@@ -338,6 +330,15 @@ impl Prefer {
     }
 }
 
+/// One sensor's numeric fields (or `field` alone) in steps of `step_ms`
+/// (aligned to the epoch) over `range`, widened to whole steps (a point
+/// is its whole step's), from the source `prefer` names or the cheapest:
+/// a rollup when the step is a whole number of a `[[rollup]]`'s interval
+/// (the longest such; its settled intervals, the others from the
+/// windows), the windows' summaries when it is a whole number of
+/// `window_ms`, else the samples. At most [`MAX_POINTS`] steps and
+/// [`MAX_READ`] documents or readings read: beyond, [`QueryError::TooMuch`]
+/// saying what to change.
 pub async fn series(
     store: &Store,
     window_ms: i64,

@@ -124,6 +124,24 @@ pub async fn read(
     Ok(n)
 }
 
+/// The first `limit` sensor ids by id (the index on `_id`, nothing else
+/// read).
+pub async fn ids(db: &Database, collection: &str, limit: u64) -> super::read::Result<Vec<String>> {
+    use futures_util::TryStreamExt;
+    let mut cursor = db
+        .collection::<Document>(collection)
+        .find(doc! {})
+        .sort(doc! { "_id": 1 })
+        .projection(doc! { "_id": 1 })
+        .limit(limit as i64)
+        .await?;
+    let mut out = Vec::new();
+    while let Some(d) = cursor.try_next().await? {
+        out.push(d.get_str("_id")?.to_string());
+    }
+    Ok(out)
+}
+
 /// The newest of a sensor's readings (the last one of equal times; not a
 /// point thinning stored late nor readings it left out summed up,
 /// [`SampleRef::is_reading`]).

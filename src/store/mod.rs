@@ -466,6 +466,14 @@ impl Store {
         latest::read(&self.mongo.db, l.collection(), sensor, limit, emit).await
     }
 
+    /// The first `limit` sensors of `<collection>_latest` by id.
+    pub async fn sensor_ids(&self, limit: u64) -> read::Result<Vec<String>> {
+        let Some(l) = &self.latest else {
+            return Ok(Vec::new());
+        };
+        latest::ids(&self.mongo.db, l.collection(), limit).await
+    }
+
     /// The raw documents palletd wrote (bucket mode only).
     pub async fn print_raw(
         &self,

@@ -67,11 +67,11 @@ pub async fn sensor_view(
     now: i64,
 ) -> SensorView {
     let mut view = SensorView::default();
-    if let Ok(Ok((ids, more))) =
-        tokio::time::timeout(CHARTS_TIMEOUT, latest(&api.store, CHOOSER_SENSORS)).await
-    {
-        view.ids = ids.into_iter().map(|s| s.0).collect();
-        view.more = more;
+    let ids = api.store.sensor_ids(CHOOSER_SENSORS as u64 + 1);
+    if let Ok(Ok(mut ids)) = tokio::time::timeout(CHARTS_TIMEOUT, ids).await {
+        view.more = ids.len() > CHOOSER_SENSORS;
+        ids.truncate(CHOOSER_SENSORS);
+        view.ids = ids;
     }
     let Some(sensor) = sensor.filter(|s| !s.is_empty()) else {
         return view;

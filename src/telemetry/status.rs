@@ -981,6 +981,71 @@ mod tests {
         assert!(page.contains("<polyline"));
     }
 
+    /// A sensor's chart: a point per step with values (its mean in
+    /// `data-points`), a band and a line per run of consecutive steps, a
+    /// dot for a step alone; the link asks the API for the same series;
+    /// names are escaped.
+    #[test]
+    fn a_sensors_chart_breaks_at_steps_without_values_and_links_its_series() {
+        let hour = 3_600_000;
+        let t0 = 1_000 * hour;
+        let point = |i: i64, field: &str, v: f64| crate::query::SeriesPoint {
+            start_ms: t0 + i * hour,
+            field: field.into(),
+            n: 2,
+            sum: 2.0 * v,
+            min: v - 1.0,
+            max: v + 1.0,
+        };
+        let read = SeriesRead {
+            from_ms: t0,
+            to_ms: t0 + 168 * hour,
+            step_ms: hour,
+            source: "rollup:1h+windows:2".into(),
+            // 0, 1, 2, then 5 alone, then 7, 8.
+            points: [0, 1, 2, 5, 7, 8]
+                .into_iter()
+                .map(|i| point(i, "t<x>", i as f64))
+                .collect(),
+        };
+        let view = SensorView {
+            ids: vec!["s<1>".into(), "s2".into()],
+            more: true,
+            chosen: Some(("s<1>".into(), ChartRange::Week, Ok(read))),
+        };
+        let page = sensor_section(&view);
+        let points = |page: &str| {
+            let at = page.find("data-points=\"").unwrap() + 13;
+            page[at..at + page[at..].find('"').unwrap()].to_string()
+        };
+        let want: Vec<String> = [0, 1, 2, 5, 7, 8]
+            .iter()
+            .map(|i| format!("{},{}", t0 + i * hour, *i as f64))
+            .collect();
+        assert_eq!(points(&page), want.join(" "));
+        assert_eq!(page.matches("<polyline").count(), 2, "{page}");
+        assert_eq!(page.matches("<polygon").count(), 2, "{page}");
+        assert_eq!(page.matches("<circle").count(), 1, "{page}");
+        assert!(!page.contains("s<1>") && !page.contains("t<x>"), "{page}");
+        assert!(page.contains("id=\"sensor-t&lt;x&gt;\""), "{page}");
+        assert!(
+            page.contains("/api/series?sensor=s%3C1%3E&amp;field=t%3Cx%3E&amp;from="),
+            "{page}"
+        );
+        assert!(page.contains("&amp;step=3600s&amp;format=json"), "{page}");
+        assert!(page.contains("<option value=\"week\" selected>"), "{page}");
+        assert!(page.contains("the first 2 sensors by id"), "{page}");
+        assert!(page.contains("the 1h rollup (2 of its intervals"), "{page}");
+        // A failed read says why; nothing chosen, only the chooser.
+        let failed = SensorView {
+            chosen: Some(("s2".into(), ChartRange::Hour, Err("down".into()))),
+            ..SensorView::default()
+        };
+        assert!(sensor_section(&failed).contains("Cannot read its series: down"));
+        let none = sensor_section(&SensorView::default());
+        assert!(none.contains("<form") && !none.contains("<svg"));
+    }
+
     #[test]
     fn figures_are_read_from_the_metrics_text() {
         let f = Figures::parse(PAGE);
