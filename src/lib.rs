@@ -366,6 +366,7 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
                 api: Some(Arc::new(telemetry::api::Api {
                     store: store::Store::new(settings, db.clone()),
                     window_ms: settings.bucket.window.as_millis() as i64,
+                    health: health.clone(),
                 })),
             },
             done.clone(),

@@ -438,6 +438,25 @@ async fn a_sensors_charts_render_in_a_browser_with_the_points_of_the_api() {
     if let Some(keep) = std::env::var_os("PALLETD_KEEP_SENSOR_SCREENSHOT") {
         std::fs::copy(&shot, keep).unwrap();
     }
+
+    // The database down: the page does not wait on it, the charts say why,
+    // and the API answers 503.
+    stack.db.stop();
+    stack
+        .palletd
+        .wait_until(Duration::from_secs(30), "not ready", |p| {
+            p.readyz().0 == 503
+        })
+        .await;
+    let (status, body) = http_get(port, "/?sensor=greenhouse-1&range=week");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("Cannot read its series: the database is unreachable"),
+        "{body}"
+    );
+    assert!(body.contains("Not ready"), "{body}");
+    let (status, body) = http_get(port, "/api/series?sensor=greenhouse-1");
+    assert_eq!(status, 503, "{body}");
     stack.stop();
 }
 

@@ -22,6 +22,9 @@
 //!   step does not allow it). `X-Palletd-Source` says where it came from:
 //!   `rollup:1h` (or `rollup:1h+windows:N`, N intervals not settled read
 //!   from the windows), `windows` or `samples`.
+//!
+//! While the database is unreachable (as `/readyz` tells), every answer is
+//! 503 at once; a read that fails is 503 with the driver's error.
 
 use std::sync::Arc;
 
@@ -43,6 +46,22 @@ pub struct Api {
     pub store: Store,
     /// `bucket.window` in ms.
     pub window_ms: i64,
+    /// Whether the database is reachable (no read is sent while not: an
+    /// answer would wait for the driver's server selection).
+    pub health: Arc<super::Health>,
+}
+
+impl Api {
+    /// 503 at once while the database is unreachable.
+    fn unreachable(&self) -> Option<Response> {
+        (!self.health.database_reachable()).then(|| {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the database is unreachable (see /readyz)\n",
+            )
+                .into_response()
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -55,11 +74,14 @@ pub const CHOOSER_SENSORS: usize = 1000;
 
 /// How long the status page waits for the database for a sensor's charts.
 const CHARTS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// And for the chooser's sensor ids.
+const IDS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The status page's sensor charts at `now`: the sensors to choose from
 /// and, when one is chosen, its series over `range` (the API's answer to
 /// the same parameters; in steps of whole windows when the samples are
-/// more than the API reads).
+/// more than the API reads). While the database is unreachable nothing is
+/// read (the page must not wait on it): the charts say so.
 pub async fn sensor_view(
     api: &Api,
     sensor: Option<String>,
@@ -67,13 +89,21 @@ pub async fn sensor_view(
     now: i64,
 ) -> SensorView {
     let mut view = SensorView::default();
+    let sensor = sensor.filter(|s| !s.is_empty());
+    if !api.health.database_reachable() {
+        view.chosen = sensor.map(|s| {
+            let why = "the database is unreachable; the charts come back with it".to_string();
+            (s, range, Err(why))
+        });
+        return view;
+    }
     let ids = api.store.sensor_ids(CHOOSER_SENSORS as u64 + 1);
-    if let Ok(Ok(mut ids)) = tokio::time::timeout(CHARTS_TIMEOUT, ids).await {
+    if let Ok(Ok(mut ids)) = tokio::time::timeout(IDS_TIMEOUT, ids).await {
         view.more = ids.len() > CHOOSER_SENSORS;
         ids.truncate(CHOOSER_SENSORS);
         view.ids = ids;
     }
-    let Some(sensor) = sensor.filter(|s| !s.is_empty()) else {
+    let Some(sensor) = sensor else {
         return view;
     };
     let mut step = range.step_ms();
@@ -132,6 +162,9 @@ fn source_name(source: &SeriesSource) -> String {
 
 /// `GET /api/sensors`.
 pub async fn sensors(State(api): State<Arc<Api>>, Query(p): Query<SensorsParams>) -> Response {
+    if let Some(down) = api.unreachable() {
+        return down;
+    }
     let limit = p.limit.unwrap_or(MAX_SENSORS).min(MAX_SENSORS);
     let (sensors, truncated) = match latest(&api.store, limit).await {
         Ok(r) => r,
@@ -159,6 +192,9 @@ pub struct FieldsParams {
 /// reading, `[{field, value, time}]` (what a dashboard repeats a panel
 /// by); 404 for a sensor without one.
 pub async fn fields(State(api): State<Arc<Api>>, Query(p): Query<FieldsParams>) -> Response {
+    if let Some(down) = api.unreachable() {
+        return down;
+    }
     let Some(sensor) = p.sensor.as_deref().filter(|s| !s.is_empty()) else {
         return (
             StatusCode::BAD_REQUEST,
@@ -227,6 +263,9 @@ pub struct SeriesParams {
 
 /// `GET /api/series`.
 pub async fn series(State(api): State<Arc<Api>>, Query(p): Query<SeriesParams>) -> Response {
+    if let Some(down) = api.unreachable() {
+        return down;
+    }
     let now = crate::clock::now_ms();
     let bad = |why: String| (StatusCode::BAD_REQUEST, format!("{why}\n")).into_response();
     let Some(sensor) = p.sensor.as_deref().filter(|s| !s.is_empty()) else {

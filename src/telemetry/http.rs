@@ -244,7 +244,8 @@ async fn status_page(
     let range = p.range.as_deref().and_then(status::ChartRange::parse);
     let sensors = match &s.api {
         Some(api) => {
-            Some(super::api::sensor_view(api, p.sensor, range.unwrap_or_default(), now).await)
+            let range = range.unwrap_or_default();
+            Some(super::api::sensor_view(api, p.sensor, range, now).await)
         }
         None => None,
     };
