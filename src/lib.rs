@@ -31,8 +31,9 @@
 //!   decides ([`pipeline::task`]).
 //! - [`store`]: one file per storage mode (schema, resolving what a replay
 //!   already applied, write, seal, read) and their MongoDB plumbing.
-//! - [`telemetry`]: metrics, the status page, `/metrics` `/healthz`
-//!   `/readyz`, systemd.
+//! - [`telemetry`]: metrics, the status page (and a sensor's charts),
+//!   the read-only series API (`/api/`), `/metrics` `/healthz` `/readyz`,
+//!   systemd.
 //! - [`simulate`] and [`query`]: the `palletd simulate` load generator (JSON
 //!   sensors, or Sparkplug B edge nodes) and `palletd query` to read back
 //!   what was stored.
