@@ -40,7 +40,8 @@
 //! - [`shutdown`]: signals and the shutdown order.
 //! - `netem`: a TCP proxy in front of the database that behaves like a
 //!   slow, flaky link or injects a replica set's failures into commands
-//!   (tests and the benchmark only).
+//!   (tests and the benchmark only: built with the `testkit` feature,
+//!   which the tests turn on, never into the daemon).
 //!
 //! The core (sans-IO, no tokio):
 //! - [`config`]: the TOML file -> validated [`config::Settings`].
@@ -89,6 +90,7 @@ pub mod flush;
 pub mod front;
 pub mod ingest;
 #[doc(hidden)]
+#[cfg(feature = "testkit")]
 pub mod netem;
 pub mod pipeline;
 pub mod query;
