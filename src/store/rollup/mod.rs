@@ -40,6 +40,11 @@
 //! merging again is exact. Time series documents are aggregated on the
 //! server, one interval per query.
 //!
+//! The files: this one records the keys a flush touches (the queue) and
+//! runs the passes; `merge.rs` is the merge arithmetic and the rollup
+//! document (sans-IO); `read_back.rs` reads rollups back (`palletd query
+//! --stats --rollup`, and the settled ones `/api/series` takes).
+//!
 //! The passes run on a task of their own ([`Rollups::start_passes`]),
 //! woken by each closer run with its time: computing many sensors' rollups
 //! takes the database seconds, and flushes must not wait for it. A pass
@@ -55,12 +60,18 @@ use mongodb::{Database, IndexModel};
 use tokio_util::sync::CancellationToken;
 
 use super::mongo::{self, Decision, Mongo};
-use super::read::{self, Range};
+use super::read;
 use crate::bucket::{ARCHIVE, LEFT_OUT};
 use crate::config::{RollupSettings, Settings, StorageMode};
 use crate::flush::Batch;
 use crate::retry::{Aborted, Backoff};
 use crate::telemetry;
+
+mod merge;
+mod read_back;
+
+use merge::Rollup;
+pub use read_back::{read_rollups, settled, RollupRow};
 
 /// Sensors one aggregation takes at most.
 const SENSORS_PER_QUERY: usize = 500;
@@ -1060,164 +1071,6 @@ fn key_of(d: &Document) -> (String, i64) {
     )
 }
 
-/// One numeric field's rollup being merged.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct FieldRollup {
-    sum: f64,
-    n: i64,
-    min: f64,
-    max: f64,
-    /// (ts ms, value): first by time, ties by the smallest value.
-    first: Option<(i64, f64)>,
-    /// (ts ms, value): last by time, ties by the largest value.
-    last: Option<(i64, f64)>,
-}
-
-impl Default for FieldRollup {
-    fn default() -> FieldRollup {
-        FieldRollup {
-            sum: 0.0,
-            n: 0,
-            min: f64::INFINITY,
-            max: f64::NEG_INFINITY,
-            first: None,
-            last: None,
-        }
-    }
-}
-
-impl FieldRollup {
-    fn edges(&mut self, first: Option<(i64, f64)>, last: Option<(i64, f64)>) {
-        if let Some(f) = first {
-            if self.first.is_none_or(|x| f < x) {
-                self.first = Some(f);
-            }
-        }
-        if let Some(l) = last {
-            if self.last.is_none_or(|x| l > x) {
-                self.last = Some(l);
-            }
-        }
-    }
-}
-
-/// One key's rollup being merged from buckets (or readings).
-#[derive(Debug, Default, Clone, PartialEq)]
-struct Rollup {
-    count: i64,
-    fields: BTreeMap<String, FieldRollup>,
-}
-
-/// `{t: Date, v: number}` as (ts ms, value).
-fn edge_of(b: Option<&Bson>) -> Option<(i64, f64)> {
-    let d = b?.as_document()?;
-    Some((
-        d.get_datetime("t").ok()?.timestamp_millis(),
-        read::number(d.get("v"))?,
-    ))
-}
-
-impl Rollup {
-    /// Adds a bucket's summaries (or those of readings thinning left out
-    /// in time series mode, shaped alike); `false` if it has no `first`
-    /// and `last` (then [`Rollup::add_edges_of_samples`] must add its
-    /// samples').
-    fn add_bucket(&mut self, b: &Document) -> bool {
-        self.count += read::readings(b);
-        let empty = Document::new();
-        let part = |p: &str| b.get_document(p).unwrap_or(&empty);
-        let (first, last) = (part("first"), part("last"));
-        let mut edges = true;
-        for (field, n) in part("n") {
-            let f = self.fields.entry(field.clone()).or_default();
-            f.n += read::number(Some(n)).unwrap_or(0.0) as i64;
-            f.sum += read::number(part("sum").get(field)).unwrap_or(0.0);
-            if let Some(x) = read::number(part("min").get(field)) {
-                f.min = f.min.min(x);
-            }
-            if let Some(x) = read::number(part("max").get(field)) {
-                f.max = f.max.max(x);
-            }
-            let (a, z) = (edge_of(first.get(field)), edge_of(last.get(field)));
-            edges &= a.is_some() && z.is_some();
-            f.edges(a, z);
-        }
-        edges
-    }
-
-    /// Adds the first and last readings of samples `{ts, <field>...}` (of a
-    /// bucket whose other summaries were added).
-    fn add_edges_of_samples(&mut self, samples: &[Bson]) {
-        for s in samples.iter().filter_map(Bson::as_document) {
-            let Ok(ts) = s.get_datetime("ts") else {
-                continue;
-            };
-            for (field, v) in s {
-                if let (Bson::Double(x), Some(f)) = (v, self.fields.get_mut(field)) {
-                    let e = Some((ts.timestamp_millis(), *x));
-                    f.edges(e, e);
-                }
-            }
-        }
-    }
-
-    /// Adds a field's rollup as the time series aggregation returns it.
-    fn add_field(&mut self, field: &str, row: &Document) {
-        let f = self.fields.entry(field.to_string()).or_default();
-        f.sum += read::number(row.get("sum")).unwrap_or(0.0);
-        f.n += read::number(row.get("n")).unwrap_or(0.0) as i64;
-        if let Some(x) = read::number(row.get("min")) {
-            f.min = f.min.min(x);
-        }
-        if let Some(x) = read::number(row.get("max")) {
-            f.max = f.max.max(x);
-        }
-        f.edges(edge_of(row.get("first")), edge_of(row.get("last")));
-    }
-
-    fn to_doc(
-        &self,
-        sensor: &str,
-        start: i64,
-        interval_ms: i64,
-        now_ms: i64,
-        partial: bool,
-    ) -> Document {
-        let mut d = doc! {
-            "sensorId": sensor,
-            "start": bson::DateTime::from_millis(start),
-            "end": bson::DateTime::from_millis(start + interval_ms),
-            "count": self.count,
-        };
-        let mut parts: [Document; 7] = Default::default();
-        for (field, f) in &self.fields {
-            let avg = if f.n > 0 { f.sum / f.n as f64 } else { 0.0 };
-            let value = |e: Option<(i64, f64)>| e.map_or(Bson::Null, |e| Bson::Double(e.1));
-            let values = [
-                Bson::Double(f.sum),
-                Bson::Int64(f.n),
-                Bson::Double(f.min),
-                Bson::Double(f.max),
-                Bson::Double(avg),
-                value(f.first),
-                value(f.last),
-            ];
-            for (p, v) in parts.iter_mut().zip(values) {
-                p.insert(field, v);
-            }
-        }
-        for (name, p) in ["sum", "n", "min", "max", "avg", "first", "last"]
-            .into_iter()
-            .zip(parts)
-        {
-            d.insert(name, p);
-        }
-        d.insert("computedAt", bson::DateTime::from_millis(now_ms));
-        d.insert("partial", partial);
-        d
-    }
-}
-
 /// Sends one write command (`update` or `delete`), unordered; returns the
 /// statements the server refused for good: (index, error). One refused for
 /// now (a write conflict; a queue entry's upsert that raced another to its
@@ -1255,107 +1108,9 @@ async fn write(
         .collect())
 }
 
-/// One rollup document as `palletd query --stats --rollup` shows it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RollupRow {
-    pub start_ms: i64,
-    pub count: i64,
-    pub partial: bool,
-    /// field -> (sum, n, min, max, avg, first, last)
-    pub fields: BTreeMap<String, [f64; 7]>,
-}
-
-/// A sensor's rollups of one interval, in time order; at most `max`
-/// documents ([`read::within`]).
-pub async fn read_rollups(
-    db: &Database,
-    collection: &str,
-    sensor: &str,
-    range: Range,
-    max: Option<u64>,
-) -> read::Result<Vec<RollupRow>> {
-    let coll = db.collection::<Document>(collection);
-    let mut find = coll
-        .find(read::filter(sensor, "start", range))
-        .sort(doc! { "start": 1 });
-    if let Some(max) = max {
-        find = find.limit(max as i64 + 1);
-    }
-    let mut cursor = find.await?;
-    let mut out = Vec::new();
-    let empty = Document::new();
-    while let Some(d) = cursor.try_next().await? {
-        read::within(out.len() as u64 + 1, max)?;
-        let part = |name: &str| d.get_document(name).unwrap_or(&empty).clone();
-        let parts = ["sum", "n", "min", "max", "avg", "first", "last"].map(part);
-        let mut fields = BTreeMap::new();
-        for (field, _) in &parts[0] {
-            let v = |i: usize| read::number(parts[i].get(field)).unwrap_or(f64::NAN);
-            fields.insert(field.clone(), [v(0), v(1), v(2), v(3), v(4), v(5), v(6)]);
-        }
-        out.push(RollupRow {
-            start_ms: d.get_datetime("start")?.timestamp_millis(),
-            count: read::number(d.get("count")).unwrap_or(0.0) as i64,
-            partial: d.get_bool("partial").unwrap_or(false),
-            fields,
-        });
-    }
-    Ok(out)
-}
-
-/// A sensor's settled rollups of `spec` over `from..to` (whole
-/// intervals): its documents that are not `partial` and whose interval is
-/// not due again in the queue (a late reading recorded, a pass yet to
-/// run), so each is what a pass computes from the readings now. At most
-/// `max` documents read. The queue is read by the `_id`s of the blocks
-/// over the range (an interval in 64), on its `_id` index; entries of one
-/// interval each (queued before blocks, by an older palletd) are not
-/// looked up: the first pass after an upgrade takes them, all due.
-pub async fn settled(
-    db: &Database,
-    base: &str,
-    spec: &RollupSettings,
-    sensor: &str,
-    (from, to): (i64, i64),
-    max: u64,
-) -> read::Result<Vec<RollupRow>> {
-    let interval = spec.interval_ms();
-    let intervals = (to - from).div_euclid(interval) as u64;
-    if intervals > max {
-        return Err(read::QueryError::TooMuch(format!(
-            "{intervals} intervals of rollup {}: more than {max}",
-            spec.name
-        )));
-    }
-    let range = Range {
-        from: Some(from),
-        to: Some(to),
-    };
-    let coll = Rollups::collection_of(base, spec);
-    let rows = read_rollups(db, &coll, sensor, range, Some(max)).await?;
-    let span = interval * BLOCK;
-    let ids: Vec<String> = (from.div_euclid(span) * span..to)
-        .step_by(span as usize)
-        .map(|start| format!("{}|b{start}|{sensor}", spec.name))
-        .collect();
-    let mut due = HashSet::new();
-    let mut cursor = db
-        .collection::<Document>(&format!("{base}_rollup_due"))
-        .find(doc! { "_id": { "$in": ids } })
-        .await?;
-    while let Some(e) = cursor.try_next().await? {
-        if let Some(e) = Entry::parse(&e) {
-            due.extend(e.intervals(interval));
-        }
-    }
-    Ok(rows
-        .into_iter()
-        .filter(|r| !r.partial && !due.contains(&r.start_ms))
-        .collect())
-}
-
 #[cfg(test)]
 mod tests {
+    use super::merge::FieldRollup;
     use super::*;
     use proptest::prelude::*;
 
