@@ -102,10 +102,22 @@ impl Palletd {
 
     /// Polls `/readyz` until palletd is ready: connected and subscribed to
     /// the broker, the database answering.
+    /// On a timeout it says what `/readyz` and the broker connections said
+    /// last.
     pub async fn ready(&self) {
-        self.wait_until(Duration::from_secs(30), "ready (/readyz)", |p| {
-            p.readyz().0 == 200
-        })
+        poll_until(
+            Duration::from_secs(30),
+            || async { self.readyz().0 == 200 },
+            || {
+                format!(
+                    "palletd to be ready; /readyz: {:?}, connections up: {}, subscribed filters logged: {}\n{}",
+                    self.readyz(),
+                    self.metric("palletd_broker_connections_up", None),
+                    self.log().matches("Subscribed.").count(),
+                    self.log()
+                )
+            },
+        )
         .await;
     }
 
