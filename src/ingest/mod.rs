@@ -639,20 +639,31 @@ impl Connections {
             let probing = c.plan.index == 0 && self.probe.is_some();
             let session = Session::new(c.plan, self.probe.clone(), self.window, &seen, verdict);
             let conn = session::Conn::new(session, c.plain_probe_match, probing);
-            tracker.spawn(run(conn, c.client, c.eventloop, shared.clone()));
+            // Subscribed here, with the verdict the session starts from:
+            // a receiver made when its task first runs would take a
+            // verdict decided meanwhile (connection 0's probe back before
+            // this task ran, on a busy box) as seen, and the session
+            // would wait for it for ever (never subscribed, never ready).
+            let verdicts = shared.verdict.subscribe();
+            tracker.spawn(run(conn, c.client, c.eventloop, shared.clone(), verdicts));
         }
     }
 }
 
 /// One connection's event loop, until `done` or `abort`.
-async fn run(mut conn: session::Conn, client: Client, eventloop: Link, shared: Shared) {
+async fn run(
+    mut conn: session::Conn,
+    client: Client,
+    eventloop: Link,
+    shared: Shared,
+    mut verdict: tokio::sync::watch::Receiver<Verdict>,
+) {
     // Shows the loop is alive while the broker is quiet (it polls only on
     // traffic and keep-alive pings).
     let mut beat = tokio::time::interval(Duration::from_secs(1));
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut probe_beat = tokio::time::interval(PROBE_EVERY / 2);
     probe_beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut verdict = shared.verdict.subscribe();
     // rumqttc's poll is not cancel-safe while it connects: dropped
     // between its CONNECT and its CONNACK (when another branch of the
     // select fires), the next poll connects again and the broker sees
