@@ -519,7 +519,7 @@ fn sensor_section(view: &SensorView) -> String {
     }
     let _ = writeln!(
         out,
-        "<p class=\"note\">A point per {} from the {}; the line is the mean, the band the least and greatest value.</p>\n<div class=\"series\">",
+        "<p class=\"note\">A point per {} from {}; the line is the mean, the band the least and greatest value.</p>\n<div class=\"series\">",
         humantime::format_duration(Duration::from_millis(read.step_ms as u64)),
         escape(&source_text(&read.source))
     );
@@ -1035,7 +1035,10 @@ mod tests {
         assert!(page.contains("&amp;step=3600s&amp;format=json"), "{page}");
         assert!(page.contains("<option value=\"week\" selected>"), "{page}");
         assert!(page.contains("the first 2 sensors by id"), "{page}");
-        assert!(page.contains("the 1h rollup (2 of its intervals"), "{page}");
+        assert!(
+            page.contains("from the 1h rollup (2 of its intervals"),
+            "{page}"
+        );
         // A failed read says why; nothing chosen, only the chooser.
         let failed = SensorView {
             chosen: Some(("s2".into(), ChartRange::Hour, Err("down".into()))),
