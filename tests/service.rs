@@ -775,6 +775,14 @@ async fn series_api(name: &str, timeseries: bool) {
         Some(value(179)),
         "the reading whole"
     );
+    // More sensors than asked for: the answer says it is cut.
+    let (status, head, body) = http_get_with(port, "/api/sensors?limit=0", &[]);
+    assert_eq!((status, body.trim()), (200, "[]"));
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("x-palletd-truncated: true"),
+        "{head}"
+    );
 
     // A late reading in the second hour, with no pass to compute its
     // rollup again (the closer runs once an hour): that hour is read from

@@ -223,7 +223,7 @@ pub async fn fields(State(api): State<Arc<Api>>, Query(p): Query<FieldsParams>) 
 
 /// The first `limit` sensors by id with their latest reading (time and
 /// fields), and whether there are more.
-pub async fn latest(
+async fn latest(
     store: &Store,
     limit: usize,
 ) -> Result<
