@@ -51,7 +51,9 @@
 //!   what each subscribes, what a received PUBLISH is (new, a redelivery,
 //!   the shared-subscription probe), when shared subscriptions are
 //!   trusted, and the redelivery windows the spool keeps.
-//! - [`bucket`]: the bucket document and its upsert statements.
+//! - [`bucket`]: the bucket document: a reading as a sample, a sensor's
+//!   samples cut into upsert statements (`plan`), their BSON
+//!   (`statement`), the remembered fills of open buckets (`fill`).
 //! - [`thin`]: thinning rules (deadband, swinging door) with a stated
 //!   error bound; the admission applies them as it spools
 //!   ([`admission::thinning`]).

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 /// The core: files and folders under `src/`.
 const CORE: &[&str] = &[
-    "bucket.rs",
+    "bucket",
     "clock.rs",
     "config",
     "deadletter.rs",
