@@ -20,7 +20,7 @@ const CORE: &[&str] = &[
     "tags.rs",
     "thin.rs",
     "pipeline/backlog.rs",
-    "pipeline/state.rs",
+    "pipeline/state",
     "pipeline/pending.rs",
     "pipeline/policy.rs",
 ];
