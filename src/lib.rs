@@ -29,7 +29,7 @@
 //! - [`pipeline`]: a sans-IO core ([`pipeline::state`]) with its flush
 //!   policy ([`pipeline::policy`]), and the task that carries out what it
 //!   decides ([`pipeline::task`]).
-//! - [`store`]: one file per storage mode (schema, resolving what a replay
+//! - [`store`]: one module per storage mode (schema, resolving what a replay
 //!   already applied, write, seal, read) and their MongoDB plumbing.
 //! - [`telemetry`]: metrics, the status page (and a sensor's charts),
 //!   the read-only series API (`/api/`), `/metrics` `/healthz` `/readyz`,
