@@ -17,9 +17,13 @@
 //! [`crate::front::acks`]; [`sensors`] is the bound on distinct sensors
 //! (`limits.max_sensors`).
 
+mod deadletters;
+mod receive;
 pub mod sensors;
 pub mod sparkplug;
 pub mod thinning;
+
+pub use deadletters::*;
 
 use std::time::{Duration, Instant};
 
@@ -27,18 +31,16 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
-use crate::bucket::{Sample, Shape};
+use crate::bucket::Shape;
 use crate::clock::now_ms;
-use crate::deadletter;
 use crate::decode::Decoder;
+use crate::flush::Feed;
 use crate::front::acks::AckQueue;
-use crate::ingest::{AckToken, Acker, Disposition, Identity, Message, Void};
-use crate::spool::{EntryRef, RecordRef, SessionId, Spool};
+use crate::ingest::{AckToken, Acker, Message};
+use crate::spool::{EntryRef, RecordRef, Spool};
 use crate::telemetry;
 use crate::telemetry::Reporter;
 pub use sensors::SensorLimit;
-
-use crate::flush::Feed;
 
 /// Messages handled together: one spool append and one feed for all.
 struct Arrivals {
@@ -64,6 +66,16 @@ impl Arrivals {
             messages: 0,
             sparkplug: Vec::new(),
         }
+    }
+
+    /// Appends one record to the batch's bytes.
+    fn append(&mut self, lsn: u64, received_ms: i64, entry: EntryRef<'_>) {
+        RecordRef {
+            lsn,
+            received_ms,
+            entry,
+        }
+        .encode_into(&mut self.bytes);
     }
 }
 
@@ -130,99 +142,6 @@ pub struct Admission {
     feed_budget: std::sync::Arc<crate::budget::Budget>,
     /// Dead letters in the spool not yet in MongoDB, within their share.
     deadletter_room: DeadLetterRoom,
-}
-
-/// Dead letters may take at most this share of `spool.max_size`: bad
-/// input alone never fills the spool and stops the good sensors.
-pub const DEADLETTER_SHARE: f64 = 0.1;
-
-/// The dead letters spooled and not yet in MongoDB, in bytes: they free
-/// their share as the pipeline writes them (oldest first, by the bytes it
-/// reports written) or as the checkpoint passes them.
-#[derive(Debug)]
-pub struct DeadLetterRoom {
-    limit: u64,
-    /// (LSN, bytes) of each, oldest first.
-    held: std::collections::VecDeque<(u64, u64)>,
-    bytes: u64,
-    /// The pipeline's count of dead-letter bytes written that has been
-    /// taken off `held` already.
-    credited: u64,
-    /// Bytes per second dead letters may be spooled at in the long run
-    /// (`limits.max_deadletter_rate`), a minute's worth at once: what a
-    /// flood costs the database stays bounded too.
-    rate: f64,
-    tokens: f64,
-    refilled: Option<Instant>,
-    /// When a dropped one was last logged, and how many since.
-    logged: Option<(Instant, u64)>,
-}
-
-impl DeadLetterRoom {
-    /// Room for `DEADLETTER_SHARE` of a spool of `max_size` bytes, at
-    /// `rate` bytes per second.
-    pub fn new(max_size: u64, rate: u64) -> DeadLetterRoom {
-        let rate = rate as f64;
-        DeadLetterRoom {
-            limit: (max_size as f64 * DEADLETTER_SHARE) as u64,
-            held: Default::default(),
-            bytes: 0,
-            credited: 0,
-            rate,
-            tokens: Self::burst_of(rate),
-            refilled: None,
-            logged: None,
-        }
-    }
-
-    /// A minute's worth, and at least two of the largest dead letters.
-    fn burst_of(rate: f64) -> f64 {
-        (rate * 60.0).max(2.0 * (deadletter::PAYLOAD_MAX as f64 + 16_384.0))
-    }
-
-    /// Whether a dead letter of `bytes` keeps within the rate now.
-    fn rate_allows(&mut self, bytes: u64, now: Instant) -> bool {
-        if let Some(then) = self.refilled {
-            let add = now.saturating_duration_since(then).as_secs_f64() * self.rate;
-            self.tokens = (self.tokens + add).min(Self::burst_of(self.rate));
-        }
-        self.refilled = Some(now);
-        self.tokens >= bytes as f64
-    }
-
-    /// Whether a dead letter of `bytes` may be spooled at `lsn`: everything
-    /// below `confirmed` is in MongoDB, and `written` bytes of spooled dead
-    /// letters were written since the start. It is counted if so.
-    /// (`charged`: it counts against the rate; one whose payload was cut
-    /// to [`deadletter::PAYLOAD_CUT`] does not.)
-    fn admit(&mut self, lsn: u64, bytes: u64, confirmed: u64, written: u64, charged: bool) -> bool {
-        let mut credit = written.saturating_sub(self.credited);
-        while let Some(&(l, b)) = self.held.front() {
-            if l < confirmed || b <= credit {
-                credit = credit.saturating_sub(b);
-                self.credited += b;
-                self.held.pop_front();
-                self.bytes -= b;
-            } else {
-                break;
-            }
-        }
-        if self.held.is_empty() {
-            // Bytes written of dead letters of an earlier run (a replay)
-            // free nothing of this one's.
-            self.credited = self.credited.max(written);
-        }
-        let admitted = self.bytes + bytes <= self.limit;
-        if admitted {
-            self.held.push_back((lsn, bytes));
-            self.bytes += bytes;
-            if charged {
-                self.tokens -= bytes as f64;
-            }
-        }
-        metrics::gauge!(telemetry::SPOOL_DEADLETTER_BYTES).set(self.bytes as f64);
-        admitted
-    }
 }
 
 /// The byte budgets of `limits.max_memory` the admission takes from and
@@ -322,44 +241,14 @@ impl Admission {
             }
             if swept_at.elapsed() >= SWEEP_EVERY {
                 swept_at = Instant::now();
-                let ended = self.thinning.sweep(now_ms(), self.spool.is_full());
-                self.spool_archived(ended).await;
-                let over = self.thinning.take_sensors_ended();
-                if over > 0 {
-                    metrics::counter!(telemetry::THINNING_ENDED).increment(over);
-                    if !self.thinning_hold.over_budget {
-                        tracing::warn!(sensors = over, "Thinning's runs hold more than their share of limits.max_memory: the runs of the sensors heard from longest ago end early (their points held are stored and the bound holds; they store more points). Raise limits.max_memory, or thin fewer fields.");
-                    }
-                }
-                self.thinning_hold.over_budget = over > 0;
-                self.hold_for_thinning();
-                if self.thinning_hold.active {
-                    metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "thinning")
-                        .set(self.thinning.swept_bytes() as f64);
-                }
+                self.sweep_thinning().await;
             }
             if self.tell_quiet && quiet_dirty && quiet_at.elapsed() >= QUIET_EVERY {
                 quiet_at = Instant::now();
                 quiet_dirty = false;
                 self.health.set_quiet(self.sensors.quietest(10));
             }
-            let full = self.spool.is_full();
-            match (full, full_since) {
-                (true, None) => {
-                    full_since = Some(Instant::now());
-                    error!(
-                        bytes = self.spool.bytes(),
-                        max_size = self.spool.max_size(),
-                        queued_bytes = self.spool.queued(),
-                        "Spool is full: not acknowledging new messages until the database takes the backlog. The broker keeps them up to its own per-client limit (Mosquitto: max_queued_messages, 1000 by default, then it drops them); spool.when_full = \"drop_oldest\" keeps the newest instead."
-                    );
-                }
-                (false, Some(t)) => {
-                    info!(after = ?Duration::from_secs(t.elapsed().as_secs()), "Spool has room again; taking messages.");
-                    full_since = None;
-                }
-                _ => {}
-            }
+            let full = self.spool_full(&mut full_since);
             // The Sparkplug B state's snapshot: when to begin one, and
             // where its next chunk goes while one is written.
             let snapshot_due = self
@@ -439,6 +328,19 @@ impl Admission {
                 }
             }
         }
+        self.finish(rx, acks, reporter, abort).await
+    }
+
+    /// After the stop: the messages already received are spooled, the
+    /// points thinning holds stored, and every PUBACK due handed to the
+    /// client; `Err` with how many stay unacknowledged.
+    async fn finish(
+        mut self,
+        mut rx: mpsc::Receiver<Message>,
+        mut acks: AckQueue<Unacked>,
+        mut reporter: Reporter,
+        abort: CancellationToken,
+    ) -> Result<(), usize> {
         rx.close();
         while let Some(m) = rx.recv().await {
             let mut batch = Arrivals::new(self.next_lsn);
@@ -474,6 +376,49 @@ impl Admission {
         } else {
             Err(acks.len())
         }
+    }
+
+    /// Ends the runs of silent thinned fields (after their max_interval, or
+    /// the longest silent first when runs hold more than their share of
+    /// memory), stores their held points, and moves the spool's hold.
+    async fn sweep_thinning(&mut self) {
+        let ended = self.thinning.sweep(now_ms(), self.spool.is_full());
+        self.spool_archived(ended).await;
+        let over = self.thinning.take_sensors_ended();
+        if over > 0 {
+            metrics::counter!(telemetry::THINNING_ENDED).increment(over);
+            if !self.thinning_hold.over_budget {
+                tracing::warn!(sensors = over, "Thinning's runs hold more than their share of limits.max_memory: the runs of the sensors heard from longest ago end early (their points held are stored and the bound holds; they store more points). Raise limits.max_memory, or thin fewer fields.");
+            }
+        }
+        self.thinning_hold.over_budget = over > 0;
+        self.hold_for_thinning();
+        if self.thinning_hold.active {
+            metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "thinning")
+                .set(self.thinning.swept_bytes() as f64);
+        }
+    }
+
+    /// Whether the spool is full, saying so when that changes.
+    fn spool_full(&self, full_since: &mut Option<Instant>) -> bool {
+        let full = self.spool.is_full();
+        match (full, *full_since) {
+            (true, None) => {
+                *full_since = Some(Instant::now());
+                error!(
+                bytes = self.spool.bytes(),
+                max_size = self.spool.max_size(),
+                queued_bytes = self.spool.queued(),
+                "Spool is full: not acknowledging new messages until the database takes the backlog. The broker keeps them up to its own per-client limit (Mosquitto: max_queued_messages, 1000 by default, then it drops them); spool.when_full = \"drop_oldest\" keeps the newest instead."
+            );
+            }
+            (false, Some(t)) => {
+                info!(after = ?Duration::from_secs(t.elapsed().as_secs()), "Spool has room again; taking messages.");
+                *full_since = None;
+            }
+            _ => {}
+        }
+        full
     }
 
     /// Keeps the records of the points thinning holds in the spool, and
@@ -617,276 +562,6 @@ impl Admission {
             None => metrics::counter!(telemetry::FEED_SKIPPED).increment(1),
         }
     }
-
-    /// Counts what a Sparkplug B message did, spools the changes it made to
-    /// the state (records of their own, before its samples) and sends a
-    /// rebirth request.
-    fn sparkplug_outcome(
-        &mut self,
-        o: &crate::decode::sparkplug::Effects,
-        now_ms: i64,
-        batch: &mut Arrivals,
-    ) {
-        let Some(kind) = o.kind else { return };
-        match batch.sparkplug.iter_mut().find(|(k, _)| *k == kind) {
-            Some((_, n)) => *n += 1,
-            None => batch.sparkplug.push((kind, 1)),
-        }
-        if o.seq_gaps > 0 {
-            metrics::counter!(telemetry::SPARKPLUG_SEQ_GAPS).increment(u64::from(o.seq_gaps));
-        }
-        if o.out_of_order > 0 {
-            metrics::counter!(telemetry::SPARKPLUG_OUT_OF_ORDER)
-                .increment(u64::from(o.out_of_order));
-        }
-        for datatype in &o.skipped {
-            metrics::counter!(telemetry::SPARKPLUG_SKIPPED, "datatype" => *datatype).increment(1);
-        }
-        if o.stale_death {
-            metrics::counter!(telemetry::SPARKPLUG_STALE_DEATHS).increment(1);
-        }
-        for change in &o.changes {
-            let json = serde_json::to_vec(change).expect("a change serializes");
-            RecordRef {
-                lsn: self.next_lsn,
-                received_ms: now_ms,
-                entry: EntryRef::Sparkplug { change: &json },
-            }
-            .encode_into(&mut batch.bytes);
-            self.next_lsn += 1;
-            if let Some(file) = &mut self.sparkplug {
-                file.changed(json.len());
-            }
-        }
-        if !o.changes.is_empty() {
-            if let Some(file) = &mut self.sparkplug {
-                let state = self.decoder.sparkplug_state();
-                if o.evicted > 0 {
-                    file.evicted(o.evicted, state, self.decoder.limits().max_sparkplug_bytes);
-                }
-                metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "sparkplug")
-                    .set(state.bytes() as f64);
-            }
-        }
-        if let Some(topic) = &o.rebirth {
-            let payload = crate::decode::sparkplug::rebirth_payload(now_ms);
-            let sent = self.acker.publish_nowait(topic.clone(), payload);
-            let outcome = if sent { "sent" } else { "dropped" };
-            metrics::counter!(telemetry::SPARKPLUG_REBIRTHS, "outcome" => outcome).increment(1);
-            info!(topic = ?topic, sent, "Asked a Sparkplug B edge node for a rebirth.");
-        }
-    }
-
-    /// Decodes a message into `batch` and queues its acknowledgement (due
-    /// once the batch is durable).
-    fn receive(
-        &mut self,
-        m: Message,
-        acks: &mut AckQueue<Unacked>,
-        reporter: &mut Reporter,
-        batch: &mut Arrivals,
-    ) {
-        self.queue.sub(m.cost());
-        let unacked = Unacked {
-            ack: m.ack,
-            received_ms: m.received_ms,
-        };
-        // Records of the session's identities that are not a message's
-        // samples: a redelivery's, where it arrived again, and those that
-        // void earlier ones (crate::front::window), which the connection
-        // waits to be durable before it subscribes.
-        let identity = match (m.disposition, m.id) {
-            (Disposition::Store, _) | (Disposition::Probe, _) | (_, None) => None,
-            (Disposition::Redelivery, Some(id)) => Some(id),
-            (Disposition::Void(Void::Reset), Some(id)) => Some(Identity {
-                digest: self.next_lsn,
-                ..id
-            }),
-            (Disposition::Void(Void::Settled), Some(id)) => Some(Identity {
-                digest: *self.resumed_at.get(&id.session).unwrap_or(&self.run_start),
-                ..id
-            }),
-            (Disposition::Resumed, Some(id)) => {
-                self.resumed_at.insert(id.session, self.next_lsn);
-                return;
-            }
-        };
-        if let Some(id) = identity {
-            RecordRef {
-                lsn: self.next_lsn,
-                received_ms: m.received_ms,
-                entry: EntryRef::MessageId {
-                    session: SessionId::Key(id.session),
-                    pkid: id.pkid,
-                    digest: id.digest,
-                },
-            }
-            .encode_into(&mut batch.bytes);
-            self.next_lsn += 1;
-        }
-        if m.disposition != Disposition::Store {
-            // A redelivery of what is spooled, palletd's own probe, or a
-            // void: acknowledged (or told) once everything before it is
-            // durable, nothing stored.
-            if m.disposition == Disposition::Redelivery {
-                metrics::counter!(telemetry::REDELIVERIES_SKIPPED).increment(1);
-            }
-            acks.push(self.next_lsn, unacked);
-            self.release(acks);
-            return;
-        }
-        let decoded = if m.retained && self.decoder.skips_retained(&m.topic) {
-            crate::decode::Decoded::skipped(crate::decode::SKIPPED_RETAINED)
-        } else {
-            self.decoder
-                .decode_with(&m.topic, &m.payload, m.props.as_deref(), m.received_ms)
-        };
-        if let Some(reason) = decoded.skipped {
-            metrics::counter!(telemetry::MESSAGES_SKIPPED, "reason" => reason).increment(1);
-        }
-        self.sparkplug_outcome(&decoded.sparkplug, m.received_ms, batch);
-        batch.messages += 1;
-        let bytes = &mut batch.bytes;
-        let mut append = |lsn: u64, entry: EntryRef<'_>| {
-            RecordRef {
-                lsn,
-                received_ms: m.received_ms,
-                entry,
-            }
-            .encode_into(bytes);
-        };
-        // Everything refused of the message goes into one dead letter.
-        let mut refused = deadletter::Refusals::default();
-        for e in &decoded.errors {
-            refused.add(e.cause(), e.index(), || e.to_string());
-        }
-        for d in &decoded.dropped {
-            reporter.dropped(d.cause, &m.topic, &d.message);
-        }
-        let rules = (decoded.subscription)
-            .and_then(|i| self.decoder.subscriptions().get(i))
-            .map_or(&[][..], |s| &s.thinning[..]);
-        for reading in &decoded.readings {
-            if !self.sensors.admit(&reading.sensor, m.received_ms) {
-                let max = self.sensors.max;
-                refused.add("too_many_sensors", Some(reading.index), || {
-                    format!(
-                        "sensor {:?} is new and limits.max_sensors ({max}) active sensors are already tracked",
-                        reading.sensor
-                    )
-                });
-                continue;
-            }
-            // The verdicts go into the records (a replay reads them back);
-            // the points of earlier readings that end a run go first.
-            let (thinned, later) = self
-                .thinning
-                .thin(rules, reading, m.received_ms, self.next_lsn);
-            for sample in later.samples(self.next_lsn) {
-                append(
-                    self.next_lsn,
-                    EntryRef::Sample {
-                        sensor: &reading.sensor,
-                        doc: sample.doc.as_bytes(),
-                    },
-                );
-                self.next_lsn += 1;
-                batch.archived += 1;
-            }
-            let sample = Sample::encode_thinned(reading, self.next_lsn, &thinned);
-            if let Err(too_big) = self.shape.check(sample.as_ref()) {
-                refused.add("sample_too_large", Some(reading.index), || {
-                    too_big.to_string()
-                });
-                continue;
-            }
-            append(
-                self.next_lsn,
-                EntryRef::Sample {
-                    sensor: &reading.sensor,
-                    doc: sample.doc.as_bytes(),
-                },
-            );
-            self.next_lsn += 1;
-            batch.samples += 1;
-        }
-        if !refused.is_empty() {
-            for r in refused.causes() {
-                reporter.report(r.cause, &m.topic, &r.error, r.count);
-            }
-            let lsn = self.next_lsn;
-            // Faster than limits.max_deadletter_rate, a dead letter keeps
-            // only the start of its payload: every refused message is
-            // recorded, a flood of large ones costs little.
-            let whole = (m.payload.len().min(deadletter::PAYLOAD_MAX) + 1024) as u64;
-            let charged = self.deadletter_room.rate_allows(whole, Instant::now());
-            let keep = if charged {
-                deadletter::PAYLOAD_MAX
-            } else {
-                deadletter::PAYLOAD_CUT
-            };
-            if keep < m.payload.len().min(deadletter::PAYLOAD_MAX) {
-                let cause = refused.causes()[0].cause;
-                metrics::counter!(telemetry::DEAD_LETTER_PAYLOADS_CUT, "cause" => cause)
-                    .increment(1);
-            }
-            let doc = deadletter::for_message(
-                self.tag,
-                lsn,
-                m.received_ms,
-                &m.topic,
-                &m.payload,
-                &refused,
-                keep,
-            );
-            let doc = bson::to_vec(&doc).unwrap_or_default();
-            let confirmed = self.spool.checkpointed();
-            let written = self.health.deadletter_bytes_written();
-            if self
-                .deadletter_room
-                .admit(lsn, doc.len() as u64, confirmed, written, charged)
-            {
-                append(lsn, EntryRef::DeadLetter { doc: &doc });
-                self.next_lsn += 1;
-                batch.deadletters += 1;
-            } else {
-                let cause = refused.causes()[0].cause;
-                let room = &mut self.deadletter_room;
-                metrics::counter!(telemetry::DEAD_LETTERS_DROPPED, "cause" => cause).increment(1);
-                match &mut room.logged {
-                    Some((at, n)) if at.elapsed() < Duration::from_secs(60) => *n += 1,
-                    _ => {
-                        let suppressed = room.logged.map_or(0, |l| l.1);
-                        tracing::warn!(
-                            topic = ?m.topic,
-                            cause,
-                            share_bytes = room.limit,
-                            suppressed,
-                            "Dead letters fill their share of the spool (a tenth of spool.max_size) until MongoDB takes them: this one is dropped, counted in palletd_dead_letters_dropped_total. Good readings are spooled as ever."
-                        );
-                        room.logged = Some((Instant::now(), 0));
-                    }
-                }
-            }
-        }
-        // The message's identity goes last: recovery cuts a torn write off
-        // at its first bad byte, so a message whose identity is recovered
-        // has all its records in the spool, and its redelivery may be
-        // skipped. (First, a redelivery of a message whose samples were cut
-        // with the torn tail was taken as spooled, and its readings lost.)
-        if let Some(id) = m.id {
-            append(
-                self.next_lsn,
-                EntryRef::MessageId {
-                    session: SessionId::Key(id.session),
-                    pkid: id.pkid,
-                    digest: id.digest,
-                },
-            );
-            self.next_lsn += 1;
-        }
-        acks.push(self.next_lsn, unacked);
-    }
 }
 
 /// Thinning's hold on the spool ([`Admission::hold_for_thinning`]).
@@ -960,56 +635,5 @@ async fn snapshot_written(file: &mut Option<sparkplug::StateFile>) -> std::io::R
     match file {
         Some(f) => f.finished().await,
         None => std::future::pending().await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::DeadLetterRoom;
-    use std::time::{Duration, Instant};
-
-    #[test]
-    fn dead_letters_free_their_share_as_they_are_written_or_checkpointed() {
-        // A share of 100 bytes.
-        let mut room = DeadLetterRoom::new(1000, 1 << 30);
-        assert!(room.admit(1, 60, 0, 0, true));
-        assert!(room.admit(2, 40, 0, 0, true));
-        assert!(
-            !room.admit(3, 1, 0, 0, false),
-            "full while nothing is written"
-        );
-        // The pipeline wrote the first (60 bytes): its room is free.
-        assert!(room.admit(4, 60, 0, 60, true));
-        assert!(!room.admit(5, 1, 0, 60, true));
-        // The checkpoint passed the second.
-        assert!(room.admit(6, 40, 3, 60, true));
-        assert_eq!(room.bytes, 100);
-        // Everything written: what an earlier run's replay adds to the
-        // count frees nothing of what comes next.
-        assert!(room.admit(7, 100, 0, 60 + 100 + 500, true));
-        assert!(!room.admit(8, 1, 0, 60 + 100 + 500, true));
-    }
-
-    #[test]
-    fn dead_letters_come_in_at_their_rate_after_a_minutes_burst() {
-        // 10 KiB/s: a minute's burst is 600 KiB (over twice the largest
-        // dead letter), then 10 KiB a second.
-        let mut room = DeadLetterRoom::new(1 << 40, 10 * 1024);
-        let t = Instant::now();
-        let mut n = 0;
-        while room.rate_allows(1024, t) {
-            assert!(room.admit(n, 1024, 0, 0, true));
-            n += 1;
-        }
-        assert_eq!(n, 600, "the burst");
-        // Over the rate, cut ones are still admitted (the share allows).
-        assert!(room.admit(n, 300, 0, 0, false));
-        let later = t + Duration::from_secs(3);
-        let mut m = 0;
-        while room.rate_allows(1024, later) {
-            assert!(room.admit(n + 1 + m, 1024, 0, 0, true));
-            m += 1;
-        }
-        assert_eq!(m, 30, "three seconds' worth");
     }
 }
