@@ -22,6 +22,7 @@ pub mod systemd;
 pub use deadletters::Reporter;
 pub use health::Health;
 
+use metrics::Unit;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing::warn;
 
@@ -154,264 +155,97 @@ pub const SPARKPLUG_STATE_SAVES: &str = "palletd_sparkplug_state_saves_total";
 /// Snapshots of the Sparkplug B state (sparkplug.json) that failed.
 pub const SPARKPLUG_SAVE_ERRORS: &str = "palletd_sparkplug_state_save_errors_total";
 
+/// How a metric is kept.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every metric: its kind, unit and the description `/metrics` shows.
+const DESCRIPTIONS: &[(&str, Kind, Option<Unit>, &str)] = &[
+    (MESSAGES_RECEIVED, Kind::Counter, None, "MQTT messages received, by connection (its index: 0 to mqtt.connections - 1; 64 on, sessions being retired)."),
+    (SAMPLES_DECODED, Kind::Counter, None, "Samples decoded from messages."),
+    (THINNING_POINTS, Kind::Counter, None, "Points of thinned fields by rule and outcome: received, stored as samples (the summaries and rollups take every one received), and unordered (stored as received: too far out of order for the rule to place)."),
+    (THINNING_ENDED, Kind::Counter, None, "Sensors whose thinning runs were ended early, the longest-silent first, to keep the runs within thinning's share of limits.max_memory (their held points are stored, so the bound holds; their next points start new runs)."),
+    (SAMPLES_STORED, Kind::Counter, None, "Samples written to buckets with the configured write concern."),
+    (DEAD_LETTERS, Kind::Counter, None, "Readings or messages sent to the dead-letter collection, by cause."),
+    (FIELDS_DROPPED, Kind::Counter, None, "Fields left out of readings that were stored (the value could not be taken), by cause."),
+    (MESSAGES_SKIPPED, Kind::Counter, None, "Messages passed over without storing or refusing anything, by reason: metadata (a topic with a `$` level no pattern names) or retained (the RETAIN flag on a subscription with retained = \"skip\")."),
+    (HTTP_REFUSED, Kind::Counter, None, "HTTP connections closed as soon as accepted: the endpoint had its most (64) open."),
+    (HTTP_UNAUTHORIZED, Kind::Counter, None, "Requests for the status page or /metrics answered 401: credentials missing or wrong ([http] username/password or token)."),
+    (FLUSHES, Kind::Counter, None, "Flushes that wrote something."),
+    (STATEMENTS, Kind::Counter, None, "Bucket upsert statements applied."),
+    (FLUSH_STATEMENTS_MAX, Kind::Gauge, None, "The most statements one flush applied since start."),
+    (BUCKETS_CREATED, Kind::Counter, None, "Buckets created by an upsert."),
+    (BUCKET_COLLISIONS, Kind::Counter, None, "Upserts that found their bucket full or sealed (E11000 on _id) and went to the next one."),
+    (BUCKETS_SEALED, Kind::Counter, None, "Buckets sealed by the closer."),
+    (FILL_LOOKUPS, Kind::Counter, None, "Windows (sensor and window) whose open buckets a flush looked up by _id before writing: a sensor's first flush after a start, or one of a window older than those it knows of."),
+    (BYTES_REWRITTEN, Kind::Counter, Some(Unit::Bytes), "Bytes of bucket documents rewritten by applied statements (each $push rewrites its bucket): write amplification."),
+    (SAMPLES_LATE_INTO_SEALED, Kind::Counter, None, "Samples that arrived for a window after it was sealed; they went into a new bucket of that window."),
+    (SAMPLE_AGE_SECONDS, Kind::Histogram, Some(Unit::Seconds), "Age of each sample (now minus its timestamp) when it was written durably to MongoDB; lane=\"live\" or \"backlog\" (readings written while live ones went first)."),
+    (FLUSH_SECONDS, Kind::Histogram, Some(Unit::Seconds), "Time a flush took, retries included."),
+    (PENDING_SAMPLES, Kind::Gauge, None, "Samples in memory not yet written to MongoDB (the flush in flight included)."),
+    (FLUSH_DELAY_SECONDS, Kind::Gauge, Some(Unit::Seconds), "How long a sensor's oldest reading waits before it is written: flush.max_delay, or stretched up to flush.max_delay_limit while the database cannot keep up (each statement then carries more readings)."),
+    (OLDEST_UNACKED_SECONDS, Kind::Gauge, Some(Unit::Seconds), "Age of the oldest message not yet acknowledged to the broker."),
+    (BROKER_RECONNECTS, Kind::Counter, None, "Reconnections to the MQTT broker after a loss."),
+    (BROKER_CONNECTED, Kind::Gauge, None, "1 while connected to the MQTT broker on every connection (mqtt.connections)."),
+    (BROKER_CONNECTIONS_UP, Kind::Gauge, None, "MQTT connections up, of mqtt.connections."),
+    (BROKER_SHARED, Kind::Gauge, None, "1 for the state of shared subscriptions (label state): unused, verifying, delivered (a probe came back through the group), not_delivered (palletd went on with one connection, unshared; with mqtt.share_group nothing reaches it)."),
+    (READY, Kind::Gauge, None, "1 while ready (/readyz answers 200), checked every second."),
+    (SPOOL_MAX_BYTES, Kind::Gauge, Some(Unit::Bytes), "The spool's size limit (spool.max_size)."),
+    (DATABASE_ERRORS, Kind::Counter, None, "Failed database commands, by kind."),
+    (SPOOL_BYTES, Kind::Gauge, Some(Unit::Bytes), "Bytes in the spool's files (segments, tombstones, markers, state files): what counts against spool.max_size."),
+    (SPOOL_UNCONFIRMED, Kind::Gauge, None, "Spool records not yet confirmed in MongoDB (approximate)."),
+    (CLOCK_SYNCHRONIZED, Kind::Gauge, None, "1 when the kernel says the system clock is synchronised (NTP), 0 when not (absent: palletd cannot tell)."),
+    (SPOOL_DROPPED, Kind::Counter, None, "Readings lost because a full spool deleted them before they reached MongoDB (spool.when_full = \"drop_oldest\"), counted when palletd finds them missing (readings of a deleted segment it still held in memory are written, not counted)."),
+    (SPOOL_DAMAGED, Kind::Counter, None, "Spool records lost to damage (bit rot, a failing disk), counted once when found, by kind (sample, dead_letter, message_id, sparkplug_change, unknown: the headers were unreadable); the records around them are kept."),
+    (SPOOL_WRITE_ERRORS, Kind::Counter, None, "Failed spool writes and syncs, by kind (disk_full, io, short_write, other); each is retried, and what it may have lost is written again."),
+    (SPOOL_FAILING, Kind::Gauge, None, "1 while spool writes or syncs fail: nothing new becomes durable, so nothing new is acknowledged (the broker keeps the messages)."),
+    (SPOOL_FREE_BYTES, Kind::Gauge, Some(Unit::Bytes), "Bytes free on the spool's filesystem."),
+    (ROLLUPS_WRITTEN, Kind::Counter, None, "Rollup documents the closer wrote ([[rollup]]; final and partial)."),
+    (ROLLUP_STATEMENTS, Kind::Counter, None, "Write statements rollups cost: key blocks recorded at flushes, rollup upserts and keys cleared by the closer."),
+    (DEAD_LETTERS_DROPPED, Kind::Counter, None, "Dead letters (whole messages) dropped because dead letters filled their share of the spool (a tenth of spool.max_size) while MongoDB did not take them, by the first cause; good readings are not affected."),
+    (DEAD_LETTER_PAYLOADS_CUT, Kind::Counter, None, "Dead letters that kept only the first 256 bytes of their payload because dead letters came faster than limits.max_deadletter_rate, by the first cause."),
+    (SPOOL_DEADLETTER_BYTES, Kind::Gauge, Some(Unit::Bytes), "Bytes of dead letters in the spool not yet confirmed in MongoDB, as of the last dead letter spooled (at most a tenth of spool.max_size)."),
+    (FEED_SKIPPED, Kind::Counter, None, "Spooled batches the pipeline's memory had no room for (limits.max_memory): read back from the spool later."),
+    (MEMORY_BYTES, Kind::Gauge, Some(Unit::Bytes), "Bytes held in palletd's memory budget (limits.max_memory), by part: ingest (messages on their way to the spool), feed (spooled batches on their way to memory), pending (samples and dead letters waiting for MongoDB)."),
+    (ROLLUP_KEYS_PARKED, Kind::Counter, None, "Rollup keys (sensor and interval) whose rollup the database refused (say a document over 16 MB): set aside for an hour so the others go on."),
+    (CLOSER_SECONDS, Kind::Histogram, None, "How long one closer run took (sealing; the rollups are computed beside it)."),
+    (ROLLUP_PASS_SECONDS, Kind::Histogram, None, "How long one rollup pass took (on its own task, woken by the closer)."),
+    (BACKLOG_STORED, Kind::Counter, None, "Samples written from the backlog (of palletd_samples_stored_total)."),
+    (BACKLOG_READINGS, Kind::Gauge, None, "Readings behind (draining in the background while live readings go first): in memory, plus an estimate of those still on disk."),
+    (BACKLOG_DRAIN_RATE, Kind::Gauge, None, "Backlog readings written per second, smoothed over the last few seconds."),
+    (BACKLOG_ETA_SECONDS, Kind::Gauge, Some(Unit::Seconds), "Estimated time until the backlog is written at the current drain rate (0: none, or not draining)."),
+    (SPOOL_OLDEST_SECONDS, Kind::Gauge, Some(Unit::Seconds), "Age of the oldest spool record not yet confirmed in MongoDB (to the second)."),
+    (SPOOL_REPLAYED, Kind::Counter, None, "Records read back from the spool (replay and catch-up)."),
+    (SPOOL_FSYNCS, Kind::Counter, None, "fsync calls of the spool (group commits)."),
+    (REDELIVERIES_SKIPPED, Kind::Counter, None, "Messages the broker redelivered that were already spooled: acknowledged, not stored again."),
+    (SPARKPLUG_MESSAGES, Kind::Counter, None, "Sparkplug B messages received, by type (NCMD, DCMD and STATE are counted and not stored)."),
+    (SPARKPLUG_SEQ_GAPS, Kind::Counter, None, "Sparkplug B sequence numbers that skipped ahead of the edge node's last one."),
+    (SPARKPLUG_OUT_OF_ORDER, Kind::Counter, None, "Sparkplug B messages whose sequence number is behind the edge node's last one (stored anyway)."),
+    (SPARKPLUG_SKIPPED, Kind::Counter, None, "Sparkplug B metrics not stored for their datatype (datasets, templates, bytes, files, arrays), by datatype."),
+    (SPARKPLUG_STALE_DEATHS, Kind::Counter, None, "Sparkplug B NDEATHs whose bdSeq is not the one of the node's last NBIRTH: not recorded."),
+    (SPARKPLUG_REBIRTHS, Kind::Counter, None, "Sparkplug B rebirth requests (NCMD Node Control/Rebirth), by outcome (sent, or dropped for a full client queue)."),
+    (SPARKPLUG_STATE_SAVES, Kind::Counter, None, "Snapshots of the Sparkplug B alias maps written (sparkplug.json), in the background once changes waited 30 s or their bytes reach the state's; BIRTHs and DEATHs are acknowledged like any message (their changes are spool records, replayed onto the last snapshot at start)."),
+    (SPARKPLUG_SAVE_ERRORS, Kind::Counter, None, "Snapshots of the Sparkplug B alias maps (sparkplug.json in the spool directory) that could not be written; tried again 5 s later, the spool keeping the changes since the last one meanwhile (unless it is full or failing)."),
+    (SPARKPLUG_EVICTED, Kind::Counter, None, "Edge nodes forgotten, the longest-silent first, to take a BIRTH within limits.max_sparkplug_nodes, max_sparkplug_aliases and the Sparkplug B share of limits.max_memory; each is asked for a rebirth when heard again."),
+];
+
 /// Registers the descriptions shown in `/metrics`.
 pub fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!(
-        MESSAGES_RECEIVED,
-        "MQTT messages received, by connection (its index: 0 to mqtt.connections - 1; 64 on, sessions being retired)."
-    );
-    describe_counter!(SAMPLES_DECODED, "Samples decoded from messages.");
-    describe_counter!(
-        THINNING_POINTS,
-        "Points of thinned fields by rule and outcome: received, stored as samples (the summaries and rollups take every one received), and unordered (stored as received: too far out of order for the rule to place)."
-    );
-    describe_counter!(
-        THINNING_ENDED,
-        "Sensors whose thinning runs were ended early, the longest-silent first, to keep the runs within thinning's share of limits.max_memory (their held points are stored, so the bound holds; their next points start new runs)."
-    );
-    describe_counter!(
-        SAMPLES_STORED,
-        "Samples written to buckets with the configured write concern."
-    );
-    describe_counter!(
-        DEAD_LETTERS,
-        "Readings or messages sent to the dead-letter collection, by cause."
-    );
-    describe_counter!(
-        FIELDS_DROPPED,
-        "Fields left out of readings that were stored (the value could not be taken), by cause."
-    );
-    describe_counter!(
-        MESSAGES_SKIPPED,
-        "Messages passed over without storing or refusing anything, by reason: metadata (a topic with a `$` level no pattern names) or retained (the RETAIN flag on a subscription with retained = \"skip\")."
-    );
-    describe_counter!(
-        HTTP_REFUSED,
-        "HTTP connections closed as soon as accepted: the endpoint had its most (64) open."
-    );
-    describe_counter!(
-        HTTP_UNAUTHORIZED,
-        "Requests for the status page or /metrics answered 401: credentials missing or wrong ([http] username/password or token)."
-    );
-    describe_counter!(FLUSHES, "Flushes that wrote something.");
-    describe_counter!(STATEMENTS, "Bucket upsert statements applied.");
-    describe_gauge!(
-        FLUSH_STATEMENTS_MAX,
-        "The most statements one flush applied since start."
-    );
-    describe_counter!(BUCKETS_CREATED, "Buckets created by an upsert.");
-    describe_counter!(
-        BUCKET_COLLISIONS,
-        "Upserts that found their bucket full or sealed (E11000 on _id) and went to the next one."
-    );
-    describe_counter!(BUCKETS_SEALED, "Buckets sealed by the closer.");
-    describe_counter!(
-        FILL_LOOKUPS,
-        "Windows (sensor and window) whose open buckets a flush looked up by _id before writing: a sensor's first flush after a start, or one of a window older than those it knows of."
-    );
-    describe_counter!(
-        BYTES_REWRITTEN,
-        Unit::Bytes,
-        "Bytes of bucket documents rewritten by applied statements (each $push rewrites its bucket): write amplification."
-    );
-    describe_counter!(
-        SAMPLES_LATE_INTO_SEALED,
-        "Samples that arrived for a window after it was sealed; they went into a new bucket of that window."
-    );
-    describe_histogram!(
-        SAMPLE_AGE_SECONDS,
-        Unit::Seconds,
-        "Age of each sample (now minus its timestamp) when it was written durably to MongoDB; lane=\"live\" or \"backlog\" (readings written while live ones went first)."
-    );
-    describe_histogram!(
-        FLUSH_SECONDS,
-        Unit::Seconds,
-        "Time a flush took, retries included."
-    );
-    describe_gauge!(
-        PENDING_SAMPLES,
-        "Samples in memory not yet written to MongoDB (the flush in flight included)."
-    );
-    describe_gauge!(
-        FLUSH_DELAY_SECONDS,
-        Unit::Seconds,
-        "How long a sensor's oldest reading waits before it is written: flush.max_delay, or stretched up to flush.max_delay_limit while the database cannot keep up (each statement then carries more readings)."
-    );
-    describe_gauge!(
-        OLDEST_UNACKED_SECONDS,
-        Unit::Seconds,
-        "Age of the oldest message not yet acknowledged to the broker."
-    );
-    describe_counter!(
-        BROKER_RECONNECTS,
-        "Reconnections to the MQTT broker after a loss."
-    );
-    describe_gauge!(
-        BROKER_CONNECTED,
-        "1 while connected to the MQTT broker on every connection (mqtt.connections)."
-    );
-    describe_gauge!(
-        BROKER_CONNECTIONS_UP,
-        "MQTT connections up, of mqtt.connections."
-    );
-    describe_gauge!(
-        BROKER_SHARED,
-        "1 for the state of shared subscriptions (label state): unused, verifying, delivered (a probe came back through the group), not_delivered (palletd went on with one connection, unshared; with mqtt.share_group nothing reaches it)."
-    );
-    describe_gauge!(
-        READY,
-        "1 while ready (/readyz answers 200), checked every second."
-    );
-    describe_gauge!(
-        SPOOL_MAX_BYTES,
-        Unit::Bytes,
-        "The spool's size limit (spool.max_size)."
-    );
-    describe_counter!(DATABASE_ERRORS, "Failed database commands, by kind.");
-    describe_gauge!(
-        SPOOL_BYTES,
-        Unit::Bytes,
-        "Bytes in the spool's files (segments, tombstones, markers, state files): what counts against spool.max_size."
-    );
-    describe_gauge!(
-        SPOOL_UNCONFIRMED,
-        "Spool records not yet confirmed in MongoDB (approximate)."
-    );
-    describe_gauge!(
-        CLOCK_SYNCHRONIZED,
-        "1 when the kernel says the system clock is synchronised (NTP), 0 when not (absent: palletd cannot tell)."
-    );
-    describe_counter!(
-        SPOOL_DROPPED,
-        "Readings lost because a full spool deleted them before they reached MongoDB (spool.when_full = \"drop_oldest\"), counted when palletd finds them missing (readings of a deleted segment it still held in memory are written, not counted)."
-    );
-    describe_counter!(
-        SPOOL_DAMAGED,
-        "Spool records lost to damage (bit rot, a failing disk), counted once when found, by kind (sample, dead_letter, message_id, sparkplug_change, unknown: the headers were unreadable); the records around them are kept."
-    );
-    describe_counter!(
-        SPOOL_WRITE_ERRORS,
-        "Failed spool writes and syncs, by kind (disk_full, io, short_write, other); each is retried, and what it may have lost is written again."
-    );
-    describe_gauge!(
-        SPOOL_FAILING,
-        "1 while spool writes or syncs fail: nothing new becomes durable, so nothing new is acknowledged (the broker keeps the messages)."
-    );
-    describe_gauge!(
-        SPOOL_FREE_BYTES,
-        Unit::Bytes,
-        "Bytes free on the spool's filesystem."
-    );
-    describe_counter!(
-        ROLLUPS_WRITTEN,
-        "Rollup documents the closer wrote ([[rollup]]; final and partial)."
-    );
-    describe_counter!(
-        ROLLUP_STATEMENTS,
-        "Write statements rollups cost: key blocks recorded at flushes, rollup upserts and keys cleared by the closer."
-    );
-    describe_counter!(
-        DEAD_LETTERS_DROPPED,
-        "Dead letters (whole messages) dropped because dead letters filled their share of the spool (a tenth of spool.max_size) while MongoDB did not take them, by the first cause; good readings are not affected."
-    );
-    describe_counter!(
-        DEAD_LETTER_PAYLOADS_CUT,
-        "Dead letters that kept only the first 256 bytes of their payload because dead letters came faster than limits.max_deadletter_rate, by the first cause."
-    );
-    describe_gauge!(
-        SPOOL_DEADLETTER_BYTES,
-        Unit::Bytes,
-        "Bytes of dead letters in the spool not yet confirmed in MongoDB, as of the last dead letter spooled (at most a tenth of spool.max_size)."
-    );
-    describe_counter!(
-        FEED_SKIPPED,
-        "Spooled batches the pipeline's memory had no room for (limits.max_memory): read back from the spool later."
-    );
-    describe_gauge!(
-        MEMORY_BYTES,
-        Unit::Bytes,
-        "Bytes held in palletd's memory budget (limits.max_memory), by part: ingest (messages on their way to the spool), feed (spooled batches on their way to memory), pending (samples and dead letters waiting for MongoDB)."
-    );
-    describe_counter!(
-        ROLLUP_KEYS_PARKED,
-        "Rollup keys (sensor and interval) whose rollup the database refused (say a document over 16 MB): set aside for an hour so the others go on."
-    );
-    describe_histogram!(
-        CLOSER_SECONDS,
-        "How long one closer run took (sealing; the rollups are computed beside it)."
-    );
-    describe_histogram!(
-        ROLLUP_PASS_SECONDS,
-        "How long one rollup pass took (on its own task, woken by the closer)."
-    );
-    describe_counter!(
-        BACKLOG_STORED,
-        "Samples written from the backlog (of palletd_samples_stored_total)."
-    );
-    describe_gauge!(
-        BACKLOG_READINGS,
-        "Readings behind (draining in the background while live readings go first): in memory, plus an estimate of those still on disk."
-    );
-    describe_gauge!(
-        BACKLOG_DRAIN_RATE,
-        "Backlog readings written per second, smoothed over the last few seconds."
-    );
-    describe_gauge!(
-        BACKLOG_ETA_SECONDS,
-        Unit::Seconds,
-        "Estimated time until the backlog is written at the current drain rate (0: none, or not draining)."
-    );
-    describe_gauge!(
-        SPOOL_OLDEST_SECONDS,
-        Unit::Seconds,
-        "Age of the oldest spool record not yet confirmed in MongoDB (to the second)."
-    );
-    describe_counter!(
-        SPOOL_REPLAYED,
-        "Records read back from the spool (replay and catch-up)."
-    );
-    describe_counter!(SPOOL_FSYNCS, "fsync calls of the spool (group commits).");
-    describe_counter!(
-        REDELIVERIES_SKIPPED,
-        "Messages the broker redelivered that were already spooled: acknowledged, not stored again."
-    );
-    describe_counter!(
-        SPARKPLUG_MESSAGES,
-        "Sparkplug B messages received, by type (NCMD, DCMD and STATE are counted and not stored)."
-    );
-    describe_counter!(
-        SPARKPLUG_SEQ_GAPS,
-        "Sparkplug B sequence numbers that skipped ahead of the edge node's last one."
-    );
-    describe_counter!(
-        SPARKPLUG_OUT_OF_ORDER,
-        "Sparkplug B messages whose sequence number is behind the edge node's last one (stored anyway)."
-    );
-    describe_counter!(
-        SPARKPLUG_SKIPPED,
-        "Sparkplug B metrics not stored for their datatype (datasets, templates, bytes, files, arrays), by datatype."
-    );
-    describe_counter!(
-        SPARKPLUG_STALE_DEATHS,
-        "Sparkplug B NDEATHs whose bdSeq is not the one of the node's last NBIRTH: not recorded."
-    );
-    describe_counter!(
-        SPARKPLUG_REBIRTHS,
-        "Sparkplug B rebirth requests (NCMD Node Control/Rebirth), by outcome (sent, or dropped for a full client queue)."
-    );
-    describe_counter!(
-        SPARKPLUG_STATE_SAVES,
-        "Snapshots of the Sparkplug B alias maps written (sparkplug.json), in the background once changes waited 30 s or their bytes reach the state's; BIRTHs and DEATHs are acknowledged like any message (their changes are spool records, replayed onto the last snapshot at start)."
-    );
-    describe_counter!(
-        SPARKPLUG_SAVE_ERRORS,
-        "Snapshots of the Sparkplug B alias maps (sparkplug.json in the spool directory) that could not be written; tried again 5 s later, the spool keeping the changes since the last one meanwhile (unless it is full or failing)."
-    );
-    describe_counter!(
-        SPARKPLUG_EVICTED,
-        "Edge nodes forgotten, the longest-silent first, to take a BIRTH within limits.max_sparkplug_nodes, max_sparkplug_aliases and the Sparkplug B share of limits.max_memory; each is asked for a rebirth when heard again."
-    );
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    for &(name, kind, unit, text) in DESCRIPTIONS {
+        match (kind, unit) {
+            (Kind::Counter, Some(unit)) => describe_counter!(name, unit, text),
+            (Kind::Counter, None) => describe_counter!(name, text),
+            (Kind::Gauge, Some(unit)) => describe_gauge!(name, unit, text),
+            (Kind::Gauge, None) => describe_gauge!(name, text),
+            (Kind::Histogram, Some(unit)) => describe_histogram!(name, unit, text),
+            (Kind::Histogram, None) => describe_histogram!(name, text),
+        }
+    }
 }
 
 /// Every counter, each labelled series whose labels are known in advance,

@@ -674,30 +674,13 @@ fn ago(ms: i64) -> String {
     humantime::format_duration(Duration::from_secs(secs)).to_string()
 }
 
-/// Renders the page at `now_ms`, with the sensor charts of `sensors`
-/// when palletd reads the database for them.
-pub fn render(
-    facts: &Facts,
-    now: &Figures,
-    history: &History,
-    now_ms: i64,
-    sensors: Option<&SensorView>,
-) -> String {
-    let stored = now.get(super::SAMPLES_STORED);
-    let rate = history
-        .at_least(now_ms, Duration::from_secs(60))
-        .filter(|then| now_ms - then.at_ms >= 1000)
-        .map(|then| (stored - then.stored) * 1000.0 / (now_ms - then.at_ms) as f64);
-    let dead_now = now.by_label(super::DEAD_LETTERS);
-    let dead_then = history
-        .at_least(now_ms, KEEP)
-        .map(|s| s.dead)
-        .unwrap_or_default();
+/// The last hour's charts, a point every [`SNAPSHOT_EVERY`].
+fn last_hour_charts(history: &History, now_ms: i64) -> String {
     let per_second = |a: &Snapshot, b: &Snapshot, v: fn(&Snapshot) -> f64| {
         let secs = (b.at_ms - a.at_ms) as f64 / 1000.0;
         (secs > 0.0).then(|| (v(b) - v(a)).max(0.0) / secs)
     };
-    let charts = [
+    [
         chart(
             "chart-stored",
             "Readings stored per second",
@@ -735,7 +718,86 @@ pub fn render(
             }),
             now_ms,
         ),
-    ];
+    ]
+    .concat()
+}
+
+/// The dead letters of the last hour, by cause.
+fn dead_letters_section(now: &Figures, history: &History, now_ms: i64) -> String {
+    let dead_now = now.by_label(super::DEAD_LETTERS);
+    let dead_then = history
+        .at_least(now_ms, KEEP)
+        .map(|s| s.dead)
+        .unwrap_or_default();
+    let mut page = String::new();
+    page.push_str("<h2>Dead letters in the last hour, by cause</h2>\n");
+    let recent: Vec<(&String, f64)> = dead_now
+        .iter()
+        .map(|(cause, n)| (cause, n - dead_then.get(cause).copied().unwrap_or(0.0)))
+        .filter(|(_, n)| *n > 0.0)
+        .collect();
+    if recent.is_empty() {
+        page.push_str("<p id=\"dead-letters\">None.</p>\n");
+    } else {
+        page.push_str("<table id=\"dead-letters\"><tr><th>cause</th><th>count</th></tr>\n");
+        for (cause, n) in recent {
+            let _ = writeln!(
+                page,
+                "<tr><td>{}</td><td class=\"n\" id=\"dead-{}\">{n:.0}</td></tr>",
+                escape(cause),
+                escape(cause)
+            );
+        }
+        page.push_str("</table>\n");
+    }
+    page
+}
+
+/// The sensors quiet the longest; with `charts`, each links to its charts.
+fn quiet_section(facts: &Facts, charts: bool, now_ms: i64) -> String {
+    let mut page = String::new();
+    page.push_str("<h2>Sensors quiet the longest</h2>\n");
+    if facts.quiet.is_empty() {
+        page.push_str("<p id=\"quiet\">No sensor heard from yet.</p>\n");
+    } else {
+        page.push_str(
+            "<table id=\"quiet\"><tr><th>sensor</th><th>last reading</th><th>ago</th></tr>\n",
+        );
+        for (sensor, at) in &facts.quiet {
+            let name = match charts {
+                true => format!(
+                    "<a href=\"/?{}#sensor-charts\">{}</a>",
+                    escape(&serde_urlencoded::to_string([("sensor", sensor)]).unwrap_or_default()),
+                    escape(sensor)
+                ),
+                false => escape(sensor),
+            };
+            let _ = writeln!(
+                page,
+                "<tr><td>{name}</td><td>{}</td><td class=\"n\">{}</td></tr>",
+                iso(*at),
+                ago(now_ms - at)
+            );
+        }
+        page.push_str("</table>\n");
+    }
+    page
+}
+
+/// Renders the page at `now_ms`, with the sensor charts of `sensors`
+/// when palletd reads the database for them.
+pub fn render(
+    facts: &Facts,
+    now: &Figures,
+    history: &History,
+    now_ms: i64,
+    sensors: Option<&SensorView>,
+) -> String {
+    let stored = now.get(super::SAMPLES_STORED);
+    let rate = history
+        .at_least(now_ms, Duration::from_secs(60))
+        .filter(|then| now_ms - then.at_ms >= 1000)
+        .map(|then| (stored - then.stored) * 1000.0 / (now_ms - then.at_ms) as f64);
     let (ready_class, ready_text) = match &facts.ready {
         Ok(None) => ("ok", "Ready".to_string()),
         Ok(Some(note)) => ("ok", format!("Ready; {note}")),
@@ -827,54 +889,11 @@ figure {{ margin: 0; }} figcaption {{ font-size: .9em; }} .note {{ color: #666; 
         page,
         "<h2>The last hour</h2>\n<p class=\"note\">A point every {} s.</p>\n<div class=\"charts\">\n{}</div>",
         SNAPSHOT_EVERY.as_secs(),
-        charts.concat()
+        last_hour_charts(history, now_ms)
     );
     page.push_str(&thinning_section(now));
-    page.push_str("<h2>Dead letters in the last hour, by cause</h2>\n");
-    let recent: Vec<(&String, f64)> = dead_now
-        .iter()
-        .map(|(cause, n)| (cause, n - dead_then.get(cause).copied().unwrap_or(0.0)))
-        .filter(|(_, n)| *n > 0.0)
-        .collect();
-    if recent.is_empty() {
-        page.push_str("<p id=\"dead-letters\">None.</p>\n");
-    } else {
-        page.push_str("<table id=\"dead-letters\"><tr><th>cause</th><th>count</th></tr>\n");
-        for (cause, n) in recent {
-            let _ = writeln!(
-                page,
-                "<tr><td>{}</td><td class=\"n\" id=\"dead-{}\">{n:.0}</td></tr>",
-                escape(cause),
-                escape(cause)
-            );
-        }
-        page.push_str("</table>\n");
-    }
-    page.push_str("<h2>Sensors quiet the longest</h2>\n");
-    if facts.quiet.is_empty() {
-        page.push_str("<p id=\"quiet\">No sensor heard from yet.</p>\n");
-    } else {
-        page.push_str(
-            "<table id=\"quiet\"><tr><th>sensor</th><th>last reading</th><th>ago</th></tr>\n",
-        );
-        for (sensor, at) in &facts.quiet {
-            let name = match sensors {
-                Some(_) => format!(
-                    "<a href=\"/?{}#sensor-charts\">{}</a>",
-                    escape(&serde_urlencoded::to_string([("sensor", sensor)]).unwrap_or_default()),
-                    escape(sensor)
-                ),
-                None => escape(sensor),
-            };
-            let _ = writeln!(
-                page,
-                "<tr><td>{name}</td><td>{}</td><td class=\"n\">{}</td></tr>",
-                iso(*at),
-                ago(now_ms - at)
-            );
-        }
-        page.push_str("</table>\n");
-    }
+    page.push_str(&dead_letters_section(now, history, now_ms));
+    page.push_str(&quiet_section(facts, sensors.is_some(), now_ms));
     let _ = write!(
         page,
         "<footer>palletd <span id=\"version\">{}</span> &middot; {} &middot; refreshes every {refresh} s &middot; <a href=\"/metrics\">/metrics</a></footer>\n</body></html>\n",
