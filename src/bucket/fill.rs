@@ -2,7 +2,7 @@
 //! the planner can cut a run to fill them exactly.
 
 /// What the gateway last knew of a window's newest bucket: its sequence
-/// number in the window ([`bucket_id`]) and its fill.
+/// number in the window ([`bucket_id`](super::bucket_id)) and its fill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Fill {
     pub count: u32,

@@ -96,7 +96,7 @@ const SEAL_WAIT: u32 = 7;
 /// go in the next flush, at once).
 pub const MAX_SENSORS_PER_FLUSH: usize = 1000;
 
-/// Statements one flush sends at most (about: [`Samples::front_within`]
+/// Statements one flush sends at most (about: [`Samples::front_within`](crate::bucket::Samples::front_within)
 /// counts a statement per window run and full bucket): a sensor with a
 /// year of hourly windows pending is written over several flushes, from
 /// the front of its queue, as a thousand sensors with one window each are

@@ -7,15 +7,15 @@
 //!   `retention.expire_after`.
 //! - **Write**: one ordered `update` command per flush (split only at the
 //!   server's limits), one upsert per run of a sensor's consecutive samples
-//!   in one window, addressed by the bucket's `_id` ([`bucket::bucket_id`]);
+//!   in one window, addressed by the bucket's `_id` ([`bucket::bucket_id`](crate::bucket::bucket_id));
 //!   an E11000 on it (the bucket is full or sealed) sends the statement to
 //!   the window's next bucket. Before planning, the newest bucket of each
 //!   window palletd has no memory of is learned with bounded lookups, so a
 //!   restart continues a half-full bucket; a sensor whose lookups keep
 //!   finding nothing is not asked about its new windows
-//!   ([`bucket::QUIET_LOOKUPS`]).
+//!   ([`bucket::QUIET_LOOKUPS`](crate::bucket::QUIET_LOOKUPS)).
 //! - **What a replay already applied**: every statement pushes its first
-//!   and last LSN onto the bucket's `lsns.<spool>` ([`bucket::lsns_field`]),
+//!   and last LSN onto the bucket's `lsns.<spool>` ([`bucket::lsns_field`](crate::bucket::lsns_field)),
 //!   so an uncertain sample is in MongoDB iff a bucket of its sensor and
 //!   window holds a pair around its LSN; one query on `{sensorId, startTs}`
 //!   answers a whole flush. This holds in whatever order a sensor's samples
