@@ -122,14 +122,8 @@ pub struct MqttTls {
 }
 
 impl Validator {
-    pub(super) fn mqtt(&mut self, m: RawMqtt, base: Option<&Path>) -> Option<MqttSettings> {
-        let (host, port, tls_url) = match parse_mqtt_url(&m.url) {
-            Ok(hp) => hp,
-            Err(e) => {
-                self.err("mqtt.url", e);
-                (String::new(), 0, false)
-            }
-        };
+    /// `client_id` (the persistent session's name) and `share_group`.
+    fn mqtt_names(&mut self, m: &RawMqtt) {
         if m.client_id.trim().is_empty() {
             self.err(
                 "mqtt.client_id",
@@ -146,6 +140,36 @@ impl Validator {
                 );
             }
         }
+    }
+
+    /// `max_packet_size` and `max_payload_size`, in bytes.
+    fn mqtt_sizes(&mut self, packet: Option<RawSize>, payload: Option<RawSize>) -> (u64, u64) {
+        let max_packet_size = self.size("mqtt.max_packet_size", packet, 4 << 20);
+        let max_payload_size = self.size("mqtt.max_payload_size", payload, 256 << 10);
+        if max_packet_size > 256 << 20 {
+            self.err(
+                "mqtt.max_packet_size",
+                "must be at most 256MiB (the MQTT limit)",
+            );
+        }
+        if max_payload_size == 0 || max_payload_size > max_packet_size {
+            self.err(
+                "mqtt.max_payload_size",
+                "must be between 1 byte and mqtt.max_packet_size",
+            );
+        }
+        (max_packet_size, max_payload_size)
+    }
+
+    pub(super) fn mqtt(&mut self, m: RawMqtt, base: Option<&Path>) -> Option<MqttSettings> {
+        let (host, port, tls_url) = match parse_mqtt_url(&m.url) {
+            Ok(hp) => hp,
+            Err(e) => {
+                self.err("mqtt.url", e);
+                (String::new(), 0, false)
+            }
+        };
+        self.mqtt_names(&m);
         let tls = match (tls_url, m.tls) {
             (true, raw) => Some(self.mqtt_tls(raw.unwrap_or_default(), base)),
             (false, Some(_)) => {
@@ -215,20 +239,8 @@ impl Validator {
                 }
             }
         }
-        let max_packet_size = self.size("mqtt.max_packet_size", m.max_packet_size, 4 << 20);
-        let max_payload_size = self.size("mqtt.max_payload_size", m.max_payload_size, 256 << 10);
-        if max_packet_size > 256 << 20 {
-            self.err(
-                "mqtt.max_packet_size",
-                "must be at most 256MiB (the MQTT limit)",
-            );
-        }
-        if max_payload_size == 0 || max_payload_size > max_packet_size {
-            self.err(
-                "mqtt.max_payload_size",
-                "must be between 1 byte and mqtt.max_packet_size",
-            );
-        }
+        let (max_packet_size, max_payload_size) =
+            self.mqtt_sizes(m.max_packet_size, m.max_payload_size);
         Some(MqttSettings {
             host,
             port,

@@ -83,87 +83,12 @@ impl Validator {
             }
         }
         let qos = self.int_in(&format!("{path}.qos"), s.qos, 1, 0, 2) as u8;
-        let skip_retained = match s.retained.as_deref() {
-            None | Some("store") => false,
-            Some("skip") => true,
-            Some(other) => {
-                self.err(
-                    format!("{path}.retained"),
-                    crate::decode::not_one_of(&["store", "skip"], other),
-                );
-                false
-            }
-        };
-        let rebirth_min_interval = self.positive_duration(
-            &format!("{path}.rebirth_min_interval"),
-            s.rebirth_min_interval.as_deref(),
-            "1m",
-        );
+        let skip_retained = self.skip_retained(&s, path);
         let sparkplug = format == PayloadFormat::SparkplugB;
-        let rebirth_min_interval = match s.request_rebirth {
-            Some(true) if sparkplug => Some(rebirth_min_interval),
-            Some(true) => {
-                self.err(
-                    format!("{path}.request_rebirth"),
-                    "needs format = \"sparkplug_b\"",
-                );
-                None
-            }
-            _ => None,
-        };
+        let rebirth_min_interval = self.rebirth(&s, path, sparkplug);
         let pattern = pattern?;
-        if sparkplug {
-            self.not_applicable(
-                path,
-                &[
-                    ("sensor_field", s.sensor_field.is_some()),
-                    ("field", s.field.is_some()),
-                    ("timestamp_field", timestamp_field_set),
-                    ("timezone", s.timezone.is_some()),
-                ],
-                SPARKPLUG_OWN,
-            );
-            if pattern.has_sensor() || pattern.has_field() || !s.topic.starts_with("spBv1.0/") {
-                self.err(
-                    format!("{path}.topic"),
-                    "format = \"sparkplug_b\" needs an MQTT filter in the Sparkplug namespace without placeholders, e.g. \"spBv1.0/#\" or \"spBv1.0/Plant1/#\"",
-                );
-            }
-        } else if s.sensor_field.is_none()
-            && s.sensor_property.is_none()
-            && !pattern.has_sensor()
-            && !by_messages
-            && s.sensor_template.is_none()
-        {
-            self.err(
-                format!("{path}.topic"),
-                "needs a {sensor} placeholder, or set sensor_field to read the sensor id from the payload (or sensor_property, from an MQTT 5 user property)",
-            );
-        }
-        let from_properties = crate::decode::FromProperties {
-            timestamp: s.timestamp_property,
-            sensor: s.sensor_property,
-            content_type: s.format_from_content_type.unwrap_or(false),
-        };
-        if sparkplug {
-            self.not_applicable(
-                path,
-                &[
-                    ("timestamp_property", from_properties.timestamp.is_some()),
-                    ("sensor_property", from_properties.sensor.is_some()),
-                    ("format_from_content_type", from_properties.content_type),
-                ],
-                SPARKPLUG_OWN,
-            );
-        }
-        for (key, name) in [
-            ("timestamp_property", &from_properties.timestamp),
-            ("sensor_property", &from_properties.sensor),
-        ] {
-            if name.as_deref().is_some_and(str::is_empty) {
-                self.err(format!("{path}.{key}"), "must not be empty");
-            }
-        }
+        self.sensor_placed(&s, path, &pattern, sparkplug, by_messages);
+        let from_properties = self.properties(&s, path, sparkplug);
         if single && !pattern.has_field() && s.field.is_none() {
             self.err(
                 format!("{path}.field"),
@@ -189,6 +114,121 @@ impl Validator {
             skip_retained,
             thinning,
         })
+    }
+
+    /// `retained`: whether retained messages are skipped (`"skip"`) or
+    /// stored (`"store"`, the default).
+    fn skip_retained(&mut self, s: &RawSubscription, path: &str) -> bool {
+        match s.retained.as_deref() {
+            None | Some("store") => false,
+            Some("skip") => true,
+            Some(other) => {
+                self.err(
+                    format!("{path}.retained"),
+                    crate::decode::not_one_of(&["store", "skip"], other),
+                );
+                false
+            }
+        }
+    }
+
+    /// `request_rebirth` (Sparkplug B only) and its `rebirth_min_interval`.
+    fn rebirth(
+        &mut self,
+        s: &RawSubscription,
+        path: &str,
+        sparkplug: bool,
+    ) -> Option<std::time::Duration> {
+        let rebirth_min_interval = self.positive_duration(
+            &format!("{path}.rebirth_min_interval"),
+            s.rebirth_min_interval.as_deref(),
+            "1m",
+        );
+        match s.request_rebirth {
+            Some(true) if sparkplug => Some(rebirth_min_interval),
+            Some(true) => {
+                self.err(
+                    format!("{path}.request_rebirth"),
+                    "needs format = \"sparkplug_b\"",
+                );
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the subscription says where a reading's sensor is (a
+    /// Sparkplug B one: that the keys placing it are not set).
+    fn sensor_placed(
+        &mut self,
+        s: &RawSubscription,
+        path: &str,
+        pattern: &TopicPattern,
+        sparkplug: bool,
+        by_messages: bool,
+    ) {
+        if sparkplug {
+            self.not_applicable(
+                path,
+                &[
+                    ("sensor_field", s.sensor_field.is_some()),
+                    ("field", s.field.is_some()),
+                    ("timestamp_field", s.timestamp_field.is_some()),
+                    ("timezone", s.timezone.is_some()),
+                ],
+                SPARKPLUG_OWN,
+            );
+            if pattern.has_sensor() || pattern.has_field() || !s.topic.starts_with("spBv1.0/") {
+                self.err(
+                format!("{path}.topic"),
+                "format = \"sparkplug_b\" needs an MQTT filter in the Sparkplug namespace without placeholders, e.g. \"spBv1.0/#\" or \"spBv1.0/Plant1/#\"",
+            );
+            }
+        } else if s.sensor_field.is_none()
+            && s.sensor_property.is_none()
+            && !pattern.has_sensor()
+            && !by_messages
+            && s.sensor_template.is_none()
+        {
+            self.err(
+            format!("{path}.topic"),
+            "needs a {sensor} placeholder, or set sensor_field to read the sensor id from the payload (or sensor_property, from an MQTT 5 user property)",
+        );
+        }
+    }
+
+    /// What is read from an MQTT 5 message's properties.
+    fn properties(
+        &mut self,
+        s: &RawSubscription,
+        path: &str,
+        sparkplug: bool,
+    ) -> crate::decode::FromProperties {
+        let from_properties = crate::decode::FromProperties {
+            timestamp: s.timestamp_property.clone(),
+            sensor: s.sensor_property.clone(),
+            content_type: s.format_from_content_type.unwrap_or(false),
+        };
+        if sparkplug {
+            self.not_applicable(
+                path,
+                &[
+                    ("timestamp_property", from_properties.timestamp.is_some()),
+                    ("sensor_property", from_properties.sensor.is_some()),
+                    ("format_from_content_type", from_properties.content_type),
+                ],
+                SPARKPLUG_OWN,
+            );
+        }
+        for (key, name) in [
+            ("timestamp_property", &from_properties.timestamp),
+            ("sensor_property", &from_properties.sensor),
+        ] {
+            if name.as_deref().is_some_and(str::is_empty) {
+                self.err(format!("{path}.{key}"), "must not be empty");
+            }
+        }
+        from_properties
     }
 
     /// One field's thinning rule: `kind`, its bound (`deviation`, or
