@@ -72,6 +72,9 @@ impl Units {
     }
 }
 
+/// DataSetMessages and their NetworkMessage's PublisherId.
+type DataSetMessages<'a> = (Option<String>, Vec<&'a Map<String, Value>>);
+
 /// The samples of one PubSub JSON message.
 pub(super) fn decode(
     msg: &Message<'_>,
@@ -87,32 +90,17 @@ pub(super) fn decode(
             return Ok(Vec::new());
         }
     }
-    let (publisher, messages): (Option<String>, Vec<&Map<String, Value>>) = match &top {
-        Value::Object(o) if o.contains_key("Messages") => {
-            match o.get("MessageType").and_then(Value::as_str) {
-                Some("ua-data") | None => {}
-                Some(_) => return Ok(Vec::new()),
-            }
-            let Some(Value::Array(items)) = o.get("Messages") else {
-                return Err(DecodeError::BadPayload(
-                    "a NetworkMessage's Messages must be an array".into(),
-                ));
-            };
-            (id_text(o.get("PublisherId")), objects(items)?)
-        }
-        Value::Object(o) => (None, vec![o]),
-        Value::Array(items) => (None, objects(items)?),
-        _ => {
-            return Err(DecodeError::BadPayload(
-                "expected an OPC UA PubSub JSON NetworkMessage or DataSetMessage".into(),
-            ))
-        }
+    let Some((publisher, messages)) = dataset_messages(&top)? else {
+        return Ok(Vec::new());
     };
     let topic_sensor = super::topic_sensor(msg)?;
-    let mut samples: Vec<Reading> = Vec::new();
-    let mut by_time: std::collections::HashMap<(String, i64), usize> = Default::default();
+    let mut got = Gathered {
+        samples: Vec::new(),
+        by_time: HashMap::new(),
+        max_fields: limits.max_fields_per_sample,
+    };
     for (i, m) in messages.into_iter().enumerate() {
-        if samples.len() > limits.max_samples_per_message {
+        if got.samples.len() > limits.max_samples_per_message {
             break;
         }
         if m.get("MessageType")
@@ -132,19 +120,10 @@ pub(super) fn decode(
             continue;
         };
         let writer = writer_id(m, publisher.as_deref());
-        let sensor = match (topic_sensor, &writer) {
-            (Some(s), _) => s.to_string(),
-            (None, Some(id)) => {
-                if let Err(e) = check_sensor(id, limits) {
-                    out.errors.push(e);
-                    continue;
-                }
-                id.clone()
-            }
-            (None, None) => {
-                out.errors.push(DecodeError::BadSensor(format!(
-                    "DataSetMessage {i}: no PublisherId or DataSetWriterId, and the topic names no sensor"
-                )));
+        let sensor = match sensor_of(topic_sensor, writer.as_deref(), i, limits) {
+            Ok(sensor) => sensor,
+            Err(e) => {
+                out.errors.push(e);
                 continue;
             }
         };
@@ -159,28 +138,9 @@ pub(super) fn decode(
                 }
             },
         };
-        // Past the sample cap the message is refused; a sample past the
-        // field cap is refused below (one field over is enough to know).
-        let mut add = |ts_ms: i64, name: String, value: FieldValue, unit: Option<&str>| {
-            let next = samples.len();
-            let at = *by_time.entry((sensor.clone(), ts_ms)).or_insert(next);
-            if at == next {
-                samples.push(Reading {
-                    sensor: sensor.clone(),
-                    ts_ms,
-                    index: next,
-                    ..Reading::default()
-                });
-            }
-            if samples[at].fields.len() <= limits.max_fields_per_sample {
-                if let Some(unit) = unit {
-                    samples[at].units.push((name.clone(), unit.to_string()));
-                }
-                samples[at].fields.push((name, value));
-            }
-        };
         if let Some(code) = m.get("Status").and_then(status_code).filter(|c| *c != 0) {
-            add(
+            got.add(
+                &sensor,
                 header_time,
                 "StatusCode".into(),
                 FieldValue::Num(code as f64),
@@ -188,35 +148,10 @@ pub(super) fn decode(
             );
         }
         for (name, field) in payload {
-            let (value, ts) = match data_value(field) {
-                Some(dv) => {
-                    if let Some(code) = dv.status.filter(|c| *c != 0) {
-                        let ts = dv.source.as_ref().and_then(|t| time(t).ok());
-                        add(
-                            ts.unwrap_or(header_time),
-                            super::field_name(&format!("{name}.StatusCode")).into_owned(),
-                            FieldValue::Num(code as f64),
-                            None,
-                        );
-                    }
-                    let ts = match dv.source.map(time) {
-                        None => header_time,
-                        Some(Ok(t)) => t,
-                        Some(Err(message)) => {
-                            out.dropped.push(super::Dropped {
-                                index: i,
-                                cause: "bad_field",
-                                message: format!("field {name:?}: SourceTimestamp {message}"),
-                            });
-                            continue;
-                        }
-                    };
-                    match dv.value {
-                        Some(v) => (v, ts),
-                        None => continue,
-                    }
-                }
-                None => (field, header_time),
+            let Some((value, ts)) =
+                field_value(name, field, header_time, (i, &sensor), &mut got, out)
+            else {
+                continue;
             };
             // A structure's or an array's unit goes with each of its leaves.
             let unit = units.of(writer.as_deref(), name);
@@ -228,16 +163,154 @@ pub(super) fn decode(
                     .ok_or(too_deep)
                     .and_then(|v| super::take_field(&name, v, limits))
                 {
-                    Ok((field, v)) => add(ts, field, v, unit),
+                    Ok((field, v)) => got.add(&sensor, ts, field, v, unit),
                     Err(why) => out.dropped.push(super::Dropped::of(i, &name, why)),
                 }
             }
         }
     }
-    if samples.len() > limits.max_samples_per_message {
-        return Err(super::too_many_samples(samples.len(), limits));
+    if got.samples.len() > limits.max_samples_per_message {
+        return Err(super::too_many_samples(got.samples.len(), limits));
     }
-    Ok(super::within_field_cap(samples, limits, &mut out.errors))
+    Ok(super::within_field_cap(
+        got.samples,
+        limits,
+        &mut out.errors,
+    ))
+}
+
+/// A payload field's value and time: a DataValue's (its non-zero
+/// StatusCode added as a field of its own) or a bare value at the
+/// message's time; `None` when there is nothing to store (a bad
+/// SourceTimestamp, noted in `out`, or a DataValue without a value).
+fn field_value<'a>(
+    name: &str,
+    field: &'a Value,
+    header_time: i64,
+    (i, sensor): (usize, &str),
+    got: &mut Gathered,
+    out: &mut Decoded,
+) -> Option<(&'a Value, i64)> {
+    match data_value(field) {
+        Some(dv) => {
+            if let Some(code) = dv.status.filter(|c| *c != 0) {
+                let ts = dv.source.as_ref().and_then(|t| time(t).ok());
+                got.add(
+                    sensor,
+                    ts.unwrap_or(header_time),
+                    super::field_name(&format!("{name}.StatusCode")).into_owned(),
+                    FieldValue::Num(code as f64),
+                    None,
+                );
+            }
+            let ts = match dv.source.map(time) {
+                None => header_time,
+                Some(Ok(t)) => t,
+                Some(Err(message)) => {
+                    out.dropped.push(super::Dropped {
+                        index: i,
+                        cause: "bad_field",
+                        message: format!("field {name:?}: SourceTimestamp {message}"),
+                    });
+                    return None;
+                }
+            };
+            match dv.value {
+                Some(v) => Some((v, ts)),
+                None => None,
+            }
+        }
+        None => Some((field, header_time)),
+    }
+}
+
+/// A message's readings: one per (sensor, time), in the order they first
+/// appear.
+struct Gathered {
+    samples: Vec<Reading>,
+    by_time: HashMap<(String, i64), usize>,
+    max_fields: usize,
+}
+
+impl Gathered {
+    /// Adds a field to the reading of `sensor` at `ts_ms`. Past the sample
+    /// cap the message is refused; a sample past the field cap is refused
+    /// later (one field over is enough to know).
+    fn add(
+        &mut self,
+        sensor: &str,
+        ts_ms: i64,
+        name: String,
+        value: FieldValue,
+        unit: Option<&str>,
+    ) {
+        let next = self.samples.len();
+        let at = *self
+            .by_time
+            .entry((sensor.to_string(), ts_ms))
+            .or_insert(next);
+        if at == next {
+            self.samples.push(Reading {
+                sensor: sensor.to_string(),
+                ts_ms,
+                index: next,
+                ..Reading::default()
+            });
+        }
+        let sample = &mut self.samples[at];
+        if sample.fields.len() <= self.max_fields {
+            if let Some(unit) = unit {
+                sample.units.push((name.clone(), unit.to_string()));
+            }
+            sample.fields.push((name, value));
+        }
+    }
+}
+
+/// The DataSetMessages of a payload (a NetworkMessage's, an array of
+/// them, or one alone) and the NetworkMessage's PublisherId; `None` for a
+/// NetworkMessage of another type than data.
+fn dataset_messages(top: &Value) -> Result<Option<DataSetMessages<'_>>, DecodeError> {
+    Ok(Some(match top {
+        Value::Object(o) if o.contains_key("Messages") => {
+            match o.get("MessageType").and_then(Value::as_str) {
+                Some("ua-data") | None => {}
+                Some(_) => return Ok(None),
+            }
+            let Some(Value::Array(items)) = o.get("Messages") else {
+                return Err(DecodeError::BadPayload(
+                    "a NetworkMessage's Messages must be an array".into(),
+                ));
+            };
+            (id_text(o.get("PublisherId")), objects(items)?)
+        }
+        Value::Object(o) => (None, vec![o]),
+        Value::Array(items) => (None, objects(items)?),
+        _ => {
+            return Err(DecodeError::BadPayload(
+                "expected an OPC UA PubSub JSON NetworkMessage or DataSetMessage".into(),
+            ))
+        }
+    }))
+}
+
+/// A DataSetMessage's sensor: the topic's, else its writer's id.
+fn sensor_of(
+    topic_sensor: Option<&str>,
+    writer: Option<&str>,
+    i: usize,
+    limits: &super::Limits,
+) -> Result<String, DecodeError> {
+    match (topic_sensor, writer) {
+        (Some(s), _) => Ok(s.to_string()),
+        (None, Some(id)) => {
+            check_sensor(id, limits)?;
+            Ok(id.to_string())
+        }
+        (None, None) => Err(DecodeError::BadSensor(format!(
+            "DataSetMessage {i}: no PublisherId or DataSetWriterId, and the topic names no sensor"
+        ))),
+    }
 }
 
 /// A DataSetMessage's writer: `<PublisherId>:<DataSetWriterId>` (its own
