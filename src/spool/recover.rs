@@ -84,31 +84,9 @@ pub fn recover(
     storage.create_dir_all(dir)?;
     let checkpoint = checkpoint::read(storage, dir);
     let durable = checkpoint::read_durable(storage, dir);
-    // What a crash left half made: temporary files of every kind, and a
-    // plain segment whose compressed form is in place.
-    for (name, _) in storage.list(dir)? {
-        if name.ends_with(".tmp") {
-            remove_if_there(storage, &dir.join(&name))?;
-        }
-    }
-    for (first, path) in list_segments(storage, dir)? {
-        let plain = dir.join(segment_name(first));
-        if is_compressed(&path) {
-            remove_if_there(storage, &plain)?;
-        }
-    }
+    remove_half_made(storage, dir)?;
     let segments = list_segments(storage, dir)?;
-    let mut rec = Recovery {
-        next_lsn: 0,
-        checkpoint,
-        records: 0,
-        bytes: 0,
-        torn_bytes: 0,
-        damaged: 0,
-        windows: Windows::new(redelivery.window),
-        tags: Tags::new(0),
-        uncompressed: Vec::new(),
-    };
+    let mut rec = Recovery::empty(checkpoint, redelivery.window);
     let mut replay = read_windows(storage, dir, redelivery.window);
     let mut last_lsn = None;
     // Records below this were acknowledged.
@@ -145,20 +123,7 @@ pub fn recover(
                         rec.records += 1;
                     }
                     let entry = parse(bytes).next().map(|r| r.entry);
-                    if let Some(EntryRef::MessageId {
-                        session,
-                        pkid,
-                        digest,
-                    }) = entry
-                    {
-                        let key = match session {
-                            SessionId::Key(k) => Some(k),
-                            SessionId::Index(i) => redelivery.by_index.get(i as usize).copied(),
-                        };
-                        if let Some(key) = key {
-                            replay.record(key, lsn, Seen { pkid, digest });
-                        }
-                    }
+                    note_identity(entry, lsn, redelivery, &mut replay);
                     let end = at + bytes.len() as u64;
                     if matches!(entry, Some(EntryRef::MessageId { .. }))
                         || lsn < acknowledged
@@ -227,6 +192,63 @@ pub fn recover(
     )?;
     rec.bytes = dir_bytes(storage, dir)?;
     Ok(rec)
+}
+
+/// Removes what a crash left half made: temporary files of every kind,
+/// and a plain segment whose compressed form is in place.
+fn remove_half_made(storage: &dyn Storage, dir: &Path) -> io::Result<()> {
+    for (name, _) in storage.list(dir)? {
+        if name.ends_with(".tmp") {
+            remove_if_there(storage, &dir.join(&name))?;
+        }
+    }
+    for (first, path) in list_segments(storage, dir)? {
+        let plain = dir.join(segment_name(first));
+        if is_compressed(&path) {
+            remove_if_there(storage, &plain)?;
+        }
+    }
+    Ok(())
+}
+
+impl Recovery {
+    /// Nothing recovered yet, from `checkpoint` on.
+    fn empty(checkpoint: u64, window: usize) -> Recovery {
+        Recovery {
+            next_lsn: 0,
+            checkpoint,
+            records: 0,
+            bytes: 0,
+            torn_bytes: 0,
+            damaged: 0,
+            windows: Windows::new(window),
+            tags: Tags::new(0),
+            uncompressed: Vec::new(),
+        }
+    }
+}
+
+/// A message's identity read back: into its session's redelivery window.
+fn note_identity(
+    entry: Option<EntryRef<'_>>,
+    lsn: u64,
+    redelivery: &Redelivery,
+    replay: &mut Replay,
+) {
+    if let Some(EntryRef::MessageId {
+        session,
+        pkid,
+        digest,
+    }) = entry
+    {
+        let key = match session {
+            SessionId::Key(k) => Some(k),
+            SessionId::Index(i) => redelivery.by_index.get(i as usize).copied(),
+        };
+        if let Some(key) = key {
+            replay.record(key, lsn, Seen { pkid, digest });
+        }
+    }
 }
 
 /// The windows' replay, from what the `message-ids` file carries (none
