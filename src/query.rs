@@ -10,6 +10,7 @@ use std::io::Write;
 use bson::Bson;
 
 use crate::clock::iso;
+use crate::config::RollupSettings;
 pub use crate::store::read::{QueryError, Range, Summary, WindowStats};
 use crate::store::Store;
 
@@ -382,103 +383,164 @@ pub async fn series(
             iso(to)
         )));
     }
-    let range = Range {
-        from: Some(from),
-        to: Some(to),
+    let mut points = Points {
+        step_ms,
+        field,
+        by_step: BTreeMap::new(),
     };
-    let wanted = |name: &str| field.is_none_or(|f| f == name);
-    let mut points: BTreeMap<(i64, String), SeriesPoint> = BTreeMap::new();
-    let mut add = |start: i64, name: &str, (sum, n, min, max): (f64, i64, f64, f64)| {
-        let key = (start.div_euclid(step_ms) * step_ms, name.to_string());
-        let p = points.entry(key).or_insert_with(|| SeriesPoint {
-            start_ms: start.div_euclid(step_ms) * step_ms,
-            field: name.to_string(),
-            n: 0,
-            sum: 0.0,
-            min: f64::INFINITY,
-            max: f64::NEG_INFINITY,
-        });
+    let source = if let Some(spec) = rollup {
+        let from_windows = from_rollup(store, spec, sensor, (from, to), &mut points).await?;
+        SeriesSource::Rollup {
+            name: spec.name.clone(),
+            from_windows,
+        }
+    } else {
+        let range = Range {
+            from: Some(from),
+            to: Some(to),
+        };
+        if windows {
+            from_windows(store, sensor, range, &mut points).await?;
+            SeriesSource::Windows
+        } else {
+            from_samples(store, sensor, range, window_ms, &mut points).await?;
+            SeriesSource::Samples
+        }
+    };
+    Ok((source, points.by_step.into_values().collect()))
+}
+
+/// A series' points as they are summed up, by step and field.
+struct Points<'a> {
+    step_ms: i64,
+    /// The one field asked for, if any.
+    field: Option<&'a str>,
+    by_step: BTreeMap<(i64, String), SeriesPoint>,
+}
+
+impl Points<'_> {
+    fn wanted(&self, name: &str) -> bool {
+        self.field.is_none_or(|f| f == name)
+    }
+
+    /// Adds a summary `(sum, n, min, max)` of `name` at `start` to its step.
+    fn add(&mut self, start: i64, name: &str, (sum, n, min, max): (f64, i64, f64, f64)) {
+        if !self.wanted(name) {
+            return;
+        }
+        let step = start.div_euclid(self.step_ms) * self.step_ms;
+        let p = (self.by_step)
+            .entry((step, name.to_string()))
+            .or_insert_with(|| SeriesPoint {
+                start_ms: step,
+                field: name.to_string(),
+                n: 0,
+                sum: 0.0,
+                min: f64::INFINITY,
+                max: f64::NEG_INFINITY,
+            });
         p.n += n;
         p.sum += sum;
         p.min = p.min.min(min);
         p.max = p.max.max(max);
-    };
-    let source = if let Some(spec) = rollup {
-        let rows = store
-            .settled_rollups(spec, sensor, (from, to), MAX_READ)
-            .await
-            .map_err(|e| too_much(e, "take a shorter range"))?;
-        let interval = spec.interval_ms();
-        let settled: std::collections::HashSet<i64> = rows.iter().map(|r| r.start_ms).collect();
-        for r in &rows {
-            for (name, f) in r.fields.iter().filter(|f| wanted(f.0)) {
-                add(r.start_ms, name, (f[0], f[1] as i64, f[2], f[3]));
-            }
+    }
+}
+
+/// A series from a rollup's settled intervals, the others from the
+/// windows' summaries in one read from the first to the last of them (the
+/// open ones are the last); returns how many intervals were not settled.
+async fn from_rollup(
+    store: &Store,
+    spec: &RollupSettings,
+    sensor: &str,
+    (from, to): (i64, i64),
+    points: &mut Points<'_>,
+) -> Result<u64> {
+    let rows = store
+        .settled_rollups(spec, sensor, (from, to), MAX_READ)
+        .await
+        .map_err(|e| too_much(e, "take a shorter range"))?;
+    let interval = spec.interval_ms();
+    let settled: std::collections::HashSet<i64> = rows.iter().map(|r| r.start_ms).collect();
+    for r in &rows {
+        for (name, f) in &r.fields {
+            points.add(r.start_ms, name, (f[0], f[1] as i64, f[2], f[3]));
         }
-        // The intervals not settled: from the windows, in one read from
-        // the first to the last of them (the open ones are the last).
-        let rest: Vec<i64> = (from..to)
-            .step_by(interval as usize)
-            .filter(|s| !settled.contains(s))
-            .collect();
-        if let (Some(first), Some(last)) = (rest.first(), rest.last()) {
-            let within = Range {
-                from: Some(*first),
-                to: Some(last + interval),
-            };
-            let stats = store
-                .window_stats_within(sensor, within, Some(MAX_READ))
-                .await
-                .map_err(|e| too_much(e, "take a shorter range"))?;
-            for w in stats
-                .iter()
-                .filter(|w| !settled.contains(&spec.start_of(w.start_ms)))
-            {
-                for (name, f) in w.fields.iter().filter(|f| wanted(f.0)) {
-                    add(w.start_ms, name, *f);
-                }
-            }
-        }
-        SeriesSource::Rollup {
-            name: spec.name.clone(),
-            from_windows: rest.len() as u64,
-        }
-    } else if windows {
+    }
+    let rest: Vec<i64> = (from..to)
+        .step_by(interval as usize)
+        .filter(|s| !settled.contains(s))
+        .collect();
+    if let (Some(first), Some(last)) = (rest.first(), rest.last()) {
+        let within = Range {
+            from: Some(*first),
+            to: Some(last + interval),
+        };
         let stats = store
-            .window_stats_within(sensor, range, Some(MAX_READ))
+            .window_stats_within(sensor, within, Some(MAX_READ))
             .await
             .map_err(|e| too_much(e, "take a shorter range"))?;
-        for w in &stats {
-            for (name, f) in w.fields.iter().filter(|f| wanted(f.0)) {
-                add(w.start_ms, name, *f);
+        for w in stats
+            .iter()
+            .filter(|w| !settled.contains(&spec.start_of(w.start_ms)))
+        {
+            for (name, f) in &w.fields {
+                points.add(w.start_ms, name, *f);
             }
         }
-        SeriesSource::Windows
-    } else {
-        let mut read = 0u64;
-        store
-            .readings(sensor, range, |ts, fields| {
-                read += 1;
-                if read > MAX_READ {
-                    return Err(std::io::Error::other(OVER_READ));
+    }
+    Ok(rest.len() as u64)
+}
+
+/// A series from the windows' summaries.
+async fn from_windows(
+    store: &Store,
+    sensor: &str,
+    range: Range,
+    points: &mut Points<'_>,
+) -> Result<()> {
+    let stats = store
+        .window_stats_within(sensor, range, Some(MAX_READ))
+        .await
+        .map_err(|e| too_much(e, "take a shorter range"))?;
+    for w in &stats {
+        for (name, f) in &w.fields {
+            points.add(w.start_ms, name, *f);
+        }
+    }
+    Ok(())
+}
+
+/// A series from the samples, at most [`MAX_READ`] of them.
+async fn from_samples(
+    store: &Store,
+    sensor: &str,
+    range: Range,
+    window_ms: i64,
+    points: &mut Points<'_>,
+) -> Result<()> {
+    let mut read = 0u64;
+    store
+        .readings(sensor, range, |ts, fields| {
+            read += 1;
+            if read > MAX_READ {
+                return Err(std::io::Error::other(OVER_READ));
+            }
+            for (name, v) in &fields {
+                if let Bson::Double(x) = v {
+                    points.add(ts, name, (*x, 1, *x, *x));
                 }
-                for (name, v) in fields.iter().filter(|f| wanted(&f.0)) {
-                    if let Bson::Double(x) = v {
-                        add(ts, name, (*x, 1, *x, *x));
-                    }
-                }
-                Ok(())
-            })
-            .await
-            .map_err(|e| match e {
-                QueryError::Io(e) if e.to_string() == OVER_READ => QueryError::TooMuch(format!(
-                    "more than {MAX_READ} readings in the range; take a shorter range, or a step of a whole number of bucket.window ({window_ms} ms), read from the windows' summaries"
-                )),
-                e => e,
-            })?;
-        SeriesSource::Samples
-    };
-    Ok((source, points.into_values().collect()))
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| match e {
+            QueryError::Io(e) if e.to_string() == OVER_READ => QueryError::TooMuch(format!(
+                "more than {MAX_READ} readings in the range; take a shorter range, or a step of a whole number of bucket.window ({window_ms} ms), read from the windows' summaries"
+            )),
+            e => e,
+        })?;
+    Ok(())
 }
 
 /// Says what to change when a bounded read would read too much.
