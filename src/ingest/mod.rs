@@ -698,12 +698,7 @@ async fn run(
             changed = verdict.changed() => {
                 if changed.is_ok() {
                     let v = *verdict.borrow_and_update();
-                    if v != Verdict::Pending {
-                        // Decided: the probe's clock stops.
-                        conn.probe = None;
-                    }
-                    let actions = conn.session.verdict(v);
-                    conn.apply(actions, &client, &shared);
+                    on_verdict(&mut conn, v, &client, &shared);
                 }
                 continue;
             }
@@ -720,16 +715,8 @@ async fn run(
             }
             _ = beat.tick() => {
                 shared.health.ingest_beat();
-                let acked = shared.acked.get(conn.index());
-                if !conn.disconnecting && conn.session.retired(acked, std::time::Instant::now()) {
-                    let s = &conn.session;
-                    shared.sessions.retired(&s.client_id);
-                    shared.spool.forget_session(s.key);
-                    info!(client_id = %s.client_id, "Retired an MQTT session the configuration no longer has: unsubscribed, and every message it held is spooled.");
-                    conn.disconnecting = true;
-                    if !client.try_disconnect() {
-                        return;
-                    }
+                if !retire_if_done(&mut conn, &client, &shared) {
+                    return;
                 }
                 continue;
             }
@@ -780,6 +767,33 @@ async fn run(
             }
         }
     }
+}
+
+/// The shared-subscription verdict, decided or changed: the session
+/// subscribes (or unsubscribes) as it says.
+fn on_verdict(conn: &mut session::Conn, v: Verdict, client: &Client, shared: &Shared) {
+    if v != Verdict::Pending {
+        // Decided: the probe's clock stops.
+        conn.probe = None;
+    }
+    let actions = conn.session.verdict(v);
+    conn.apply(actions, client, shared);
+}
+
+/// A session the configuration no longer has, once unsubscribed and every
+/// message it held is spooled: forgotten and disconnected. `false`: the
+/// connection's task ends now (the client could not take the DISCONNECT).
+fn retire_if_done(conn: &mut session::Conn, client: &Client, shared: &Shared) -> bool {
+    let acked = shared.acked.get(conn.index());
+    if conn.disconnecting || !conn.session.retired(acked, std::time::Instant::now()) {
+        return true;
+    }
+    let s = &conn.session;
+    shared.sessions.retired(&s.client_id);
+    shared.spool.forget_session(s.key);
+    info!(client_id = %s.client_id, "Retired an MQTT session the configuration no longer has: unsubscribed, and every message it held is spooled.");
+    conn.disconnecting = true;
+    client.try_disconnect()
 }
 
 fn describe(e: &ConnectionError) -> String {
