@@ -176,31 +176,8 @@ impl Buckets {
             for i in 0..applied {
                 let (r, s) = order[next + i];
                 let st = &plans[r][s];
-                let run = &mut batch.runs[r];
                 let inserted = reply.upserted.contains(&i);
-                run.outcomes[st.range.clone()].fill(Outcome::Applied);
-                // A $push rewrites the whole bucket: what it held and what
-                // the statement added.
-                let held = if inserted {
-                    0
-                } else {
-                    st.base.map_or(0, |b| b.bytes)
-                };
-                written.bytes_rewritten += u64::from(held + st.bytes);
-                let full = st
-                    .fill_after(inserted)
-                    .is_some_and(|f| f.count >= shape.max_samples);
-                if full && self.full.len() < FULL_HELD {
-                    let id = bucket::bucket_id(&run.sensor, st.start_ms, st.seq);
-                    self.full.push(Bson::String(id));
-                }
-                if st.leaves && self.full.len() < FULL_HELD {
-                    let id = bucket::bucket_id(&run.sensor, st.start_ms, st.seq - 1);
-                    self.full.push(Bson::String(id));
-                }
-                settle(&mut run.fills, st, Some(inserted));
-                written.statements += 1;
-                written.buckets_created += inserted as u64;
+                self.applied(&mut batch.runs[r], st, inserted, &mut written);
             }
             next += applied;
             let Some(error) = first_error else {
@@ -251,6 +228,42 @@ impl Buckets {
             }
         }
         Ok(written)
+    }
+
+    /// A statement the database applied: its samples' outcome, the bytes
+    /// it rewrote, the buckets it filled held for an early seal, the fill
+    /// it leaves.
+    fn applied(
+        &mut self,
+        run: &mut crate::flush::Run,
+        st: &bucket::Statement,
+        inserted: bool,
+        written: &mut Written,
+    ) {
+        let shape = self.shape;
+        run.outcomes[st.range.clone()].fill(Outcome::Applied);
+        // A $push rewrites the whole bucket: what it held and what
+        // the statement added.
+        let held = if inserted {
+            0
+        } else {
+            st.base.map_or(0, |b| b.bytes)
+        };
+        written.bytes_rewritten += u64::from(held + st.bytes);
+        let full = st
+            .fill_after(inserted)
+            .is_some_and(|f| f.count >= shape.max_samples);
+        if full && self.full.len() < FULL_HELD {
+            let id = bucket::bucket_id(&run.sensor, st.start_ms, st.seq);
+            self.full.push(Bson::String(id));
+        }
+        if st.leaves && self.full.len() < FULL_HELD {
+            let id = bucket::bucket_id(&run.sensor, st.start_ms, st.seq - 1);
+            self.full.push(Bson::String(id));
+        }
+        settle(&mut run.fills, st, Some(inserted));
+        written.statements += 1;
+        written.buckets_created += inserted as u64;
     }
 
     /// After a collision in run `r`: another writer may have filled the
