@@ -200,27 +200,9 @@ fn main() -> ExitCode {
             }
         }
         Command::Try(args) => {
-            let settings = match &args.preset {
-                Some(name) => {
-                    let text = match palletd::config::presets::example_with(name) {
-                        Ok(text) => text,
-                        Err(e) => {
-                            eprintln!("palletd: --preset {e}");
-                            return ExitCode::from(EXIT_CONFIG);
-                        }
-                    };
-                    match palletd::config::parse(&text, None) {
-                        Ok(s) => s,
-                        Err(errors) => {
-                            eprintln!("palletd: the preset {name} does not parse: {errors:?}");
-                            return ExitCode::FAILURE;
-                        }
-                    }
-                }
-                None => match load(&cli) {
-                    Ok(s) => s,
-                    Err(code) => return code,
-                },
+            let settings = match try_settings(&cli, args) {
+                Ok(s) => s,
+                Err(code) => return code,
             };
             try_payload(args, &settings)
         }
@@ -241,41 +223,7 @@ fn main() -> ExitCode {
         }
         Command::CheckConfig => match load(&cli) {
             Ok(settings) => {
-                for w in &settings.warnings {
-                    println!("warning: {w}");
-                }
-                println!(
-                    "configuration is valid: {} subscription(s), bucket window {}, up to {} samples / {} bytes",
-                    settings.subscriptions.len(),
-                    humantime::format_duration(settings.bucket.window),
-                    settings.bucket.max_samples,
-                    settings.bucket.max_bytes
-                );
-                println!(
-                    "memory budget (limits.max_memory): {}{}",
-                    bytesize::ByteSize(settings.limits.max_memory).to_string_as(true),
-                    match settings.limits.max_memory_from {
-                        palletd::config::MemoryBudgetFrom::Set => "",
-                        palletd::config::MemoryBudgetFrom::Auto { .. } =>
-                            " (auto: an eighth of the memory palletd may use, 64-256 MiB)",
-                    }
-                );
-                // What each MQTT session subscribes (a Sparkplug B
-                // subscription stays on the first).
-                let sessions = palletd::front::plan::plan(
-                    &settings.mqtt,
-                    &settings.subscriptions,
-                    &Default::default(),
-                );
-                println!(
-                    "MQTT: {} connection(s) (mqtt.connections = {})",
-                    sessions.len(),
-                    settings.mqtt.connections
-                );
-                for s in &sessions {
-                    let filters: Vec<&str> = s.subscribe.iter().map(|f| f.0.as_str()).collect();
-                    println!("  {}: {}", s.client_id, filters.join(", "));
-                }
+                check_config(&settings);
                 ExitCode::SUCCESS
             }
             Err(code) => code,
@@ -317,6 +265,66 @@ fn main() -> ExitCode {
                 }
             }
         }
+    }
+}
+
+/// The settings `palletd try` decodes with: a preset's, or the
+/// configuration file's.
+fn try_settings(cli: &Cli, args: &TryArgs) -> Result<palletd::config::Settings, ExitCode> {
+    match &args.preset {
+        Some(name) => {
+            let text = match palletd::config::presets::example_with(name) {
+                Ok(text) => text,
+                Err(e) => {
+                    eprintln!("palletd: --preset {e}");
+                    return Err(ExitCode::from(EXIT_CONFIG));
+                }
+            };
+            match palletd::config::parse(&text, None) {
+                Ok(s) => Ok(s),
+                Err(errors) => {
+                    eprintln!("palletd: the preset {name} does not parse: {errors:?}");
+                    Err(ExitCode::FAILURE)
+                }
+            }
+        }
+        None => load(cli),
+    }
+}
+
+/// `palletd check-config`: what the configuration amounts to.
+fn check_config(settings: &palletd::config::Settings) {
+    for w in &settings.warnings {
+        println!("warning: {w}");
+    }
+    println!(
+        "configuration is valid: {} subscription(s), bucket window {}, up to {} samples / {} bytes",
+        settings.subscriptions.len(),
+        humantime::format_duration(settings.bucket.window),
+        settings.bucket.max_samples,
+        settings.bucket.max_bytes
+    );
+    println!(
+        "memory budget (limits.max_memory): {}{}",
+        bytesize::ByteSize(settings.limits.max_memory).to_string_as(true),
+        match settings.limits.max_memory_from {
+            palletd::config::MemoryBudgetFrom::Set => "",
+            palletd::config::MemoryBudgetFrom::Auto { .. } =>
+                " (auto: an eighth of the memory palletd may use, 64-256 MiB)",
+        }
+    );
+    // What each MQTT session subscribes (a Sparkplug B
+    // subscription stays on the first).
+    let sessions =
+        palletd::front::plan::plan(&settings.mqtt, &settings.subscriptions, &Default::default());
+    println!(
+        "MQTT: {} connection(s) (mqtt.connections = {})",
+        sessions.len(),
+        settings.mqtt.connections
+    );
+    for s in &sessions {
+        let filters: Vec<&str> = s.subscribe.iter().map(|f| f.0.as_str()).collect();
+        println!("  {}: {}", s.client_id, filters.join(", "));
     }
 }
 

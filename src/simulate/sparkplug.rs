@@ -92,6 +92,62 @@ struct Walk {
     values: [f64; 3],
 }
 
+/// A simulated edge node's event loop: tells `tx` when it is connected
+/// (and with which bdSeq), acknowledged, lost or asked for a rebirth on
+/// `ncmd`; a new session after a loss takes the next bdSeq, in its will
+/// on `death_topic` too.
+async fn poll_node(
+    mut eventloop: rumqttc::EventLoop,
+    tx: mpsc::UnboundedSender<NodeEvent>,
+    ncmd: String,
+    death_topic: String,
+    mut bd_seq: u64,
+) {
+    let mut down = false;
+    loop {
+        match eventloop.poll().await {
+            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                if down {
+                    info!(bd_seq, "Simulated edge node reconnected; born again.");
+                }
+                down = false;
+                let _ = tx.send(NodeEvent::Connected(bd_seq));
+            }
+            Ok(Event::Incoming(Packet::PubAck(_))) => {
+                let _ = tx.send(NodeEvent::Acked);
+            }
+            Ok(Event::Incoming(Packet::Publish(p))) if p.topic == ncmd => {
+                let asked = proto::Payload::decode(p.payload.as_ref())
+                    .map(|p| {
+                        p.metrics.iter().any(|m| {
+                            m.name.as_deref() == Some(REBIRTH_METRIC)
+                                && m.value == Some(Value::BooleanValue(true))
+                        })
+                    })
+                    .unwrap_or(false);
+                if asked {
+                    let _ = tx.send(NodeEvent::Rebirth);
+                }
+            }
+            Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
+            Ok(_) => {}
+            Err(e) => {
+                if !down {
+                    warn!(error = %e, "Simulated edge node lost the broker; retrying.");
+                    down = true;
+                    // A new MQTT session: the next bdSeq, in the will too.
+                    bd_seq += 1;
+                    eventloop
+                        .mqtt_options
+                        .set_last_will(death_will(&death_topic, bd_seq));
+                    let _ = tx.send(NodeEvent::Lost);
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
 impl EdgeNode {
     fn new(opts: &SimOptions, n: usize, devices: usize) -> EdgeNode {
         let mut rng = StdRng::seed_from_u64(opts.seed.wrapping_add(n as u64));
@@ -129,60 +185,16 @@ impl EdgeNode {
         opts: &SimOptions,
         stop: CancellationToken,
     ) -> Result<SimReport, SimError> {
-        let mut bd_seq: u64 = 0;
+        let bd_seq: u64 = 0;
         let mut mqtt =
             crate::ingest::mqtt_options(&opts.mqtt, &format!("{}-{}", opts.client_id, self.id))?;
         mqtt.set_inflight(100)
             .set_last_will(death_will(&self.topic("NDEATH", None), bd_seq));
-        let (client, mut eventloop) = AsyncClient::new(mqtt, 10_000);
+        let (client, eventloop) = AsyncClient::new(mqtt, 10_000);
         let (tx, mut rx) = mpsc::unbounded_channel::<NodeEvent>();
         let ncmd = self.topic("NCMD", None);
         let death_topic = self.topic("NDEATH", None);
-        let poller = tokio::spawn(async move {
-            let mut down = false;
-            loop {
-                match eventloop.poll().await {
-                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        if down {
-                            info!(bd_seq, "Simulated edge node reconnected; born again.");
-                        }
-                        down = false;
-                        let _ = tx.send(NodeEvent::Connected(bd_seq));
-                    }
-                    Ok(Event::Incoming(Packet::PubAck(_))) => {
-                        let _ = tx.send(NodeEvent::Acked);
-                    }
-                    Ok(Event::Incoming(Packet::Publish(p))) if p.topic == ncmd => {
-                        let asked = proto::Payload::decode(p.payload.as_ref())
-                            .map(|p| {
-                                p.metrics.iter().any(|m| {
-                                    m.name.as_deref() == Some(REBIRTH_METRIC)
-                                        && m.value == Some(Value::BooleanValue(true))
-                                })
-                            })
-                            .unwrap_or(false);
-                        if asked {
-                            let _ = tx.send(NodeEvent::Rebirth);
-                        }
-                    }
-                    Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
-                    Ok(_) => {}
-                    Err(e) => {
-                        if !down {
-                            warn!(error = %e, "Simulated edge node lost the broker; retrying.");
-                            down = true;
-                            // A new MQTT session: the next bdSeq, in the will too.
-                            bd_seq += 1;
-                            eventloop
-                                .mqtt_options
-                                .set_last_will(death_will(&death_topic, bd_seq));
-                            let _ = tx.send(NodeEvent::Lost);
-                        }
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                }
-            }
-        });
+        let poller = tokio::spawn(poll_node(eventloop, tx, ncmd, death_topic, bd_seq));
 
         let rate = self.devices.len() as f64 * opts.rate;
         let mut report = SimReport::default();
