@@ -457,82 +457,10 @@ impl World {
             return Ok(false);
         };
         match action {
-            Action::Checkpoint(lsn) => {
-                // Never past a record that is not in the database.
-                for rec in self
-                    .log
-                    .iter()
-                    .filter(|r| r.lsn < lsn && r.lsn >= self.checkpoint)
-                {
-                    let done = self.deleted.contains(&rec.lsn)
-                        || match &rec.entry {
-                            Entry::Sample { .. } => {
-                                self.db
-                                    .stored
-                                    .contains_key(&(self.tags.of(rec.lsn), rec.lsn))
-                                    || self.db.dead.contains(&(self.tags.of(rec.lsn), rec.lsn))
-                            }
-                            Entry::DeadLetter { .. } => {
-                                self.db.dead.contains(&(self.tags.of(rec.lsn), rec.lsn))
-                            }
-                            Entry::MessageId { .. } | Entry::Sparkplug { .. } => true,
-                        };
-                    prop_assert!(
-                        done,
-                        "checkpoint {} passes LSN {} which is not in the database",
-                        lsn,
-                        rec.lsn
-                    );
-                }
-                // The appender prunes the tombstones below it.
-                self.tombstone = self.tombstone.split_off(&lsn);
-                prop_assert!(lsn >= self.checkpoint, "the checkpoint never goes back");
-                self.checkpoint = lsn;
-            }
+            Action::Checkpoint(lsn) => self.checkpoint_taken(lsn)?,
             Action::Read {
                 from, max, limit, ..
-            } => {
-                prop_assert!(limit <= self.durable);
-                // Every third read stops early (say at the end of a segment
-                // being written): it says how far it got, not `limit`.
-                self.reads += 1;
-                let take = match self.reads % 3 {
-                    0 => (max / 2).max(1),
-                    _ => max,
-                };
-                let mut bytes = Vec::new();
-                let mut n = 0;
-                let mut end = limit;
-                let mut stopped = false;
-                for r in self
-                    .log
-                    .iter()
-                    .filter(|r| r.lsn >= from && r.lsn < limit && !self.deleted.contains(&r.lsn))
-                    .take(max)
-                {
-                    if n == take {
-                        stopped = true;
-                        break;
-                    }
-                    r.encode_into(&mut bytes);
-                    n += 1;
-                    end = r.lsn + 1;
-                }
-                if n < max && !stopped {
-                    end = limit;
-                }
-                // The reader reports what it stepped over; the spool forgets
-                // what the core counted.
-                let missing: Vec<u64> = self.tombstone.range(from..end).copied().collect();
-                let lost = self
-                    .core
-                    .records(&bytes, n, end, &missing, self.now, self.now_ms);
-                for l in &lost {
-                    self.tombstone.remove(l);
-                }
-                self.missed_an_earlier_runs |= lost.iter().any(|l| *l < self.run_from);
-                self.lost += lost.len() as u64;
-            }
+            } => self.read(from, max, limit)?,
             Action::Resolve(req) => {
                 // An outage meets the resolve as it would a write.
                 let outage = match self.fate {
@@ -578,51 +506,135 @@ impl World {
                 now_ms,
                 late,
                 first,
-            } => {
-                // Nothing held of a window the seal closes (a sample the
-                // database refuses never goes into a bucket, nor do those
-                // refused with it).
-                // (Unless late readings of them kept arriving through the
-                // core's flush rounds: then they go into new buckets.)
-                let held = self.log.iter().filter(|r| r.lsn >= self.checkpoint);
-                for r in held.filter(|_| self.mode == Mode::Buckets && !late) {
-                    if let Entry::Sample { doc, .. } = &r.entry {
-                        let d = bson::RawDocument::from_bytes(doc).unwrap();
-                        let sample = SampleRef::from_doc(d, r.lsn).unwrap();
-                        let ts = sample.ts_ms;
-                        let closed = !poisoned(sample)
-                            && !self.db.refused.contains(&(self.tags.of(r.lsn), r.lsn))
-                            && SHAPE.window_start(ts) + SHAPE.window_ms <= now_ms - 5_000;
-                        prop_assert!(
-                            !closed
-                                || self.db.stored.contains_key(&(self.tags.of(r.lsn), r.lsn))
-                                || self.db.dead.contains(&(self.tags.of(r.lsn), r.lsn))
-                                || self.deleted.contains(&r.lsn)
-                                || r.lsn >= self.core.cursor(),
-                            "sealing a window while holding its sample {}",
-                            r.lsn
-                        );
-                    }
-                }
-                // The pipeline's checkpoint, under the spool's current id
-                // (an earlier id may be another box's too).
-                // (Published at a closer run's first chunk only, as the
-                // store does.)
-                if first {
-                    let c = self.db.published.entry(self.tags.current()).or_default();
-                    *c = (*c).max(self.checkpoint);
-                }
-                self.db.strip();
-                // Every other closer run goes in two chunks (the model's
-                // database seals it all in the first).
-                self.seals += 1;
-                let more = self.mode == Mode::Buckets && first && self.seals.is_multiple_of(2);
-                self.core
-                    .sealed(self.now, now_ms, Some(now_ms - 5_000), more);
-            }
+            } => self.seal(now_ms, late, first)?,
             Action::Done => return Ok(false),
         }
         Ok(true)
+    }
+
+    /// The checkpoint stored: never past a record not in the database.
+    fn checkpoint_taken(&mut self, lsn: u64) -> Result<(), TestCaseError> {
+        // Never past a record that is not in the database.
+        for rec in self
+            .log
+            .iter()
+            .filter(|r| r.lsn < lsn && r.lsn >= self.checkpoint)
+        {
+            let done = self.deleted.contains(&rec.lsn)
+                || match &rec.entry {
+                    Entry::Sample { .. } => {
+                        self.db
+                            .stored
+                            .contains_key(&(self.tags.of(rec.lsn), rec.lsn))
+                            || self.db.dead.contains(&(self.tags.of(rec.lsn), rec.lsn))
+                    }
+                    Entry::DeadLetter { .. } => {
+                        self.db.dead.contains(&(self.tags.of(rec.lsn), rec.lsn))
+                    }
+                    Entry::MessageId { .. } | Entry::Sparkplug { .. } => true,
+                };
+            prop_assert!(
+                done,
+                "checkpoint {} passes LSN {} which is not in the database",
+                lsn,
+                rec.lsn
+            );
+        }
+        // The appender prunes the tombstones below it.
+        self.tombstone = self.tombstone.split_off(&lsn);
+        prop_assert!(lsn >= self.checkpoint, "the checkpoint never goes back");
+        self.checkpoint = lsn;
+        Ok(())
+    }
+
+    /// A read of the log, as the spool's reader does it.
+    fn read(&mut self, from: u64, max: usize, limit: u64) -> Result<(), TestCaseError> {
+        prop_assert!(limit <= self.durable);
+        // Every third read stops early (say at the end of a segment
+        // being written): it says how far it got, not `limit`.
+        self.reads += 1;
+        let take = match self.reads % 3 {
+            0 => (max / 2).max(1),
+            _ => max,
+        };
+        let mut bytes = Vec::new();
+        let mut n = 0;
+        let mut end = limit;
+        let mut stopped = false;
+        for r in self
+            .log
+            .iter()
+            .filter(|r| r.lsn >= from && r.lsn < limit && !self.deleted.contains(&r.lsn))
+            .take(max)
+        {
+            if n == take {
+                stopped = true;
+                break;
+            }
+            r.encode_into(&mut bytes);
+            n += 1;
+            end = r.lsn + 1;
+        }
+        if n < max && !stopped {
+            end = limit;
+        }
+        // The reader reports what it stepped over; the spool forgets
+        // what the core counted.
+        let missing: Vec<u64> = self.tombstone.range(from..end).copied().collect();
+        let lost = self
+            .core
+            .records(&bytes, n, end, &missing, self.now, self.now_ms);
+        for l in &lost {
+            self.tombstone.remove(l);
+        }
+        self.missed_an_earlier_runs |= lost.iter().any(|l| *l < self.run_from);
+        self.lost += lost.len() as u64;
+        Ok(())
+    }
+
+    /// A seal, as the model's database does it.
+    fn seal(&mut self, now_ms: i64, late: bool, first: bool) -> Result<(), TestCaseError> {
+        // Nothing held of a window the seal closes (a sample the
+        // database refuses never goes into a bucket, nor do those
+        // refused with it).
+        // (Unless late readings of them kept arriving through the
+        // core's flush rounds: then they go into new buckets.)
+        let held = self.log.iter().filter(|r| r.lsn >= self.checkpoint);
+        for r in held.filter(|_| self.mode == Mode::Buckets && !late) {
+            if let Entry::Sample { doc, .. } = &r.entry {
+                let d = bson::RawDocument::from_bytes(doc).unwrap();
+                let sample = SampleRef::from_doc(d, r.lsn).unwrap();
+                let ts = sample.ts_ms;
+                let closed = !poisoned(sample)
+                    && !self.db.refused.contains(&(self.tags.of(r.lsn), r.lsn))
+                    && SHAPE.window_start(ts) + SHAPE.window_ms <= now_ms - 5_000;
+                prop_assert!(
+                    !closed
+                        || self.db.stored.contains_key(&(self.tags.of(r.lsn), r.lsn))
+                        || self.db.dead.contains(&(self.tags.of(r.lsn), r.lsn))
+                        || self.deleted.contains(&r.lsn)
+                        || r.lsn >= self.core.cursor(),
+                    "sealing a window while holding its sample {}",
+                    r.lsn
+                );
+            }
+        }
+        // The pipeline's checkpoint, under the spool's current id
+        // (an earlier id may be another box's too).
+        // (Published at a closer run's first chunk only, as the
+        // store does.)
+        if first {
+            let c = self.db.published.entry(self.tags.current()).or_default();
+            *c = (*c).max(self.checkpoint);
+        }
+        self.db.strip();
+        // Every other closer run goes in two chunks (the model's
+        // database seals it all in the first).
+        self.seals += 1;
+        let more = self.mode == Mode::Buckets && first && self.seals.is_multiple_of(2);
+        self.core
+            .sealed(self.now, now_ms, Some(now_ms - 5_000), more);
+        Ok(())
     }
 
     /// The database is away for `secs` while an action waits: readings

@@ -158,7 +158,15 @@ fn births_teach_no_more_than_the_limits_and_evict_the_longest_silent() {
         cause(&d.decode("spBv1.0/G/DBIRTH/N1/D2", &nbirth(0), at(8))),
         Some("too_many_sparkplug_devices")
     );
+}
 
+/// BIRTHs teach at most `max_sparkplug_aliases` in all: a node's new
+/// BIRTH replaces its own, the longest silent node goes, and one node
+/// that alone would pass the limit is refused and not kept.
+#[test]
+fn births_teach_no_more_aliases_than_the_limit() {
+    let cause = |out: &crate::decode::Decoded| out.errors.first().map(|e| e.cause());
+    let at = |s: i64| NOW + s * 1000;
     // Three aliases per BIRTH, at most 7 in all.
     let mut d = decoder(false);
     d.limits.max_sparkplug_aliases = 7;
@@ -185,7 +193,18 @@ fn births_teach_no_more_than_the_limits_and_evict_the_longest_silent() {
     let out = d.decode("spBv1.0/G/NBIRTH/BIG", &payload(0, big), at(5));
     assert_eq!(cause(&out), Some("too_many_sparkplug_aliases"));
     assert_eq!(d.sparkplug_state().size(), (1, 1, 6), "nothing changed");
+}
 
+/// BIRTHs teach at most `max_sparkplug_bytes` in all (recounted the same
+/// at load); one node alone over them is refused and not kept.
+#[test]
+fn births_teach_no_more_bytes_than_the_limit() {
+    let cause = |out: &crate::decode::Decoded| out.errors.first().map(|e| e.cause());
+    let at = |s: i64| NOW + s * 1000;
+    let data = payload(
+        1,
+        vec![metric(None, 1, DataType::Float, Value::FloatValue(1.0))],
+    );
     // Bytes: each node of three aliases is 820 bytes here.
     let mut d = decoder(false);
     d.limits.max_sparkplug_bytes = 2_500;
@@ -231,7 +250,11 @@ fn births_teach_no_more_than_the_limits_and_evict_the_longest_silent() {
         "alone over the bytes"
     );
     assert_eq!(d.sparkplug_state().size().0, 3, "and not kept");
+}
 
+/// A metric name too long for a field is not learnt from a BIRTH.
+#[test]
+fn births_do_not_learn_names_too_long_for_a_field() {
     // A name too long for a field is not learnt.
     let mut d = decoder(false);
     d.limits.max_field_name_length = 5;
