@@ -70,7 +70,7 @@
 //!
 //! Imports run from the edges to the core; the core never imports an edge,
 //! nor tokio or the metrics facade (it returns counts and ages for the
-//! tasks to record): `tests/layout.rs` checks it.
+//! tasks to record): `tests/suite/layout.rs` checks it.
 //! A PUBLISH is acknowledged once everything it carried is durable in the
 //! local spool; the spool is written to MongoDB exactly once.
 

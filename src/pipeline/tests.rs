@@ -1074,7 +1074,7 @@ fn a_restart_finds_what_was_written_past_the_checkpoint_in_every_replayed_batch(
 /// After a restart, a live reading is written with its normal lag (its
 /// delay plus about a flush) while the backlog the spool held, which takes
 /// seconds to write, is still draining; everything is stored once. (After
-/// an outage the same happens; the property tests and tests/wan.rs cover
+/// an outage the same happens; the property tests and tests/suite/wan.rs cover
 /// that.)
 /// Across an outage the pipeline reads nothing while its write waits, so
 /// what arrived meanwhile is on disk, not in memory: that counts as falling

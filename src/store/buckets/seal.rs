@@ -64,7 +64,7 @@ pub(super) fn avg_expression() -> Document {
 /// every seal there publishes and removes pairs, finer than this (each
 /// pair below the checkpoint, in open windows too), through crashes, lost
 /// replies, two instances and a backlog, and every sample stays stored
-/// exactly once; `tests/faults.rs` restores a spool from a backup.
+/// exactly once; `tests/suite/faults.rs` restores a spool from a backup.
 pub(super) fn strip_expression(published: &HashMap<String, u64>) -> Option<Document> {
     if published.is_empty() {
         return None;

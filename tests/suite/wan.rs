@@ -4,7 +4,7 @@
 //! backlog drains behind them, and every reading is stored exactly once,
 //! through SIGKILLs and a lost reply during the drain.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

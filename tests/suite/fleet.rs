@@ -3,7 +3,7 @@
 //! exactly once through a SIGKILL of one instance mid-stream, with buckets
 //! written by both instances within their caps.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! sends, as a dying connection does) and aedes, a broker that grants
 //! `$share/` without delivering through it.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! the HTTP endpoint of a palletd with 256 file descriptors, and the
 //! endpoint's credentials.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -3,7 +3,7 @@
 //! restart between BIRTH and DATA, with sequence gaps, and DEATHs (sent,
 //! and by the broker as a last will) are recorded.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

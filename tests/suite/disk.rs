@@ -4,7 +4,7 @@
 //! another box. Each ends by comparing what was published with what the
 //! buckets hold, and with what palletd counted as lost.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! connection's socket cut lose and duplicate nothing; fewer connections
 //! retire the sessions left over, whose queued messages are stored.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! Prometheus rules and Grafana dashboard, and the command line's
 //! `--version`, completions and man page.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

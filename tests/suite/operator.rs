@@ -3,7 +3,7 @@
 //! replayed readings in both storage modes, a change stream on it, and the
 //! flat view (`<collection>_flat`) read back equal to `palletd query`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

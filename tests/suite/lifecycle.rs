@@ -1,7 +1,7 @@
 //! Bucket lifecycle against the real broker and database: the closer, late
 //! and out-of-order data, clock problems, restart recovery and retention.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

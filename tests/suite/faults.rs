@@ -2,7 +2,7 @@
 //! an ambiguous write, a torn spool, a full spool, a broker restart. Each
 //! ends by comparing what was published with what the buckets hold.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -278,7 +278,7 @@ async fn observer(
 async fn a_broker_restart_loses_nothing() {
     // One connection, unshared: a subscription Mosquitto keeps across its
     // restart, whenever the publisher comes back (with several, shared
-    // ones, tests/connections.rs).
+    // ones, tests/suite/connections.rs).
     let mut stack = Stack::start("restart", |c| c.set("mqtt.connections", 1)).await;
     let seen = observer(&stack.broker).await;
     let publisher = Publisher::connect_persistent(&stack.broker, "pub-restart").await;

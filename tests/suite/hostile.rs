@@ -1,7 +1,7 @@
 //! Hostile and broken devices, with real processes: what one device sends
 //! must not cost the other sensors or the box more than its share.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! every point left out within its rule's bound of what a reader sees,
 //! no point twice, and the summaries and rollups of every reading.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! summary computed here from the readings published, in both storage
 //! modes, after late data and across a SIGKILL.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Running palletd as a service: metrics and health, the systemd notify
 //! protocol, `palletd query`, JSON logs, the unit file and the Compose file.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::os::unix::net::UnixDatagram;

@@ -1,7 +1,7 @@
 //! palletd end to end: a real Mosquitto, a real SecantusDB, palletd as a
 //! child process. Each test starts its own services on free ports.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! `storage.mode = "timeseries"`: a native time series collection, one
 //! document per reading, with the same exactly-once rules as buckets.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

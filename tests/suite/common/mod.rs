@@ -7,7 +7,6 @@
 //! [`Stack::start`] brings broker, database and palletd up together.
 //! A missing service binary fails the test with the command that installs it
 //! (`scripts/install-test-services` does both).
-#![allow(dead_code, unused_imports)]
 
 mod checks;
 mod config;

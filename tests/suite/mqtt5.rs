@@ -3,7 +3,7 @@
 //! content type, the same guarantees as 3.1.1 through SIGKILLs and a
 //! broker restart, and the session expiry honoured by the broker.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

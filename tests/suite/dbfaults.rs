@@ -9,7 +9,7 @@
 //! collection or (a statement an operator's unique index refuses) in the
 //! dead letter.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;

@@ -12,7 +12,7 @@
 //! its values stored, the retained copies the broker sends on subscribe
 //! and the `$` attributes skipped.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
