@@ -37,8 +37,8 @@
 //! packet ids. Only past 65,536 waiting messages (a QoS 0 flood) does the task
 //! stop reading from the socket.
 
-mod session;
-pub mod sessions;
+mod conn;
+pub mod sessions_file;
 pub mod tls;
 mod v5;
 
@@ -438,7 +438,7 @@ pub struct Connections {
     list: Vec<Connection>,
     acked: Arc<Counters>,
     resets: Arc<Resets>,
-    sessions: sessions::SessionsFile,
+    sessions: sessions_file::SessionsFile,
     probe: Option<Probe>,
     /// Messages kept per session to recognise redeliveries.
     window: usize,
@@ -464,7 +464,7 @@ pub(crate) struct Shared {
     health: Arc<Health>,
     /// Bytes of messages on their way to the admission.
     queue: Arc<crate::budget::Budget>,
-    sessions: Arc<sessions::SessionsFile>,
+    sessions: Arc<sessions_file::SessionsFile>,
     acked: Arc<Counters>,
     resets: Arc<Resets>,
     /// Whether the broker delivers through shared subscriptions.
@@ -518,7 +518,7 @@ impl Connections {
         subscriptions: &[Subscription],
         spool_dir: &std::path::Path,
     ) -> Result<Self, String> {
-        let before = sessions::SessionsFile::load(spool_dir, mqtt, subscriptions);
+        let before = sessions_file::SessionsFile::load(spool_dir, mqtt, subscriptions);
         let probe = plan::probe(mqtt, subscriptions);
         let planned = plan::plan(mqtt, subscriptions, &before);
         let plain_match = |client_id: &str, extra: &[(String, u8)]| -> bool {
@@ -555,7 +555,8 @@ impl Connections {
                 eventloop,
             });
         }
-        let sessions = sessions::SessionsFile::start(spool_dir, before, &planned, probe.as_ref());
+        let sessions =
+            sessions_file::SessionsFile::start(spool_dir, before, &planned, probe.as_ref());
         Ok(Connections {
             list,
             acked: Arc::new(Counters::new()),
@@ -638,7 +639,7 @@ impl Connections {
             let seen = recovered.of(session_key(&c.plan.client_id));
             let probing = c.plan.index == 0 && self.probe.is_some();
             let session = Session::new(c.plan, self.probe.clone(), self.window, &seen, verdict);
-            let conn = session::Conn::new(session, c.plain_probe_match, probing);
+            let conn = conn::Conn::new(session, c.plain_probe_match, probing);
             // Subscribed here, with the verdict the session starts from:
             // a receiver made when its task first runs would take a
             // verdict decided meanwhile (connection 0's probe back before
@@ -652,7 +653,7 @@ impl Connections {
 
 /// One connection's event loop, until `done` or `abort`.
 async fn run(
-    mut conn: session::Conn,
+    mut conn: conn::Conn,
     client: Client,
     eventloop: Link,
     shared: Shared,
@@ -771,7 +772,7 @@ async fn run(
 
 /// The shared-subscription verdict, decided or changed: the session
 /// subscribes (or unsubscribes) as it says.
-fn on_verdict(conn: &mut session::Conn, v: Verdict, client: &Client, shared: &Shared) {
+fn on_verdict(conn: &mut conn::Conn, v: Verdict, client: &Client, shared: &Shared) {
     if v != Verdict::Pending {
         // Decided: the probe's clock stops.
         conn.probe = None;
@@ -783,7 +784,7 @@ fn on_verdict(conn: &mut session::Conn, v: Verdict, client: &Client, shared: &Sh
 /// A session the configuration no longer has, once unsubscribed and every
 /// message it held is spooled: forgotten and disconnected. `false`: the
 /// connection's task ends now (the client could not take the DISCONNECT).
-fn retire_if_done(conn: &mut session::Conn, client: &Client, shared: &Shared) -> bool {
+fn retire_if_done(conn: &mut conn::Conn, client: &Client, shared: &Shared) -> bool {
     let acked = shared.acked.get(conn.index());
     if conn.disconnecting || !conn.session.retired(acked, std::time::Instant::now()) {
         return true;
