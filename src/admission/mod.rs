@@ -196,7 +196,7 @@ impl Admission {
             tell_quiet: !settings.latest.enabled,
             sparkplug,
             thinning: thinning::Thinning::new(
-                left_out_window(settings),
+                crate::store::left_out_window(settings),
                 settings.limits.split().thinning,
             ),
             thinning_hold,
@@ -591,7 +591,7 @@ impl ThinningHold {
             .any(|s| !s.thinning.is_empty())
             || thinning::lsn_path(&dir).exists();
         let read_back = match active {
-            true => thinning::read_back(&dir, spool, next_lsn, left_out_window(settings)),
+            true => thinning::read_back(&dir, spool, next_lsn, crate::store::left_out_window(settings)),
             false => Vec::new(),
         };
         let points: usize = read_back.iter().map(|r| r.1.points.len()).sum();
@@ -614,13 +614,6 @@ impl ThinningHold {
             over_budget: false,
         }
     }
-}
-
-/// `bucket.window` in ms in time series mode, where thinning sums up the
-/// values it leaves out per window ([`thinning::Thinning::new`]).
-fn left_out_window(settings: &crate::config::Settings) -> Option<i64> {
-    (settings.storage.mode == crate::config::StorageMode::Timeseries)
-        .then_some(settings.bucket.window.as_millis() as i64)
 }
 
 /// Room for a chunk of a snapshot on its way to the writing thread.

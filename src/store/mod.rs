@@ -53,6 +53,15 @@ pub enum SchemaError {
     Mismatch(String),
 }
 
+/// Where thinning sums up the values it leaves out, per window of this
+/// many ms: in time series mode, whose documents are readings and carry no
+/// window's summaries (`bucket.window`); `None` in bucket mode, whose
+/// statements summarise every reading.
+pub fn left_out_window(settings: &Settings) -> Option<i64> {
+    (settings.storage.mode == crate::config::StorageMode::Timeseries)
+        .then_some(settings.bucket.window.as_millis() as i64)
+}
+
 /// The storage mode.
 pub enum Mode {
     Buckets(Buckets),
