@@ -265,7 +265,7 @@ async fn spawn_watchers(
         .latest
         .enabled
         .then(|| db.collection(&settings.mongodb.latest_collection()));
-    tracker.spawn(telemetry::systemd::supervise(
+    tracker.spawn(telemetry::supervise::supervise(
         db,
         latest,
         health.clone(),

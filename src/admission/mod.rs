@@ -591,7 +591,12 @@ impl ThinningHold {
             .any(|s| !s.thinning.is_empty())
             || thinning::lsn_path(&dir).exists();
         let read_back = match active {
-            true => thinning::read_back(&dir, spool, next_lsn, crate::store::left_out_window(settings)),
+            true => thinning::read_back(
+                &dir,
+                spool,
+                next_lsn,
+                crate::store::left_out_window(settings),
+            ),
             false => Vec::new(),
         };
         let points: usize = read_back.iter().map(|r| r.1.points.len()).sum();

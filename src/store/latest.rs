@@ -153,6 +153,30 @@ fn newest<'a>(samples: impl Iterator<Item = SampleRef<'a>>) -> Option<SampleRef<
     })
 }
 
+/// The `n` sensors quiet the longest: the oldest `ts` first, on its index
+/// (for the status page), as (sensor id, ms).
+pub async fn quietest(
+    latest: &mongodb::Collection<bson::Document>,
+    n: i64,
+) -> mongodb::error::Result<Vec<(String, i64)>> {
+    use futures_util::TryStreamExt;
+    let docs: Vec<bson::Document> = latest
+        .find(bson::doc! {})
+        .sort(bson::doc! { "ts": 1 })
+        .projection(bson::doc! { "ts": 1 })
+        .limit(n)
+        .await?
+        .try_collect()
+        .await?;
+    Ok(docs
+        .iter()
+        .filter_map(|d| {
+            let ts = d.get_datetime("ts").ok()?.timestamp_millis();
+            Some((d.get_str("_id").ok()?.to_string(), ts))
+        })
+        .collect())
+}
+
 /// The upsert of `sensor`'s latest value with `sample`, applied only when
 /// it is newer than the stored one (`$gt` of a date over a missing `ts` is
 /// true: BSON orders dates after null). Public for the benchmark's

@@ -9,7 +9,7 @@
 //!   `/healthz` (the process is alive) and `/readyz` (broker connected and
 //!   subscribed, database reachable, no flush failing for longer than the
 //!   readiness bound).
-//! - [`systemd::supervise`] probes the database once a second and talks to
+//! - [`supervise::supervise`] probes the database once a second and talks to
 //!   systemd: `READY=1`, `STATUS=` and `WATCHDOG=1` (see that module).
 
 pub mod api;
@@ -17,6 +17,7 @@ pub mod deadletters;
 pub mod health;
 pub mod http;
 pub mod status;
+pub mod supervise;
 pub mod systemd;
 
 pub use deadletters::Reporter;

@@ -674,7 +674,7 @@ async fn every_metric_the_kit_names_is_exported_from_the_start() {
         // the gauge is absent by design (README, "Metrics and health").
         .filter(|name| {
             *name != "palletd_clock_synchronized"
-                || palletd::telemetry::systemd::clock_synchronized().is_some()
+                || palletd::telemetry::supervise::clock_synchronized().is_some()
         })
         // (A histogram's series are parsed under its own name.)
         .filter(|name| {

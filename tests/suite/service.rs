@@ -64,7 +64,7 @@ async fn metrics_match_what_was_stored_and_readyz_follows_the_database() {
         .map(|_| metric(&s, "palletd_clock_synchronized", None) == 1.0);
     assert_eq!(
         clock,
-        palletd::telemetry::systemd::clock_synchronized(),
+        palletd::telemetry::supervise::clock_synchronized(),
         "palletd_clock_synchronized"
     );
     assert!(
