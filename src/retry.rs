@@ -11,15 +11,19 @@ use tokio_util::sync::CancellationToken;
 #[error("gave up: shutdown deadline passed")]
 pub struct Aborted;
 
-/// Capped exponential backoff with full jitter: 100 ms doubling to 30 s.
+/// Capped exponential backoff with full jitter: by default 100 ms
+/// doubling to 30 s (the broker connection, the database); every wait
+/// before trying again in palletd is one of these.
 #[derive(Debug)]
 pub struct Backoff {
     next: Duration,
+    first: Duration,
+    cap: Duration,
 }
 
 impl Default for Backoff {
     fn default() -> Self {
-        Backoff { next: Self::FIRST }
+        Backoff::new(Self::FIRST, Self::CAP)
     }
 }
 
@@ -27,17 +31,26 @@ impl Backoff {
     pub const FIRST: Duration = Duration::from_millis(100);
     pub const CAP: Duration = Duration::from_secs(30);
 
+    /// From `first`, doubling, up to `cap`.
+    pub fn new(first: Duration, cap: Duration) -> Backoff {
+        Backoff {
+            next: first,
+            first,
+            cap,
+        }
+    }
+
     /// The next delay: uniformly between half and all of the current step.
     pub fn next_delay(&mut self) -> Duration {
         let step = self.next;
-        self.next = (self.next * 2).min(Self::CAP);
+        self.next = (self.next * 2).min(self.cap);
         let half = step / 2;
         half + half.mul_f64(rand::random::<f64>())
     }
 
     /// Back to the first step (after a success).
     pub fn reset(&mut self) {
-        self.next = Self::FIRST;
+        self.next = self.first;
     }
 
     /// Sleeps for the next delay, or returns `Aborted` when `abort` fires.
@@ -66,5 +79,10 @@ mod tests {
         assert!(delays[19] >= Backoff::CAP / 2);
         b.reset();
         assert!(b.next_delay() <= Backoff::FIRST);
+        let ms = Duration::from_millis;
+        let mut b = Backoff::new(ms(50), ms(200));
+        let delays: Vec<Duration> = (0..6).map(|_| b.next_delay()).collect();
+        assert!(delays[0] >= ms(25) && delays[0] <= ms(50), "{delays:?}");
+        assert!(delays[5] >= ms(100) && delays[5] <= ms(200), "{delays:?}");
     }
 }

@@ -13,6 +13,7 @@ use tracing::{debug, error, info};
 use super::state::{Action, Core, Flushed, Lane, Leftover};
 use crate::clock::now_ms;
 use crate::flush::Feed;
+use crate::retry::Backoff;
 use crate::spool::{self, Reader, Spool};
 use crate::store::Store;
 use crate::telemetry::{self, Health};
@@ -97,6 +98,7 @@ pub async fn run(
         feed,
         health,
         readers: [None, None],
+        read_backoff: Backoff::new(READ_RETRY_FIRST, READ_RETRY_CAP),
         meter: BacklogMeter {
             drained: 0,
             // Published at once (the gauges are there from the start).
@@ -121,6 +123,11 @@ pub async fn run(
     task.run(stop, abort).await
 }
 
+/// A spool that cannot be read is read again after a backoff from this
+/// up to [`READ_RETRY_CAP`].
+const READ_RETRY_FIRST: Duration = Duration::from_millis(200);
+const READ_RETRY_CAP: Duration = Duration::from_secs(5);
+
 /// The gauges the task keeps up to date each turn.
 struct Gauges {
     pending: metrics::Gauge,
@@ -138,6 +145,8 @@ struct Task {
     health: Arc<Health>,
     /// One reader per lane, kept between reads of the same range.
     readers: [Option<Reader>; 2],
+    /// Before reading again after the spool could not be read.
+    read_backoff: Backoff,
     meter: BacklogMeter,
     gauges: Gauges,
     reporter: telemetry::Reporter,
@@ -309,6 +318,7 @@ impl Task {
         };
         match spool::read(r, max, limit).await {
             Ok((mut r, read)) => {
+                self.read_backoff.reset();
                 metrics::counter!(telemetry::SPOOL_REPLAYED).increment(read.records as u64);
                 let missing = r.take_missing();
                 let lost = self.core.records(
@@ -336,9 +346,8 @@ impl Task {
             Err(e) => {
                 error!(error = %e, "Cannot read the spool; retrying.");
                 self.core.read_failed();
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    _ = abort.cancelled() => return Err(self.core.leftover()),
+                if self.read_backoff.wait(abort).await.is_err() {
+                    return Err(self.core.leftover());
                 }
             }
         }

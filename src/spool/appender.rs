@@ -43,6 +43,7 @@ use super::segment::{compressed_name, dir_bytes, list_segments, segment_name, Fr
 use super::{tombstone, Fsync, Shared, WhenFull};
 use crate::front::window::{self, Seen, Windows};
 use crate::record::SessionId;
+use crate::retry::Backoff;
 use crate::telemetry;
 
 /// Under load, group commits are at least this far apart.
@@ -60,7 +61,8 @@ pub(super) const MAX_UNSYNCED: u64 = 1 << 20;
 /// A group commit of at least this many bytes counts as load.
 const COMMIT_GAP_BYTES: usize = 4096;
 
-/// Backoff after a failed write: from this, doubling, up to [`MAX_BACKOFF`].
+/// Backoff after a failed write: from this, doubling (with jitter), up to
+/// [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
@@ -315,7 +317,7 @@ impl Appender {
         let mut unsaid = 0u64;
         // This failure was said at ERROR: its end is said too.
         let mut said = false;
-        let mut backoff = MIN_BACKOFF;
+        let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
         let mut closing = false;
         // (start, bytes) of the previous group commit.
         let mut last = (Instant::now(), 0usize);
@@ -363,7 +365,7 @@ impl Appender {
                             );
                         }
                         self.shared.failing.store(false, Ordering::Relaxed);
-                        backoff = MIN_BACKOFF;
+                        backoff.reset();
                     }
                     if *durable.borrow() != self.durable {
                         self.shared.durable_moved(self.durable);
@@ -385,8 +387,7 @@ impl Appender {
                         failing_since = Some(Instant::now());
                         self.shared.failing.store(true, Ordering::Relaxed);
                     }
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    std::thread::sleep(backoff.next_delay());
                 }
             }
             if closing && failing_since.is_none() {
