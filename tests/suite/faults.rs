@@ -23,7 +23,9 @@ async fn database_outage_keeps_acknowledging_from_the_spool_and_loses_nothing() 
     let mut stack = Stack::start("outage", |c| c).await;
     // 70 s of readings at 100/s; the database is away for 60 s of them.
     let stream = tokio::spawn(publish_steadily(stack.publisher().await, 20, 100.0, 7000));
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // The database goes once palletd is seen writing (not a number of
+    // seconds in: on a busy box the start takes longer).
+    stack.wait_stored(200).await;
     stack.db.stop();
     let mut most_held = 0;
     for _ in 0..6 {
@@ -283,7 +285,8 @@ async fn a_broker_restart_loses_nothing() {
     let seen = observer(&stack.broker).await;
     let publisher = Publisher::connect_persistent(&stack.broker, "pub-restart").await;
     let stream = tokio::spawn(publish_steadily(publisher, 10, 100.0, 1000));
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // The broker restarts once readings are seen stored, mid-stream.
+    stack.wait_stored(200).await;
     stack.broker.restart();
     let sent = stream.await.unwrap();
     stack
