@@ -13,7 +13,7 @@ use tracing::{error, info};
 use crate::config::Settings;
 use crate::pipeline::Leftover;
 use crate::{
-    admission, budget, config, decode, ingest, pipeline, spool, store, telemetry, VERSION,
+    admission, budget, config, decode, ingest, pipeline, spool, store, telemetry, web, VERSION,
 };
 
 /// Why `run` ended badly.
@@ -222,9 +222,9 @@ async fn spawn_watchers(
         queue,
         feed,
     } = w;
-    let history = Arc::new(telemetry::status::History::default());
+    let history = Arc::new(web::status::History::default());
     if let Some(m) = &metrics {
-        let keep = telemetry::status::keep_history(m.clone(), history.clone());
+        let keep = web::status::keep_history(m.clone(), history.clone());
         let stop = done.clone();
         tracker.spawn(async move {
             tokio::select! {
@@ -234,15 +234,15 @@ async fn spawn_watchers(
         });
     }
     if let Some(addr) = settings.http.listen {
-        let server = telemetry::http::serve(
+        let server = web::serve(
             addr,
             &settings.http.auth,
-            telemetry::http::Pages {
+            web::Pages {
                 metrics: metrics.clone(),
                 health: health.clone(),
                 history,
                 flush_bound: READY_FLUSH_BOUND,
-                api: Some(Arc::new(telemetry::api::Api {
+                api: Some(Arc::new(web::api::Api {
                     store: store::Store::new(settings, db.clone()),
                     window_ms: settings.bucket.window.as_millis() as i64,
                     health: health.clone(),
@@ -261,13 +261,23 @@ async fn spawn_watchers(
         feed,
         done.clone(),
     ));
+    // The status page's quietest sensors, from `<collection>_latest` when
+    // it is kept (else the admission tells them).
     let latest = settings
         .latest
         .enabled
         .then(|| db.collection(&settings.mongodb.latest_collection()));
+    {
+        let (health, stop) = (health.clone(), done.clone());
+        tracker.spawn(async move {
+            tokio::select! {
+                _ = store::latest::watch_quietest(latest, &health) => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
     tracker.spawn(telemetry::supervise::supervise(
         db,
-        latest,
         health.clone(),
         metrics,
         READY_FLUSH_BOUND,

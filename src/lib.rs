@@ -31,9 +31,11 @@
 //!   decides ([`pipeline::task`]).
 //! - [`store`]: one module per storage mode (schema, resolving what a replay
 //!   already applied, write, seal, read) and their MongoDB plumbing.
-//! - [`telemetry`]: metrics, the status page (and a sensor's charts),
-//!   the read-only series API (`/api/`), `/metrics` `/healthz` `/readyz`,
-//!   systemd.
+//! - [`telemetry`]: metrics (their names), health (what readiness and the
+//!   watchdog need), the database probe and systemd; it imports no edge.
+//! - [`web`]: the HTTP endpoint: the status page (and a sensor's charts),
+//!   the read-only series API (`/api/`), `/metrics` `/healthz` `/readyz`;
+//!   it reads the store and the telemetry.
 //! - [`simulate`] and [`query`]: the `palletd simulate` load generator (JSON
 //!   sensors, or Sparkplug B edge nodes) and `palletd query` to read back
 //!   what was stored.
@@ -107,5 +109,6 @@ pub mod store;
 pub mod tags;
 pub mod telemetry;
 pub mod thin;
+pub mod web;
 
 pub use daemon::{mongo_client, run, start, RunError, Running, READY_FLUSH_BOUND};

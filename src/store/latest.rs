@@ -177,6 +177,30 @@ pub async fn quietest(
         .collect())
 }
 
+/// How often the quietest sensors are read from `<collection>_latest`.
+const QUIET_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reads the sensors quiet the longest from `<collection>_latest` (the
+/// oldest `ts` first, on its index) for the status page, every
+/// [`QUIET_EVERY`]; a read that fails or takes over 2 s leaves the last.
+pub async fn watch_quietest(
+    latest: Option<mongodb::Collection<bson::Document>>,
+    health: &crate::telemetry::Health,
+) {
+    let Some(latest) = latest else {
+        return std::future::pending().await;
+    };
+    let mut tick = tokio::time::interval(QUIET_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let read = quietest(&latest, 10);
+        if let Ok(Ok(quiet)) = tokio::time::timeout(std::time::Duration::from_secs(2), read).await {
+            health.set_quiet(quiet);
+        }
+    }
+}
+
 /// The upsert of `sensor`'s latest value with `sample`, applied only when
 /// it is newer than the stored one (`$gt` of a date over a missing `ts` is
 /// true: BSON orders dates after null). Public for the benchmark's

@@ -162,25 +162,6 @@ impl Decision {
     }
 }
 
-/// A bounded label for a driver error, for logs and metrics.
-/// Every `kind` of `palletd_database_errors_total`: [`error_kind`]'s,
-/// the statements' ([`Decision::statement_label`]) and a write concern error's; each
-/// registered at 0 at start.
-pub const ERROR_KINDS: &[&str] = &[
-    "network",
-    "server_selection",
-    "pool_cleared",
-    "authentication",
-    "command",
-    "write",
-    "dns",
-    "tls_config",
-    "other",
-    "statement_transient",
-    "statement_rejected",
-    "write_concern",
-];
-
 /// The server's error code of a failed command, if it is one.
 pub fn command_code(e: &mongodb::error::Error) -> Option<i32> {
     match &*e.kind {
@@ -189,6 +170,8 @@ pub fn command_code(e: &mongodb::error::Error) -> Option<i32> {
     }
 }
 
+/// A bounded label for a driver error, for logs and metrics (one of
+/// [`crate::telemetry::DATABASE_ERROR_KINDS`]).
 pub fn error_kind(e: &mongodb::error::Error) -> &'static str {
     match &*e.kind {
         ErrorKind::Io(_) => "network",

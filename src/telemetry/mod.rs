@@ -5,18 +5,15 @@
 //!   bounded: causes and kinds, never a sensor id.
 //! - [`Health`] ([`health`]) holds the few facts readiness and the watchdog
 //!   need, written by the parts as plain atomics.
-//! - [`http::serve`] answers `/` (the status page, [`status`]), `/metrics`,
+//! - [`crate::web::serve`] answers `/` (the status page), `/metrics`,
 //!   `/healthz` (the process is alive) and `/readyz` (broker connected and
 //!   subscribed, database reachable, no flush failing for longer than the
-//!   readiness bound).
+//!   readiness bound) from what is here.
 //! - [`supervise::supervise`] probes the database once a second and talks to
 //!   systemd: `READY=1`, `STATUS=` and `WATCHDOG=1` (see that module).
 
-pub mod api;
 pub mod deadletters;
 pub mod health;
-pub mod http;
-pub mod status;
 pub mod supervise;
 pub mod systemd;
 
@@ -155,6 +152,24 @@ pub const SPARKPLUG_EVICTED: &str = "palletd_sparkplug_nodes_evicted_total";
 pub const SPARKPLUG_STATE_SAVES: &str = "palletd_sparkplug_state_saves_total";
 /// Snapshots of the Sparkplug B state (sparkplug.json) that failed.
 pub const SPARKPLUG_SAVE_ERRORS: &str = "palletd_sparkplug_state_save_errors_total";
+
+/// Every `kind` of `palletd_database_errors_total`: [`crate::store::mongo::error_kind`]'s,
+/// the statements' ([`crate::store::mongo::Decision::statement_label`]) and a write concern error's; each
+/// registered at 0 at start.
+pub const DATABASE_ERROR_KINDS: &[&str] = &[
+    "network",
+    "server_selection",
+    "pool_cleared",
+    "authentication",
+    "command",
+    "write",
+    "dns",
+    "tls_config",
+    "other",
+    "statement_transient",
+    "statement_rejected",
+    "write_concern",
+];
 
 /// How a metric is kept.
 #[derive(Debug, Clone, Copy)]
@@ -303,7 +318,7 @@ fn register_at_zero() {
     ] {
         metrics::counter!(MESSAGES_SKIPPED, "reason" => reason).increment(0);
     }
-    for kind in crate::store::mongo::ERROR_KINDS {
+    for kind in DATABASE_ERROR_KINDS {
         metrics::counter!(DATABASE_ERRORS, "kind" => *kind).increment(0);
     }
     for kind in ["sample", "dead_letter", "message_id", "unknown"] {

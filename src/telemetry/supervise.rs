@@ -1,7 +1,6 @@
 //! The watchers beside the tasks: [`supervise`] probes the database once a
 //! second (readiness), keeps the metrics upkeep going, watches the clock's
-//! synchronisation, reads the quietest sensors for the status page and
-//! starts the systemd notifier ([`super::systemd`]).
+//! synchronisation and starts the systemd notifier ([`super::systemd`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,34 +51,11 @@ async fn watch_clock() {
     }
 }
 
-/// How often the quietest sensors are read from `<collection>_latest`.
-const QUIET_EVERY: Duration = Duration::from_secs(10);
-
-/// Reads the sensors quiet the longest from `<collection>_latest` (the
-/// oldest `ts` first, on its index) for the status page, every
-/// [`QUIET_EVERY`]; a read that fails or takes over 2 s leaves the last.
-async fn watch_quietest(latest: Option<mongodb::Collection<bson::Document>>, health: &Health) {
-    let Some(latest) = latest else {
-        return std::future::pending().await;
-    };
-    let mut tick = tokio::time::interval(QUIET_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let read = crate::store::latest::quietest(&latest, 10);
-        if let Ok(Ok(quiet)) = tokio::time::timeout(Duration::from_secs(2), read).await {
-            health.set_quiet(quiet);
-        }
-    }
-}
-
 /// Probes the database every second (readiness), keeps the metrics
-/// upkeep going, watches the clock, reads the quietest sensors from
-/// `latest` (`<collection>_latest`, when kept) and talks to systemd. Runs
-/// until `stop`.
+/// upkeep going, watches the clock and talks to systemd. Runs until
+/// `stop`.
 pub async fn supervise(
     db: mongodb::Database,
-    latest: Option<mongodb::Collection<bson::Document>>,
     health: Arc<Health>,
     metrics: Option<PrometheusHandle>,
     flush_bound: Duration,
@@ -118,7 +94,6 @@ pub async fn supervise(
         _ = stop.cancelled() => {}
         _ = probe => {}
         _ = watch_clock() => {}
-        _ = watch_quietest(latest, &health) => {}
     }
     if std::env::var_os("NOTIFY_SOCKET").is_some() {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);

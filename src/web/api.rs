@@ -48,7 +48,7 @@ pub struct Api {
     pub window_ms: i64,
     /// Whether the database is reachable (no read is sent while not: an
     /// answer would wait for the driver's server selection).
-    pub health: Arc<super::Health>,
+    pub health: Arc<crate::telemetry::Health>,
 }
 
 impl Api {

@@ -102,7 +102,7 @@ impl Figures {
 /// rule, received, stored and unordered, and the share stored.
 fn thinning_section(now: &Figures) -> String {
     let mut rules: BTreeMap<String, [f64; 3]> = BTreeMap::new();
-    for (labels, v) in now.labelled(super::THINNING_POINTS) {
+    for (labels, v) in now.labelled(crate::telemetry::THINNING_POINTS) {
         let (Some(rule), Some(outcome)) = (labels.get("rule"), labels.get("outcome")) else {
             continue;
         };
@@ -151,7 +151,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     pub fn of(at_ms: i64, f: &Figures) -> Snapshot {
-        let prefix = format!("{}_bucket{{", super::SAMPLE_AGE_SECONDS);
+        let prefix = format!("{}_bucket{{", crate::telemetry::SAMPLE_AGE_SECONDS);
         let mut age: Vec<(f64, f64)> =
             f.0.iter()
                 .filter_map(|(series, v)| {
@@ -171,11 +171,11 @@ impl Snapshot {
         age.sort_by(|a, b| a.0.total_cmp(&b.0));
         Snapshot {
             at_ms,
-            stored: f.get(super::SAMPLES_STORED),
-            backlog: f.get(super::BACKLOG_READINGS),
-            db_errors: f.by_label(super::DATABASE_ERRORS).values().sum(),
+            stored: f.get(crate::telemetry::SAMPLES_STORED),
+            backlog: f.get(crate::telemetry::BACKLOG_READINGS),
+            db_errors: f.by_label(crate::telemetry::DATABASE_ERRORS).values().sum(),
             dead: f
-                .by_label(super::DEAD_LETTERS)
+                .by_label(crate::telemetry::DEAD_LETTERS)
                 .into_iter()
                 .filter(|(_, n)| *n > 0.0)
                 .collect(),
@@ -724,7 +724,7 @@ fn last_hour_charts(history: &History, now_ms: i64) -> String {
 
 /// The dead letters of the last hour, by cause.
 fn dead_letters_section(now: &Figures, history: &History, now_ms: i64) -> String {
-    let dead_now = now.by_label(super::DEAD_LETTERS);
+    let dead_now = now.by_label(crate::telemetry::DEAD_LETTERS);
     let dead_then = history
         .at_least(now_ms, KEEP)
         .map(|s| s.dead)
@@ -793,7 +793,7 @@ pub fn render(
     now_ms: i64,
     sensors: Option<&SensorView>,
 ) -> String {
-    let stored = now.get(super::SAMPLES_STORED);
+    let stored = now.get(crate::telemetry::SAMPLES_STORED);
     let rate = history
         .at_least(now_ms, Duration::from_secs(60))
         .filter(|then| now_ms - then.at_ms >= 1000)
@@ -867,19 +867,19 @@ figure {{ margin: 0; }} figcaption {{ font-size: .9em; }} .note {{ color: #666; 
 "#,
         escape(&ready_text),
         rate.map_or("-".to_string(), |r| format!("{r:.1}")),
-        now.get(super::BACKLOG_READINGS),
-        match now.get(super::SPOOL_OLDEST_SECONDS) {
+        now.get(crate::telemetry::BACKLOG_READINGS),
+        match now.get(crate::telemetry::SPOOL_OLDEST_SECONDS) {
             0.0 => "none".to_string(),
             secs => ago((secs * 1000.0) as i64),
         },
-        match now.get(super::BACKLOG_ETA_SECONDS) {
+        match now.get(crate::telemetry::BACKLOG_ETA_SECONDS) {
             0.0 => "-".to_string(),
             secs => ago((secs * 1000.0) as i64),
         },
-        now.get(super::SPOOL_BYTES) / 1e6,
-        now.get(super::PENDING_SAMPLES),
+        now.get(crate::telemetry::SPOOL_BYTES) / 1e6,
+        now.get(crate::telemetry::PENDING_SAMPLES),
         humantime::format_duration(Duration::from_millis(
-            (now.get(super::FLUSH_DELAY_SECONDS) * 1000.0).round() as u64
+            (now.get(crate::telemetry::FLUSH_DELAY_SECONDS) * 1000.0).round() as u64
         )),
     );
     if let Some(view) = sensors {

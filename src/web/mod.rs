@@ -1,5 +1,5 @@
 //! The HTTP endpoint: `/` (the status page), `/metrics` (Prometheus text),
-//! `/api/sensors` and `/api/series` (what is stored, [`super::api`]),
+//! `/api/sensors` and `/api/series` (what is stored, [`api`]),
 //! `/healthz` (the process runs) and `/readyz` (200 when ready, else 503
 //! with the reason).
 //!
@@ -21,6 +21,9 @@
 //! a guess was right. Credentials cross the link in clear text: put a TLS
 //! proxy in front when the endpoint is reachable beyond the box.
 
+pub mod api;
+pub mod status;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,9 +38,9 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::status::{self, Figures, History};
-use super::Health;
+use self::status::{Figures, History};
 use crate::config::HttpAuth;
+use crate::telemetry::Health;
 
 /// Connections served at once; a scraper and a few browsers need a handful.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -57,7 +60,7 @@ pub struct Pages {
     /// How long a flush may take before `/readyz` says so.
     pub flush_bound: Duration,
     /// The series API's reader (`None`: no `/api/`).
-    pub api: Option<Arc<super::api::Api>>,
+    pub api: Option<Arc<api::Api>>,
 }
 
 /// Binds the HTTP endpoint; the returned future serves until `stop`.
@@ -75,9 +78,9 @@ pub async fn serve(
     if let Some(api) = state.api.clone() {
         private = private.merge(
             axum::Router::new()
-                .route("/api/sensors", get(super::api::sensors))
-                .route("/api/fields", get(super::api::fields))
-                .route("/api/series", get(super::api::series))
+                .route("/api/sensors", get(api::sensors))
+                .route("/api/fields", get(api::fields))
+                .route("/api/series", get(api::series))
                 .with_state(api),
         );
     }
@@ -116,7 +119,7 @@ async fn accept(listener: tokio::net::TcpListener, app: axum::Router, stop: Canc
             }
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
-            metrics::counter!(super::HTTP_REFUSED).increment(1);
+            metrics::counter!(crate::telemetry::HTTP_REFUSED).increment(1);
             if warned.is_none_or(|at| at.elapsed() > Duration::from_secs(60)) {
                 warn!(
                     max = MAX_CONNECTIONS,
@@ -197,7 +200,7 @@ async fn authorize(
     if check.pass(request.headers()) {
         return next.run(request).await;
     }
-    metrics::counter!(super::HTTP_UNAUTHORIZED).increment(1);
+    metrics::counter!(crate::telemetry::HTTP_UNAUTHORIZED).increment(1);
     (
         StatusCode::UNAUTHORIZED,
         [(header::WWW_AUTHENTICATE, check.challenge)],
@@ -245,7 +248,7 @@ async fn status_page(
     let sensors = match &s.api {
         Some(api) => {
             let range = range.unwrap_or_default();
-            Some(super::api::sensor_view(api, p.sensor, range, now).await)
+            Some(api::sensor_view(api, p.sensor, range, now).await)
         }
         None => None,
     };
