@@ -1,25 +1,34 @@
-//! Configuration: the TOML file as written ([`raw`]) turned into validated
+//! Configuration: the TOML file as written turned into validated
 //! [`Settings`].
 //!
 //! Loading never stops at the first problem: every section is read on its own
 //! and every value is checked, so `palletd check-config` prints all errors at
 //! once, each with its TOML path (`mqtt.keep_alive: ...`).
 //!
-//! - [`raw`]: the file as written (serde, `deny_unknown_fields`).
-//! - [`validate`]: the validator that collects errors and warnings and
-//!   reads the shared value types; one file per section, each an `impl
-//!   Validator`: [`mqtt`] (with TLS), [`mongodb`], [`subscription`], and
-//!   [`sections`] for the smaller ones.
-//! - [`settings`] and [`spool`]: what the validated settings hold.
+//! - One file per section, each with the section as written (a `Raw...`
+//!   serde struct, `deny_unknown_fields`), its validation (an `impl
+//!   Validator`) and its settings: `mqtt` (with TLS), `mongodb`,
+//!   `subscription` (with thinning), `bucket`, `flush`, `closer`,
+//!   `storage` (with retention and latest), `rollup`, `limits` (its
+//!   "auto" default is `memory`), [`spool`], `http`.
+//! - `validate`: the validator that collects errors and warnings and
+//!   reads the shared value types (`raw` holds the raw size they share).
+//! - `settings`: [`Settings`], all the sections together.
 
+mod bucket;
+mod closer;
+mod flush;
+mod http;
+mod limits;
 pub mod memory;
 mod mongodb;
 mod mqtt;
 pub mod presets;
 mod raw;
-mod sections;
+mod rollup;
 mod settings;
 pub mod spool;
+mod storage;
 mod subscription;
 #[cfg(test)]
 mod tests;
@@ -29,6 +38,7 @@ pub use mongodb::{MongoSettings, WriteConcern, COMPRESSORS};
 pub use mqtt::{parse_mqtt_url, MqttProtocol, MqttSettings, MqttTls};
 pub use settings::*;
 use validate::{check_name, resolve, Validator};
+pub use {bucket::*, closer::*, flush::*, http::*, limits::*, rollup::*, storage::*};
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -37,11 +47,11 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 
 use crate::decode::{Limits, PayloadFormat, Subscription, TopicPattern};
-use raw::{
-    RawBucket, RawCloser, RawFlush, RawHttp, RawLatest, RawLimits, RawMongo, RawMqtt, RawMqttTls,
-    RawRetention, RawRollup, RawSize, RawSpool, RawStorage, RawSubscription, RawThinning,
-    RawWriteConcern,
-};
+use mongodb::RawMongo;
+use mqtt::RawMqtt;
+use raw::RawSize;
+use spool::RawSpool;
+use subscription::RawSubscription;
 
 /// The annotated example configuration; `palletd print-config` prints it and
 /// `config.toml.example` is exactly this text.

@@ -2,6 +2,7 @@
 //! compression.
 
 use super::*;
+use serde::Deserialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WriteConcern {
@@ -211,4 +212,26 @@ impl Validator {
             write_time_limit,
         }
     }
+}
+
+/// A write concern: `"majority"` or a number of nodes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum RawWriteConcern {
+    Nodes(i64),
+    Tag(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMongo {
+    pub uri: Option<String>,
+    pub uri_file: Option<String>,
+    pub database: String,
+    pub collection: Option<String>,
+    pub write_concern: Option<RawWriteConcern>,
+    pub journal: Option<bool>,
+    pub compressors: Option<Vec<String>>,
+    pub compression_level: Option<i64>,
+    pub write_time_limit: Option<String>,
 }

@@ -1,6 +1,7 @@
 //! `[mqtt]` and `[mqtt.tls]`: the broker, the session, credentials and TLS.
 
 use super::*;
+use serde::Deserialize;
 
 #[derive(Debug, Clone)]
 pub struct MqttSettings {
@@ -338,4 +339,35 @@ pub fn parse_mqtt_url(text: &str) -> Result<(String, u16, bool), String> {
         .trim_end_matches(']')
         .to_string();
     Ok((host, url.port().unwrap_or(default_port), tls))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMqtt {
+    pub url: String,
+    pub client_id: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub password_file: Option<String>,
+    pub password_env: Option<String>,
+    pub keep_alive: Option<String>,
+    pub max_inflight: Option<i64>,
+    pub max_packet_size: Option<RawSize>,
+    pub max_payload_size: Option<RawSize>,
+    pub share_group: Option<String>,
+    pub connections: Option<i64>,
+    pub protocol: Option<String>,
+    pub session_expiry: Option<String>,
+    pub receive_maximum: Option<i64>,
+    pub tls: Option<RawMqttTls>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMqttTls {
+    pub ca_file: Option<String>,
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
+    pub server_name: Option<String>,
+    pub insecure_skip_verify: Option<bool>,
 }

@@ -4,6 +4,9 @@
 
 use std::path::PathBuf;
 
+use super::*;
+use serde::Deserialize;
+
 /// When the spool syncs to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fsync {
@@ -62,3 +65,65 @@ pub enum Holder {
 
 /// [`SpoolSettings::max_queued`] of `limits.max_memory`'s default.
 pub const DEFAULT_MAX_QUEUED: usize = 4 << 20;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSpool {
+    pub dir: Option<String>,
+    pub max_size: Option<RawSize>,
+    pub fsync: Option<String>,
+    pub compress: Option<bool>,
+    pub when_full: Option<String>,
+}
+
+impl Validator {
+    pub(super) fn spool(&mut self, s: RawSpool, base: Option<&Path>) -> spool::SpoolSettings {
+        use spool::{Fsync, WhenFull};
+        let dir = s.dir.unwrap_or_else(|| DEFAULT_SPOOL_DIR.into());
+        if dir.trim().is_empty() {
+            self.err("spool.dir", "must not be empty");
+        }
+        let dir = PathBuf::from(&dir);
+        let dir = match base {
+            Some(b) if dir.is_relative() => b.join(dir),
+            _ => dir,
+        };
+        let max_size = self.size("spool.max_size", s.max_size, 1 << 30);
+        if max_size < 64 * 1024 {
+            self.err("spool.max_size", "must be at least 64KiB");
+        }
+        let fsync = match s.fsync.as_deref() {
+            None | Some("batch") => Fsync::Batch,
+            Some("always") => Fsync::Always,
+            Some("off") => Fsync::Off,
+            Some(other) => {
+                self.err(
+                    "spool.fsync",
+                    format!("must be \"batch\", \"always\" or \"off\", got {other:?}"),
+                );
+                Fsync::Batch
+            }
+        };
+        let when_full = match s.when_full.as_deref() {
+            None | Some("stop") => WhenFull::Stop,
+            Some("drop_oldest") => WhenFull::DropOldest,
+            Some(other) => {
+                self.err(
+                    "spool.when_full",
+                    format!("must be \"stop\" or \"drop_oldest\", got {other:?}"),
+                );
+                WhenFull::Stop
+            }
+        };
+        spool::SpoolSettings {
+            dir,
+            max_size,
+            fsync,
+            compress: s.compress.unwrap_or(true),
+            when_full,
+            max_queued: spool::DEFAULT_MAX_QUEUED,
+            redelivery: Default::default(),
+            held: Vec::new(),
+        }
+    }
+}

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::decode::{Arrays, Path, Selection};
+use serde::Deserialize;
 
 /// Why the keys that place a sensor, field or time do not apply to
 /// Sparkplug B.
@@ -423,4 +424,43 @@ impl Validator {
         }
         sel
     }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSubscription {
+    pub topic: String,
+    pub format: Option<String>,
+    pub timestamp_field: Option<String>,
+    pub sensor_field: Option<String>,
+    pub field: Option<String>,
+    pub qos: Option<i64>,
+    pub request_rebirth: Option<bool>,
+    pub rebirth_min_interval: Option<String>,
+    pub timestamp_property: Option<String>,
+    pub sensor_property: Option<String>,
+    pub format_from_content_type: Option<bool>,
+    pub timezone: Option<String>,
+    pub sensor_template: Option<String>,
+    pub root: Option<String>,
+    pub include: Option<Vec<String>>,
+    pub exclude: Option<Vec<String>>,
+    pub rename: Option<std::collections::BTreeMap<String, String>>,
+    pub flatten: Option<String>,
+    pub arrays: Option<String>,
+    pub units: Option<std::collections::BTreeMap<String, Vec<String>>>,
+    pub retained: Option<String>,
+    pub thinning: Option<std::collections::BTreeMap<String, RawThinning>>,
+}
+
+/// `[subscription.thinning.<field>]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawThinning {
+    pub kind: String,
+    pub deviation: Option<f64>,
+    pub deviation_percent: Option<f64>,
+    pub span: Option<Vec<f64>>,
+    pub max_interval: Option<String>,
+    pub min_interval: Option<String>,
 }
