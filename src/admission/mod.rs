@@ -19,7 +19,7 @@
 
 mod deadletters;
 mod receive;
-pub mod sensors;
+pub(crate) mod sensors;
 pub mod sparkplug;
 pub mod thinning;
 

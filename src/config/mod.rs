@@ -27,7 +27,7 @@ pub mod presets;
 mod raw;
 mod rollup;
 mod settings;
-pub mod spool;
+pub(crate) mod spool;
 mod storage;
 mod subscription;
 #[cfg(test)]

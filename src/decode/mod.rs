@@ -18,11 +18,11 @@
 
 mod cbor;
 mod json;
-pub mod line;
+pub(crate) mod line;
 mod msgpack;
 mod number;
 mod opcua;
-pub mod paths;
+pub(crate) mod paths;
 mod senml;
 pub mod sparkplug;
 mod topic;

@@ -13,9 +13,9 @@
 //! change of `connections`, a broker without shared subscriptions and
 //! crashes, and checks that every message is admitted exactly once.
 
-pub mod acks;
+pub(crate) mod acks;
 pub mod plan;
-pub mod session;
+pub(crate) mod session;
 #[cfg(test)]
 mod tests;
-pub mod window;
+pub(crate) mod window;

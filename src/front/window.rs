@@ -244,6 +244,8 @@ impl Window {
         self.provisional = 0;
     }
 
+    /// How many identities it holds (the tests count them).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.latest.len()
     }

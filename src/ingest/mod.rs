@@ -38,7 +38,7 @@
 //! stop reading from the socket.
 
 mod conn;
-pub mod sessions_file;
+pub(crate) mod sessions_file;
 pub mod tls;
 mod v5;
 

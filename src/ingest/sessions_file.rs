@@ -107,11 +107,6 @@ impl SessionsFile {
         self.save_or_log(&held);
     }
 
-    /// What the file holds now.
-    pub fn held(&self) -> Subscribed {
-        self.held.lock().expect("sessions").clone()
-    }
-
     fn save(&self, held: &Subscribed) -> std::io::Result<()> {
         let bytes = serde_json::to_vec_pretty(held).expect("plain strings serialise");
         crate::spool::fs::replace(&crate::spool::fs::Os, &self.dir, FILE_NAME, &bytes)

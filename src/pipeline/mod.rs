@@ -13,11 +13,11 @@
 //!   what arrives and carries out its actions against the spool and the
 //!   [`crate::store::Store`].
 
-pub mod backlog;
+pub(crate) mod backlog;
 pub mod pending;
-pub mod policy;
-pub mod state;
-pub mod task;
+pub(crate) mod policy;
+pub(crate) mod state;
+pub(crate) mod task;
 
 #[cfg(test)]
 mod tests;

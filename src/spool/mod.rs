@@ -63,7 +63,7 @@
 mod appender;
 mod checkpoint;
 mod damage;
-pub mod fs;
+pub(crate) mod fs;
 mod identity;
 mod reader;
 mod recover;

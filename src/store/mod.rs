@@ -20,12 +20,12 @@
 //! a TTL index on `receivedAt`. A flush writes them before its samples.
 
 pub mod buckets;
-pub mod fence;
+pub(crate) mod fence;
 pub mod latest;
-pub mod mongo;
-pub mod read;
-pub mod rollup;
-pub mod timeseries;
+pub(crate) mod mongo;
+pub(crate) mod read;
+pub(crate) mod rollup;
+pub(crate) mod timeseries;
 
 use std::io::Write;
 use std::sync::Arc;

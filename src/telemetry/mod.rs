@@ -12,10 +12,10 @@
 //! - [`supervise::supervise`] probes the database once a second and talks to
 //!   systemd: `READY=1`, `STATUS=` and `WATCHDOG=1` (see that module).
 
-pub mod deadletters;
-pub mod health;
+pub(crate) mod deadletters;
+pub(crate) mod health;
 pub mod supervise;
-pub mod systemd;
+pub(crate) mod systemd;
 
 pub use deadletters::Reporter;
 pub use health::Health;

@@ -21,8 +21,8 @@
 //! a guess was right. Credentials cross the link in clear text: put a TLS
 //! proxy in front when the endpoint is reachable beyond the box.
 
-pub mod api;
-pub mod status;
+pub(crate) mod api;
+pub(crate) mod status;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
