@@ -17,7 +17,7 @@
 //! - [`ingest`]: owns the rumqttc event loop; subscribe, reconnect,
 //!   recognise redeliveries, hand messages on to admission.
 //! - [`admission`]: decodes each message, appends it to the [`spool`],
-//!   releases PUBACKs in arrival order once durable ([`admission::acks`]);
+//!   releases PUBACKs in arrival order once durable ([`front::acks`]);
 //!   saves the Sparkplug B alias maps first ([`admission::sparkplug`]);
 //!   thins the fields a subscription names ([`admission::thinning`]).
 //! - [`spool`]: the crash-safe local log behind one [`spool::Spool`] handle
@@ -76,6 +76,10 @@
 //! A PUBLISH is acknowledged once everything it carried is durable in the
 //! local spool; the spool is written to MongoDB exactly once.
 
+// The map above names private modules on purpose: it is for whoever
+// works on palletd (`cargo doc --no-deps --document-private-items`).
+#![allow(rustdoc::private_intra_doc_links)]
+
 /// The version and the git commit it was built from: "0.1.0 (commit 1a2b3c4d5e6f)".
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
@@ -86,13 +90,13 @@ pub const VERSION: &str = concat!(
 
 pub mod admission;
 pub mod bucket;
-pub mod budget;
+pub(crate) mod budget;
 pub mod clock;
 pub mod config;
 mod daemon;
 pub mod deadletter;
 pub mod decode;
-pub mod flush;
+pub(crate) mod flush;
 pub mod front;
 pub mod ingest;
 #[doc(hidden)]
@@ -100,8 +104,8 @@ pub mod ingest;
 pub mod netem;
 pub mod pipeline;
 pub mod query;
-pub mod record;
-pub mod retry;
+pub(crate) mod record;
+pub(crate) mod retry;
 pub mod shutdown;
 pub mod simulate;
 pub mod spool;

@@ -15,8 +15,8 @@
 //! off, what a received PUBLISH is, whether shared subscriptions are
 //! delivered, when a retiring session is done) is the sans-IO
 //! [`crate::front::session::Session`]; a connection's task feeds it the
-//! broker's packets and carries out its actions ([`session`]);
-//! `mqtt-sessions.json` records what each client id holds ([`sessions`]).
+//! broker's packets and carries out its actions ([`conn`]);
+//! `mqtt-sessions.json` records what each client id holds ([`sessions_file`]).
 //! A connection that drops loses nothing: its session keeps its messages
 //! and the others go on.
 //!

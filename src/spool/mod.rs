@@ -2,7 +2,7 @@
 //! received, so a PUBLISH can be acknowledged once it is on local disk and
 //! the database may be slow or gone for hours.
 //!
-//! - [`record`]: the record format (sans-IO).
+//! - [`crate::record`]: the record format (sans-IO).
 //! - [`fs`]: the file layer every file operation goes through (the seam the
 //!   property tests put a failing disk behind).
 //! - [`segment`] (names, listing, compressed frames) and [`scan`] (reading a
