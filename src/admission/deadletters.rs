@@ -148,8 +148,11 @@ impl Admission {
             .deadletter_room
             .admit(lsn, doc.len() as u64, confirmed, written, charged)
         {
-            batch.append(lsn, m.received_ms, EntryRef::DeadLetter { doc: &doc });
-            self.next_lsn += 1;
+            batch.append(
+                &mut self.next_lsn,
+                m.received_ms,
+                EntryRef::DeadLetter { doc: &doc },
+            );
             batch.deadletters += 1;
         } else {
             let cause = refused.causes()[0].cause;

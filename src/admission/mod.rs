@@ -31,7 +31,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
-use crate::bucket::Shape;
+use crate::bucket::{Sample, Shape};
 use crate::clock::now_ms;
 use crate::decode::Decoder;
 use crate::flush::Feed;
@@ -68,14 +68,22 @@ impl Arrivals {
         }
     }
 
-    /// Appends one record to the batch's bytes.
-    fn append(&mut self, lsn: u64, received_ms: i64, entry: EntryRef<'_>) {
+    /// Appends one record to the batch's bytes at `*next` (the next LSN),
+    /// which it moves on.
+    fn append(&mut self, next: &mut u64, received_ms: i64, entry: EntryRef<'_>) {
         RecordRef {
-            lsn,
+            lsn: *next,
             received_ms,
             entry,
         }
         .encode_into(&mut self.bytes);
+        *next += 1;
+    }
+
+    /// Appends a sample of `sensor` ([`Arrivals::append`]).
+    fn sample(&mut self, next: &mut u64, received_ms: i64, sensor: &str, sample: &Sample) {
+        let doc = sample.doc.as_bytes();
+        self.append(next, received_ms, EntryRef::Sample { sensor, doc });
     }
 }
 
@@ -464,16 +472,7 @@ impl Admission {
         let mut batch = Arrivals::new(self.next_lsn);
         for (sensor, later) in ended {
             for sample in later.samples(self.next_lsn) {
-                RecordRef {
-                    lsn: self.next_lsn,
-                    received_ms: now_ms(),
-                    entry: EntryRef::Sample {
-                        sensor: &sensor,
-                        doc: sample.doc.as_bytes(),
-                    },
-                }
-                .encode_into(&mut batch.bytes);
-                self.next_lsn += 1;
+                batch.sample(&mut self.next_lsn, now_ms(), &sensor, &sample);
                 batch.archived += 1;
             }
         }

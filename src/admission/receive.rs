@@ -10,7 +10,7 @@ use crate::bucket::Sample;
 use crate::deadletter;
 use crate::front::acks::AckQueue;
 use crate::ingest::{Disposition, Identity, Message, Void};
-use crate::spool::{EntryRef, RecordRef, SessionId};
+use crate::spool::{EntryRef, SessionId};
 use crate::telemetry;
 use crate::telemetry::Reporter;
 
@@ -44,13 +44,8 @@ impl Admission {
         }
         for change in &o.changes {
             let json = serde_json::to_vec(change).expect("a change serializes");
-            RecordRef {
-                lsn: self.next_lsn,
-                received_ms: now_ms,
-                entry: EntryRef::Sparkplug { change: &json },
-            }
-            .encode_into(&mut batch.bytes);
-            self.next_lsn += 1;
+            let entry = EntryRef::Sparkplug { change: &json };
+            batch.append(&mut self.next_lsn, now_ms, entry);
             if let Some(file) = &mut self.sparkplug {
                 file.changed(json.len());
             }
@@ -102,8 +97,7 @@ impl Admission {
                 pkid: id.pkid,
                 digest: id.digest,
             };
-            batch.append(self.next_lsn, m.received_ms, entry);
-            self.next_lsn += 1;
+            batch.append(&mut self.next_lsn, m.received_ms, entry);
         }
         true
     }
@@ -175,15 +169,7 @@ impl Admission {
                 .thinning
                 .thin(rules, reading, m.received_ms, self.next_lsn);
             for sample in later.samples(self.next_lsn) {
-                batch.append(
-                    self.next_lsn,
-                    m.received_ms,
-                    EntryRef::Sample {
-                        sensor: &reading.sensor,
-                        doc: sample.doc.as_bytes(),
-                    },
-                );
-                self.next_lsn += 1;
+                batch.sample(&mut self.next_lsn, m.received_ms, &reading.sensor, &sample);
                 batch.archived += 1;
             }
             let sample = Sample::encode_thinned(reading, self.next_lsn, &thinned);
@@ -193,15 +179,7 @@ impl Admission {
                 });
                 continue;
             }
-            batch.append(
-                self.next_lsn,
-                m.received_ms,
-                EntryRef::Sample {
-                    sensor: &reading.sensor,
-                    doc: sample.doc.as_bytes(),
-                },
-            );
-            self.next_lsn += 1;
+            batch.sample(&mut self.next_lsn, m.received_ms, &reading.sensor, &sample);
             batch.samples += 1;
         }
         if !refused.is_empty() {
@@ -214,7 +192,7 @@ impl Admission {
         // with the torn tail was taken as spooled, and its readings lost.)
         if let Some(id) = m.id {
             batch.append(
-                self.next_lsn,
+                &mut self.next_lsn,
                 m.received_ms,
                 EntryRef::MessageId {
                     session: SessionId::Key(id.session),
@@ -222,7 +200,6 @@ impl Admission {
                     digest: id.digest,
                 },
             );
-            self.next_lsn += 1;
         }
         acks.push(self.next_lsn, unacked);
     }
