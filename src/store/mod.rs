@@ -518,14 +518,13 @@ async fn publish_checkpoint(
         "u": { "$max": { "checkpoint": checkpoint as i64 } },
         "upsert": true,
     }];
-    let reply = db
-        .run_command(bson::doc! {
-            "update": spools,
-            "updates": updates,
-            "ordered": false,
-            "writeConcern": { "w": "majority" },
-        })
-        .await?;
-    mongo::no_write_errors(&reply, "publish the spool's checkpoint")?;
+    let what = "publish the spool's checkpoint";
+    let cmd = bson::doc! {
+        "update": spools,
+        "updates": updates,
+        "ordered": false,
+        "writeConcern": { "w": "majority" },
+    };
+    mongo::send_once(db, cmd, what).await?.refusal(what)?;
     mongo::published_checkpoints(db.collection(spools), None).await
 }

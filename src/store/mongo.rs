@@ -223,6 +223,8 @@ impl WriteError {
 pub struct Reply {
     /// Indexes of the statements whose upsert inserted a document.
     pub upserted: Vec<usize>,
+    /// Documents the command changed (`nModified` of an update).
+    pub modified: u64,
     /// By index.
     pub write_errors: Vec<WriteError>,
     pub write_concern_error: Option<String>,
@@ -230,7 +232,10 @@ pub struct Reply {
 
 impl Reply {
     pub fn parse(reply: &Document) -> Reply {
-        let mut out = Reply::default();
+        let mut out = Reply {
+            modified: reply.get("nModified").and_then(as_u64).unwrap_or(0),
+            ..Reply::default()
+        };
         if let Ok(ups) = reply.get_array("upserted") {
             out.upserted = ups
                 .iter()
@@ -733,16 +738,29 @@ impl Mongo {
     }
 }
 
-/// A reply's first write error as an error (`what` rejected, with its
-/// code and message); `Ok` when there is none.
-pub fn no_write_errors(reply: &Document, what: &str) -> mongodb::error::Result<()> {
-    match reply.get_array("writeErrors").ok().and_then(|e| e.first()) {
-        Some(bson::Bson::Document(e)) => Err(mongodb::error::Error::custom(format!(
-            "{what} rejected (code {}): {}",
-            e.get_i32("code").unwrap_or(-1),
-            e.get_str("errmsg").unwrap_or("")
-        ))),
-        _ => Ok(()),
+/// Sends one write command outside the writer's retries: the closer's
+/// seal and published checkpoint, the rollup passes (each is tried again as
+/// a whole at its next run). Its reply parsed; a write concern error is an
+/// error (the server may not keep what it applied), like a failed command.
+pub async fn send_once(db: &Database, cmd: Document, what: &str) -> mongodb::error::Result<Reply> {
+    let reply = Reply::parse(&db.run_command(cmd).await?);
+    if let Some(wce) = &reply.write_concern_error {
+        return Err(mongodb::error::Error::custom(format!("{what}: {wce}")));
+    }
+    Ok(reply)
+}
+
+impl Reply {
+    /// The first write error as an error (`what` rejected, with its code
+    /// and message); `Ok` when there is none.
+    pub fn refusal(&self, what: &str) -> mongodb::error::Result<()> {
+        match self.write_errors.first() {
+            Some(e) => Err(mongodb::error::Error::custom(format!(
+                "{what} rejected (code {}): {}",
+                e.code, e.msg
+            ))),
+            None => Ok(()),
+        }
     }
 }
 

@@ -210,20 +210,19 @@ impl Buckets {
         } else {
             vec![seal_statement(q, published)]
         };
-        let reply = db
-            .run_command(doc! {
-                "update": &self.collection,
-                "updates": updates,
-                "ordered": true,
-                "writeConcern": { "w": "majority" },
-            })
-            .await?;
-        mongo::no_write_errors(&reply, "seal")?;
+        let cmd = doc! {
+            "update": &self.collection,
+            "updates": updates,
+            "ordered": true,
+            "writeConcern": { "w": "majority" },
+        };
+        let reply = mongo::send_once(db, cmd, "seal").await?;
+        reply.refusal("seal")?;
         if more && !self.seal_chunk_fixed {
             self.seal_chunk = next_seal_chunk(self.seal_chunk, started.elapsed());
         }
         // In the legacy form the second statement touches the same buckets.
-        let modified = reply.get_i32("nModified").unwrap_or(0).max(0) as u64;
+        let modified = reply.modified;
         Ok(Sealed {
             buckets: modified / if legacy { 2 } else { 1 },
             more,

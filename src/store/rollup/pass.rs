@@ -612,10 +612,10 @@ async fn write(
     field: &str,
     statements: Vec<Document>,
 ) -> mongodb::error::Result<Vec<(usize, String)>> {
-    let reply = db
-        .run_command(doc! { name: coll, field: statements, "ordered": false })
-        .await?;
-    let errors = mongo::Reply::parse(&reply).write_errors;
+    let cmd = doc! { name: coll, field: statements, "ordered": false };
+    let errors = mongo::send_once(db, cmd, &format!("rollup {name}"))
+        .await?
+        .write_errors;
     if let Some(e) = errors
         .iter()
         .find(|e| mongo::statement_error(e, true) != Decision::GiveUp)
