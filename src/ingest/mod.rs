@@ -1,10 +1,10 @@
 //! Owns the rumqttc event loop: connect, subscribe, reconnect, and hand each
 //! PUBLISH to the admission. MQTT 3.1.1 and MQTT 5 (`[mqtt] protocol`) run
 //! through the same loop: [`Client`], `Link` and `Event` are what either
-//! protocol's client is seen as, and `v5.rs` holds what MQTT 5 adds.
-//! Acknowledgements are sent by the admission through [`Acker`] (a
+//! protocol's client is seen as ([`client`]), and `v5.rs` holds what MQTT 5
+//! adds. Acknowledgements are sent by the admission through [`Acker`] (a
 //! non-blocking `try_ack` into rumqttc's request channel) once a message is
-//! durable in the spool; this task never awaits an ack or a subscribe, so
+//! durable in the spool ([`acker`]); this task never awaits an ack or a subscribe, so
 //! it always keeps polling, and the keep-alive and the PUBACKs go out even
 //! while the spool or the database is slow.
 //!
@@ -37,6 +37,8 @@
 //! packet ids. Only past 65,536 waiting messages (a QoS 0 flood) does the task
 //! stop reading from the socket.
 
+mod acker;
+mod client;
 mod conn;
 pub(crate) mod sessions_file;
 pub mod tls;
@@ -57,6 +59,9 @@ pub use crate::front::plan::{self, Planned, Probe};
 pub use crate::front::session::{Disposition, Evidence, Session, Verdict, Void, PROBE_EVERY};
 use crate::front::window::{session_key, Windows};
 use crate::telemetry::Health;
+
+pub use acker::*;
+pub use client::*;
 
 /// One received PUBLISH, as the admission sees it.
 #[derive(Debug)]
@@ -103,334 +108,9 @@ impl Message {
     }
 }
 
-/// What is needed to acknowledge a PUBLISH: which connection it came on,
-/// and its packet id there; or, for a reset (the broker kept no session),
-/// that its record is durable and the connection may subscribe.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AckToken {
-    conn: u8,
-    qos: QoS,
-    pkid: u16,
-    reset: bool,
-}
-
-/// Sends acknowledgements without ever blocking, in order on each
-/// connection.
-///
-/// rumqttc's request channel can fill when the broker sends faster than the
-/// event loop writes PUBACKs; an acknowledgement that does not fit waits
-/// here (with every later one of its connection behind it, to keep arrival
-/// order) and is retried by [`Acker::retry`], never dropped. A connection's
-/// full channel holds up no other connection's acknowledgements.
-pub struct Acker {
-    /// By connection index (`None`: no such connection).
-    clients: Vec<Option<Client>>,
-    waiting: Vec<std::collections::VecDeque<AckToken>>,
-    /// Acknowledgements handed to each connection's event loop.
-    acked: Arc<Counters>,
-    /// Resets made durable, told to each connection.
-    resets: Arc<Resets>,
-    queued: usize,
-}
-
-/// Per connection index: resets whose record is durable, and the
-/// connection's wake-up.
-#[derive(Debug)]
-pub(crate) struct Resets {
-    done: Vec<std::sync::atomic::AtomicU32>,
-    wake: Vec<tokio::sync::Notify>,
-}
-
-impl Resets {
-    fn new() -> Self {
-        Resets {
-            done: (0..256).map(|_| Default::default()).collect(),
-            wake: (0..256).map(|_| Default::default()).collect(),
-        }
-    }
-
-    fn tell(&self, conn: usize) {
-        self.done[conn].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.wake[conn].notify_one();
-    }
-
-    /// Resets made durable since the last call.
-    fn take(&self, conn: usize) -> u32 {
-        self.done[conn].swap(0, std::sync::atomic::Ordering::Relaxed)
-    }
-}
-
-/// Per connection index: acknowledgements handed to its event loop (a
-/// retiring session is done when it has acknowledged all it received).
-#[derive(Debug)]
-pub struct Counters(Vec<std::sync::atomic::AtomicU64>);
-
-impl Counters {
-    fn new() -> Self {
-        Counters((0..256).map(|_| Default::default()).collect())
-    }
-
-    fn get(&self, conn: usize) -> u64 {
-        self.0[conn].load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    fn add(&self, conn: usize) {
-        self.0[conn].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-impl Acker {
-    pub fn ack(&mut self, token: AckToken) {
-        self.waiting[token.conn as usize].push_back(token);
-        self.queued += 1;
-        self.retry_one(token.conn as usize);
-    }
-
-    fn retry_one(&mut self, conn: usize) -> bool {
-        let Some(client) = &self.clients[conn] else {
-            // Never: a token comes from a connection that exists.
-            self.queued -= self.waiting[conn].len();
-            self.waiting[conn].clear();
-            return true;
-        };
-        while let Some(token) = self.waiting[conn].front().copied() {
-            if token.reset {
-                self.resets.tell(conn);
-            } else if client.try_ack(token) {
-                self.acked.add(conn);
-            } else {
-                // Full (or, at shutdown, closed): try again later.
-                return false;
-            }
-            self.waiting[conn].pop_front();
-            self.queued -= 1;
-        }
-        true
-    }
-
-    /// Queues the waiting acknowledgements that now fit; true when none waits.
-    pub fn retry(&mut self) -> bool {
-        if self.queued == 0 {
-            return true;
-        }
-        let mut all = true;
-        for conn in 0..self.waiting.len() {
-            if !self.waiting[conn].is_empty() {
-                all &= self.retry_one(conn);
-            }
-        }
-        all
-    }
-
-    /// Publishes a message at QoS 0 on the first connection without
-    /// waiting; false if the client's queue is full (the message is not
-    /// sent).
-    pub fn publish_nowait(&self, topic: String, payload: Vec<u8>) -> bool {
-        self.clients[0]
-            .as_ref()
-            .is_some_and(|c| c.try_publish(topic, QoS::AtMostOnce, payload))
-    }
-
-    /// Acknowledgements not yet handed to the event loops.
-    pub fn waiting(&self) -> usize {
-        self.queued
-    }
-}
-
-/// The client half of either protocol's connection: what the admission
-/// and the event loop ask of it, never blocking.
-#[derive(Clone)]
-pub enum Client {
-    V311(AsyncClient),
-    V5(rumqttc::v5::AsyncClient),
-}
-
-impl Client {
-    /// Queues the acknowledgement; false if the request channel is full.
-    fn try_ack(&self, t: AckToken) -> bool {
-        match self {
-            Client::V311(c) => {
-                let mut p = rumqttc::Publish::new("", t.qos, Vec::new());
-                p.pkid = t.pkid;
-                c.try_ack(&p).is_ok()
-            }
-            Client::V5(c) => c.try_ack(&v5::ack_for(t.qos, t.pkid)).is_ok(),
-        }
-    }
-
-    /// Queues a PUBLISH; false if the request channel is full.
-    fn try_publish(&self, topic: String, qos: QoS, payload: Vec<u8>) -> bool {
-        match self {
-            Client::V311(c) => c.try_publish(topic, qos, false, payload).is_ok(),
-            Client::V5(c) => c.try_publish(topic, v5::qos(qos), false, payload).is_ok(),
-        }
-    }
-
-    fn try_subscribe(&self, filters: &[(String, QoS)]) -> Result<(), String> {
-        match self {
-            Client::V311(c) => c
-                .try_subscribe_many(
-                    filters
-                        .iter()
-                        .map(|(f, q)| rumqttc::SubscribeFilter::new(f.clone(), *q)),
-                )
-                .map_err(|e| e.to_string()),
-            Client::V5(c) => c
-                .try_subscribe_many(filters.iter().map(|(f, q)| v5::filter(f, *q)))
-                .map_err(|e| e.to_string()),
-        }
-    }
-
-    fn try_unsubscribe(&self, filter: &str) -> Result<(), String> {
-        match self {
-            Client::V311(c) => c.try_unsubscribe(filter).map_err(|e| e.to_string()),
-            Client::V5(c) => c.try_unsubscribe(filter).map_err(|e| e.to_string()),
-        }
-    }
-
-    fn try_disconnect(&self) -> bool {
-        match self {
-            Client::V311(c) => c.try_disconnect().is_ok(),
-            Client::V5(c) => c.try_disconnect().is_ok(),
-        }
-    }
-}
-
-/// The event loop of either protocol (one per process: the size of the
-/// larger one is no matter).
-#[allow(clippy::large_enum_variant)]
-enum Link {
-    V311(EventLoop),
-    V5(rumqttc::v5::EventLoop),
-}
-
-/// What the event loop reacts to, whichever the protocol.
-enum Event {
-    ConnAck {
-        session_present: bool,
-    },
-    /// Per filter: the granted QoS, or why the broker refused it.
-    SubAck(Vec<Result<u8, String>>),
-    /// The broker took a filter off the session (one per UNSUBSCRIBE).
-    UnsubAck,
-    Publish(Incoming),
-    /// palletd's own DISCONNECT went out.
-    Disconnected,
-    Other,
-}
-
 /// One poll of the event loop in progress, owning it until it returns.
 type Polling =
     std::pin::Pin<Box<dyn std::future::Future<Output = (Link, Result<Event, String>)> + Send>>;
-
-/// A PUBLISH as received, whichever the protocol.
-struct Incoming {
-    topic: String,
-    payload: bytes::Bytes,
-    qos: QoS,
-    pkid: u16,
-    dup: bool,
-    retain: bool,
-    props: Option<Box<crate::decode::Properties>>,
-}
-
-impl Link {
-    /// The connection failed: the SUBSCRIBEs and UNSUBSCRIBEs the client
-    /// still held for it are not sent on the next one (rumqttc would send
-    /// them after the next CONNACK, before palletd read it); the session
-    /// decides again what to subscribe once it did.
-    fn forget_subscriptions(&mut self) {
-        match self {
-            Link::V311(l) => l.pending.retain(|r| {
-                !matches!(
-                    r,
-                    rumqttc::Request::Subscribe(_) | rumqttc::Request::Unsubscribe(_)
-                )
-            }),
-            Link::V5(l) => l.pending.retain(|r| {
-                !matches!(
-                    r,
-                    rumqttc::v5::Request::Subscribe(_) | rumqttc::v5::Request::Unsubscribe(_)
-                )
-            }),
-        }
-    }
-
-    /// The next event; an error is the connection's failure, described.
-    async fn poll(&mut self) -> Result<Event, String> {
-        match self {
-            Link::V311(l) => l.poll().await.map(event).map_err(|e| describe(&e)),
-            Link::V5(l) => l.poll().await.map(v5::event).map_err(|e| v5::describe(&e)),
-        }
-    }
-}
-
-/// One 3.1.1 event as the event loop sees either protocol's.
-fn event(ev: rumqttc::Event) -> Event {
-    match ev {
-        rumqttc::Event::Incoming(Packet::ConnAck(ack)) => Event::ConnAck {
-            session_present: ack.session_present,
-        },
-        rumqttc::Event::Incoming(Packet::SubAck(ack)) => Event::SubAck(
-            ack.return_codes
-                .iter()
-                .map(|c| match c {
-                    rumqttc::SubscribeReasonCode::Success(q) => Ok(*q as u8),
-                    rumqttc::SubscribeReasonCode::Failure => Err("Failure".to_string()),
-                })
-                .collect(),
-        ),
-        rumqttc::Event::Incoming(Packet::UnsubAck(_)) => Event::UnsubAck,
-        rumqttc::Event::Incoming(Packet::Publish(p)) => Event::Publish(Incoming {
-            topic: p.topic,
-            payload: p.payload,
-            qos: p.qos,
-            pkid: p.pkid,
-            dup: p.dup,
-            retain: p.retain,
-            props: None,
-        }),
-        rumqttc::Event::Outgoing(Outgoing::Disconnect) => Event::Disconnected,
-        _ => Event::Other,
-    }
-}
-
-/// User name and password, if a user name is set (either protocol).
-fn credentials(mqtt: &MqttSettings) -> Option<(String, String)> {
-    let user = mqtt.username.clone()?;
-    let pass = mqtt.password.as_ref().map(|p| p.expose().to_string());
-    Some((user, pass.unwrap_or_default()))
-}
-
-/// The transport for `mqtts://` (either protocol).
-fn tls_transport(t: &crate::config::MqttTls) -> Result<rumqttc::Transport, tls::TlsError> {
-    if t.insecure_skip_verify {
-        warn!("mqtt.tls.insecure_skip_verify is on: the broker's certificate is NOT verified. Never use this in production.");
-    }
-    let config = tls::client_config(t)?;
-    Ok(rumqttc::Transport::Tls(rumqttc::TlsConfiguration::Rustls(
-        Arc::new(config),
-    )))
-}
-
-/// Capacity of rumqttc's request channel: one slot for every packet id that
-/// can be in flight, plus subscriptions and the disconnect.
-const REQUEST_CAPACITY: usize = 65_536 + 64;
-
-/// Connection options shared by the daemon and the simulator: broker
-/// address, keep-alive, packet size, credentials and TLS.
-pub fn mqtt_options(mqtt: &MqttSettings, client_id: &str) -> Result<MqttOptions, tls::TlsError> {
-    let mut opts = MqttOptions::new(client_id, mqtt.host.clone(), mqtt.port);
-    opts.set_keep_alive(mqtt.keep_alive)
-        .set_max_packet_size(mqtt.max_packet_size, mqtt.max_packet_size);
-    if let Some((user, pass)) = credentials(mqtt) {
-        opts.set_credentials(user, pass);
-    }
-    if let Some(t) = &mqtt.tls {
-        opts.set_transport(tls_transport(t)?);
-    }
-    Ok(opts)
-}
 
 /// The MQTT sessions palletd opens (`mqtt.connections` of them, and any
 /// retiring: see [`crate::front::plan`]), not yet connected.

@@ -1,0 +1,139 @@
+//! Acknowledgements: the [`Acker`] the admission releases PUBACKs through (in
+//! arrival order, once durable), each message's [`AckToken`], the sessions'
+//! resets and the per-connection counters.
+
+use super::*;
+
+/// What is needed to acknowledge a PUBLISH: which connection it came on,
+/// and its packet id there; or, for a reset (the broker kept no session),
+/// that its record is durable and the connection may subscribe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckToken {
+    pub(super) conn: u8,
+    pub(super) qos: QoS,
+    pub(super) pkid: u16,
+    pub(super) reset: bool,
+}
+
+/// Sends acknowledgements without ever blocking, in order on each
+/// connection.
+///
+/// rumqttc's request channel can fill when the broker sends faster than the
+/// event loop writes PUBACKs; an acknowledgement that does not fit waits
+/// here (with every later one of its connection behind it, to keep arrival
+/// order) and is retried by [`Acker::retry`], never dropped. A connection's
+/// full channel holds up no other connection's acknowledgements.
+pub struct Acker {
+    /// By connection index (`None`: no such connection).
+    pub(super) clients: Vec<Option<Client>>,
+    pub(super) waiting: Vec<std::collections::VecDeque<AckToken>>,
+    /// Acknowledgements handed to each connection's event loop.
+    pub(super) acked: Arc<Counters>,
+    /// Resets made durable, told to each connection.
+    pub(super) resets: Arc<Resets>,
+    pub(super) queued: usize,
+}
+
+/// Per connection index: resets whose record is durable, and the
+/// connection's wake-up.
+#[derive(Debug)]
+pub(crate) struct Resets {
+    pub(super) done: Vec<std::sync::atomic::AtomicU32>,
+    pub(super) wake: Vec<tokio::sync::Notify>,
+}
+
+impl Resets {
+    pub(super) fn new() -> Self {
+        Resets {
+            done: (0..256).map(|_| Default::default()).collect(),
+            wake: (0..256).map(|_| Default::default()).collect(),
+        }
+    }
+
+    pub(super) fn tell(&self, conn: usize) {
+        self.done[conn].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.wake[conn].notify_one();
+    }
+
+    /// Resets made durable since the last call.
+    pub(super) fn take(&self, conn: usize) -> u32 {
+        self.done[conn].swap(0, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Per connection index: acknowledgements handed to its event loop (a
+/// retiring session is done when it has acknowledged all it received).
+#[derive(Debug)]
+pub struct Counters(Vec<std::sync::atomic::AtomicU64>);
+
+impl Counters {
+    pub(super) fn new() -> Self {
+        Counters((0..256).map(|_| Default::default()).collect())
+    }
+
+    pub(super) fn get(&self, conn: usize) -> u64 {
+        self.0[conn].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(super) fn add(&self, conn: usize) {
+        self.0[conn].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Acker {
+    pub fn ack(&mut self, token: AckToken) {
+        self.waiting[token.conn as usize].push_back(token);
+        self.queued += 1;
+        self.retry_one(token.conn as usize);
+    }
+
+    pub(super) fn retry_one(&mut self, conn: usize) -> bool {
+        let Some(client) = &self.clients[conn] else {
+            // Never: a token comes from a connection that exists.
+            self.queued -= self.waiting[conn].len();
+            self.waiting[conn].clear();
+            return true;
+        };
+        while let Some(token) = self.waiting[conn].front().copied() {
+            if token.reset {
+                self.resets.tell(conn);
+            } else if client.try_ack(token) {
+                self.acked.add(conn);
+            } else {
+                // Full (or, at shutdown, closed): try again later.
+                return false;
+            }
+            self.waiting[conn].pop_front();
+            self.queued -= 1;
+        }
+        true
+    }
+
+    /// Queues the waiting acknowledgements that now fit; true when none waits.
+    pub fn retry(&mut self) -> bool {
+        if self.queued == 0 {
+            return true;
+        }
+        let mut all = true;
+        for conn in 0..self.waiting.len() {
+            if !self.waiting[conn].is_empty() {
+                all &= self.retry_one(conn);
+            }
+        }
+        all
+    }
+
+    /// Publishes a message at QoS 0 on the first connection without
+    /// waiting; false if the client's queue is full (the message is not
+    /// sent).
+    pub fn publish_nowait(&self, topic: String, payload: Vec<u8>) -> bool {
+        self.clients[0]
+            .as_ref()
+            .is_some_and(|c| c.try_publish(topic, QoS::AtMostOnce, payload))
+    }
+
+    /// Acknowledgements not yet handed to the event loops.
+    pub fn waiting(&self) -> usize {
+        self.queued
+    }
+}
