@@ -290,7 +290,7 @@ fn statements(c: &mut Criterion) {
                         &run.samples,
                         &mut run.fills,
                         &shape,
-                        &palletd::tags::Tags::new(1),
+                        &palletd::spool_ids::Tags::new(1),
                     ) {
                         bytes += st
                             .to_bson(&run.sensor, &run.samples, &shape, false)

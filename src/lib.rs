@@ -63,7 +63,7 @@
 //! - [`deadletter`]: dead-letter documents, ids, counting and logging.
 //! - [`record`]: the spool's record format (what a record holds, how it is
 //!   framed and parsed back), shared by the spool and the pipeline.
-//! - [`tags`]: which spool id a record was written under.
+//! - [`spool_ids`]: which spool id a record was written under.
 //! - [`clock`] (time stamps).
 //!
 //! Beside the tasks: [`retry`] (the backoff they wait out) and [`budget`]
@@ -109,8 +109,8 @@ pub(crate) mod retry;
 pub mod shutdown;
 pub mod simulate;
 pub mod spool;
+pub mod spool_ids;
 pub mod store;
-pub mod tags;
 pub mod telemetry;
 pub mod thin;
 pub mod web;

@@ -2,7 +2,7 @@
 
 use super::*;
 
-use crate::tags::Tags;
+use crate::spool_ids::Tags;
 
 /// Cuts one sensor's samples (arrival order) into statements.
 ///

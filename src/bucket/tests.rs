@@ -1,6 +1,6 @@
 use super::*;
 use crate::decode::{FieldValue, Reading};
-use crate::tags::Tags;
+use crate::spool_ids::Tags;
 use proptest::prelude::*;
 
 /// One spool id for every sample.

@@ -42,7 +42,7 @@ use crate::decode::{FieldValue, Reading};
 use crate::flush::Feed;
 use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
 use crate::spool::{Entry, Record};
-use crate::tags::Tags;
+use crate::spool_ids::Tags;
 
 const SHAPE: Shape = Shape {
     window_ms: 10_000,

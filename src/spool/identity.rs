@@ -41,7 +41,7 @@ use std::path::Path;
 use tracing::{error, info, warn};
 
 use super::fs::{read_all, replace, Storage};
-use crate::tags::Tags;
+use crate::spool_ids::Tags;
 
 const FILES: [&str; 2] = ["spool.id", "spool.id.copy"];
 const HEADER: &str = "palletd spool id 2";

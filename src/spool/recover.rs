@@ -44,7 +44,7 @@ use super::scan::{Item, Scanner};
 use super::segment::{dir_bytes, is_compressed, list_segments, segment_name};
 use crate::front::window::{self, Redelivery, Replay, Seen, Windows};
 use crate::record::{parse, EntryRef, SessionId};
-use crate::tags::Tags;
+use crate::spool_ids::Tags;
 
 /// What opening found.
 #[derive(Debug)]

@@ -37,7 +37,7 @@ use tracing::info;
 use crate::config::{RollupSettings, Settings, StorageMode};
 use crate::flush::{Batch, Resolution, Resolve, Written};
 use crate::retry::{Aborted, Backoff};
-use crate::tags::Tags;
+use crate::spool_ids::Tags;
 use buckets::{Buckets, Sealed};
 use mongo::Mongo;
 use read::{Fields, Range, Summary, WindowStats};

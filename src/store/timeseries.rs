@@ -49,7 +49,7 @@ use crate::bucket::{SampleRef, ARCHIVE, LEFT_OUT};
 use crate::config::Settings;
 use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
 use crate::retry::{Aborted, Backoff};
-use crate::tags::Tags;
+use crate::spool_ids::Tags;
 
 /// The time series collection.
 pub struct Timeseries {

@@ -17,7 +17,7 @@ const CORE: &[&str] = &[
     "flush.rs",
     "front",
     "record.rs",
-    "tags.rs",
+    "spool_ids.rs",
     "thin.rs",
     "pipeline/backlog.rs",
     "pipeline/state",

@@ -71,7 +71,7 @@ use super::policy::{self, FlushPolicy, Retuned, Share};
 use crate::bucket::Shape;
 use crate::deadletter::{DeadLetter, Refusal};
 use crate::flush::{Batch, Resolve};
-use crate::tags::Tags;
+use crate::spool_ids::Tags;
 
 mod feed;
 mod outcome;

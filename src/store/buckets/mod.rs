@@ -46,7 +46,7 @@ use super::read;
 use super::SchemaError;
 use crate::bucket::Shape;
 use crate::config::Settings;
-use crate::tags::Tags;
+use crate::spool_ids::Tags;
 
 mod applied;
 mod read_back;
