@@ -22,7 +22,7 @@ pub struct Statement {
     /// next. A bucket there that it does not fit makes the upsert's insert
     /// collide on `_id` (E11000): it goes to `seq + 1` ([`Statement::collided`]).
     pub seq: u32,
-    /// The spool id its samples were written under ([`crate::tags`]): a
+    /// The spool id its samples were written under ([`crate::spool_ids`]): a
     /// statement never carries samples of two.
     pub tag: u32,
     /// It starts bucket `seq` and leaves `seq - 1`, whose fill palletd

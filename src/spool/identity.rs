@@ -1,5 +1,5 @@
 //! The spool's identity: `spool.id` (and its copy `spool.id.copy`), which
-//! names this spool's records in MongoDB ([`crate::tags`]).
+//! names this spool's records in MongoDB ([`crate::spool_ids`]).
 //!
 //! ```text
 //! palletd spool id 2

@@ -33,7 +33,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::status::{ChartRange, SensorView, SeriesRead};
+use super::sensor::{ChartRange, SensorView, SeriesRead};
 use crate::clock::iso;
 use crate::query::{self, QueryError, SeriesSource};
 use crate::store::Store;

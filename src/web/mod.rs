@@ -22,6 +22,7 @@
 //! proxy in front when the endpoint is reachable beyond the box.
 
 pub(crate) mod api;
+mod sensor;
 pub(crate) mod status;
 
 use std::net::SocketAddr;
@@ -244,7 +245,7 @@ async fn status_page(
         quiet: s.health.quiet(),
     };
     let now = crate::clock::now_ms();
-    let range = p.range.as_deref().and_then(status::ChartRange::parse);
+    let range = p.range.as_deref().and_then(sensor::ChartRange::parse);
     let sensors = match &s.api {
         Some(api) => {
             let range = range.unwrap_or_default();
