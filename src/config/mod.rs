@@ -210,6 +210,46 @@ fn inline_secrets(text: &str) -> Vec<&'static str> {
     found
 }
 
+/// What one section's settings cannot check alone: Sparkplug B and
+/// thinning need a palletd to see all of a sensor's messages (no
+/// `mqtt.share_group`), MQTT 5 properties need MQTT 5.
+fn across_sections(v: &mut Validator, mqtt: Option<&MqttSettings>, subscriptions: &[Subscription]) {
+    if let (Some(m), Some(i)) = (
+        mqtt,
+        subscriptions
+            .iter()
+            .position(|s| s.format == PayloadFormat::SparkplugB),
+    ) {
+        if m.share_group.is_some() {
+            v.err(
+                format!("subscription[{i}].format"),
+                "\"sparkplug_b\" cannot be used with mqtt.share_group: an edge node's BIRTH and its DATA must reach the same palletd (give each instance its own groups or nodes instead)",
+            );
+        }
+    }
+    for (i, s) in subscriptions.iter().enumerate() {
+        if s.thinning.is_empty() {
+            continue;
+        }
+        if mqtt.is_some_and(|m| m.share_group.is_some()) {
+            v.err(
+                format!("subscription[{i}].thinning"),
+                "cannot be used with mqtt.share_group: each palletd would thin its share of a sensor's readings alone, and the bound would not hold",
+            );
+        }
+    }
+    if let Some(m) = mqtt {
+        for (i, s) in subscriptions.iter().enumerate() {
+            if m.protocol == MqttProtocol::V311 && s.from_properties != Default::default() {
+                v.err(
+                    format!("subscription[{i}]"),
+                    "timestamp_property, sensor_property and format_from_content_type read MQTT 5 message properties: they need mqtt.protocol = \"5\"",
+                );
+            }
+        }
+    }
+}
+
 /// Parses and validates configuration text. `base` resolves relative
 /// `password_file` paths (the config file's directory).
 pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigError>> {
@@ -240,36 +280,8 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     let http: RawHttp = v.section(&table, "http", false).unwrap_or_default();
     let spool: RawSpool = v.section(&table, "spool", false).unwrap_or_default();
     let limits: RawLimits = v.section(&table, "limits", false).unwrap_or_default();
-    let mut raw_rollups: Vec<RawRollup> = Vec::new();
-    match table.get("rollup") {
-        None => {}
-        Some(toml::Value::Array(items)) => {
-            for (i, item) in items.iter().enumerate() {
-                if let Some(r) = v.value(item, &format!("rollup[{i}]")) {
-                    raw_rollups.push(r);
-                }
-            }
-        }
-        Some(_) => v.err("rollup", "must be an array of tables ([[rollup]])"),
-    }
-    let mut subs: Vec<RawSubscription> = Vec::new();
-    match table.get("subscription") {
-        None => v.err("subscription", "at least one [[subscription]] is required"),
-        Some(toml::Value::Array(items)) => {
-            if items.is_empty() {
-                v.err("subscription", "at least one [[subscription]] is required");
-            }
-            for (i, item) in items.iter().enumerate() {
-                if let Some(s) = v.value(item, &format!("subscription[{i}]")) {
-                    subs.push(s);
-                }
-            }
-        }
-        Some(_) => v.err(
-            "subscription",
-            "must be an array of tables ([[subscription]])",
-        ),
-    }
+    let raw_rollups: Vec<RawRollup> = v.tables(&table, "rollup", false);
+    let subs: Vec<RawSubscription> = v.tables(&table, "subscription", true);
 
     let mqtt = mqtt.and_then(|m| v.mqtt(m, base));
     let mongodb = mongo.map(|m| v.mongo(m, base));
@@ -295,41 +307,7 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
     limits.thinning = subscriptions.iter().any(|s| !s.thinning.is_empty());
     spool.max_queued = limits.split().spool;
     let rollups = v.rollups(raw_rollups, bucket.window);
-    if let (Some(m), Some(i)) = (
-        &mqtt,
-        subscriptions
-            .iter()
-            .position(|s| s.format == PayloadFormat::SparkplugB),
-    ) {
-        if m.share_group.is_some() {
-            v.err(
-                format!("subscription[{i}].format"),
-                "\"sparkplug_b\" cannot be used with mqtt.share_group: an edge node's BIRTH and its DATA must reach the same palletd (give each instance its own groups or nodes instead)",
-            );
-        }
-    }
-
-    for (i, s) in subscriptions.iter().enumerate() {
-        if s.thinning.is_empty() {
-            continue;
-        }
-        if mqtt.as_ref().is_some_and(|m| m.share_group.is_some()) {
-            v.err(
-                format!("subscription[{i}].thinning"),
-                "cannot be used with mqtt.share_group: each palletd would thin its share of a sensor's readings alone, and the bound would not hold",
-            );
-        }
-    }
-    if let Some(m) = &mqtt {
-        for (i, s) in subscriptions.iter().enumerate() {
-            if m.protocol == MqttProtocol::V311 && s.from_properties != Default::default() {
-                v.err(
-                    format!("subscription[{i}]"),
-                    "timestamp_property, sensor_property and format_from_content_type read MQTT 5 message properties: they need mqtt.protocol = \"5\"",
-                );
-            }
-        }
-    }
+    across_sections(&mut v, mqtt.as_ref(), &subscriptions);
     if let Some(m) = &mqtt {
         spool.redelivery = m.redelivery();
     }

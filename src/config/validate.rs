@@ -40,6 +40,34 @@ impl Validator {
         }
     }
 
+    /// An array of tables (`[[name]]`), each read on its own; `required`:
+    /// at least one.
+    pub(super) fn tables<T: DeserializeOwned>(
+        &mut self,
+        table: &toml::Table,
+        name: &str,
+        required: bool,
+    ) -> Vec<T> {
+        let needed = format!("at least one [[{name}]] is required");
+        let mut out = Vec::new();
+        match table.get(name) {
+            None if required => self.err(name, needed),
+            None => {}
+            Some(toml::Value::Array(items)) => {
+                if required && items.is_empty() {
+                    self.err(name, needed);
+                }
+                for (i, item) in items.iter().enumerate() {
+                    if let Some(t) = self.value(item, &format!("{name}[{i}]")) {
+                        out.push(t);
+                    }
+                }
+            }
+            Some(_) => self.err(name, format!("must be an array of tables ([[{name}]])")),
+        }
+        out
+    }
+
     /// Deserializes one value, recording every error with its full path.
     ///
     /// serde stops at the first error, so after each one the offending key is
