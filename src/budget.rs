@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 #[derive(Debug)]
-pub struct Budget {
+pub(crate) struct Budget {
     used: AtomicUsize,
     limit: usize,
     freed: tokio::sync::Notify,
@@ -26,12 +26,8 @@ impl Budget {
         }
     }
 
-    pub fn limit(&self) -> usize {
-        self.limit
-    }
-
     /// Bytes held now.
-    pub fn used(&self) -> usize {
+    pub(crate) fn used(&self) -> usize {
         self.used.load(Ordering::Relaxed)
     }
 
@@ -44,7 +40,7 @@ impl Budget {
     /// Adds `n` bytes if they fit; false (nothing added) if they do not.
     /// One item larger than the whole budget fits into an empty one, so
     /// nothing is refused for good.
-    pub fn try_add(&self, n: usize) -> bool {
+    pub(crate) fn try_add(&self, n: usize) -> bool {
         let mut used = self.used.load(Ordering::Relaxed);
         loop {
             if used > 0 && used + n > self.limit {
@@ -63,7 +59,7 @@ impl Budget {
     }
 
     /// Takes `n` bytes off (the consumer took the item).
-    pub fn sub(&self, n: usize) {
+    pub(crate) fn sub(&self, n: usize) {
         let _ = self
             .used
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
@@ -73,14 +69,14 @@ impl Budget {
     }
 
     /// Whether the budget is spent.
-    pub fn over(&self) -> bool {
+    pub(crate) fn over(&self) -> bool {
         self.used() >= self.limit
     }
 
     /// Resolves once the budget is not spent (at once if it is not now).
     /// Registers for the wake-up before looking, so bytes taken off in
     /// between are not missed.
-    pub async fn room(&self) {
+    pub(crate) async fn room(&self) {
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
@@ -95,14 +91,14 @@ impl Budget {
 
 /// Bytes held in a budget until dropped (the last clone gives them back).
 #[derive(Debug)]
-pub struct Held {
+pub(crate) struct Held {
     budget: std::sync::Arc<Budget>,
     bytes: usize,
 }
 
 impl Held {
     /// Takes `bytes` from `budget` if they fit ([`Budget::try_add`]).
-    pub fn try_take(budget: &std::sync::Arc<Budget>, bytes: usize) -> Option<Held> {
+    pub(crate) fn try_take(budget: &std::sync::Arc<Budget>, bytes: usize) -> Option<Held> {
         budget.try_add(bytes).then(|| Held {
             budget: budget.clone(),
             bytes,

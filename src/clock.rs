@@ -9,7 +9,7 @@ pub fn now_ms() -> i64 {
 }
 
 /// Microseconds since the Unix epoch (a fresh spool starts its LSNs here).
-pub fn now_us() -> u64 {
+pub(crate) fn now_us() -> u64 {
     chrono::Utc::now().timestamp_micros().max(0) as u64
 }
 

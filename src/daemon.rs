@@ -410,7 +410,7 @@ impl Running {
     /// holds (spool and acknowledge what arrived, write memory), within
     /// `timeout`; then aborts them, lets the spool sync, and says what was
     /// left (it stays in the spool; the broker redelivers the rest).
-    pub async fn shutdown(self, timeout: Duration) -> Result<(), RunError> {
+    pub(crate) async fn shutdown(self, timeout: Duration) -> Result<(), RunError> {
         let finished = tokio::time::timeout(timeout, self.tracker.wait()).await;
         if finished.is_err() {
             self.abort.cancel();

@@ -10,11 +10,11 @@
 use bson::{doc, Document};
 
 /// Payloads are kept up to this size (`truncated: true` beyond).
-pub const PAYLOAD_MAX: usize = 64 * 1024;
+pub(crate) const PAYLOAD_MAX: usize = 64 * 1024;
 
 /// What is kept of a payload while dead letters come faster than
 /// `limits.max_deadletter_rate`.
-pub const PAYLOAD_CUT: usize = 256;
+pub(crate) const PAYLOAD_CUT: usize = 256;
 
 /// Every cause a reading or a message is dead-lettered for: the label
 /// values of `palletd_dead_letters_total` (and of the dropped and cut
@@ -42,10 +42,10 @@ pub const CAUSES: &[&str] = &[
 
 /// A dead letter waiting to be written: its spool LSN and its document,
 /// as the BSON bytes it was spooled as (sent on without decoding).
-pub type DeadLetter = (u64, bson::RawDocumentBuf);
+pub(crate) type DeadLetter = (u64, bson::RawDocumentBuf);
 
 /// The `_id` of the dead letter of spool `tag` with this LSN.
-pub fn id(tag: u32, lsn: u64) -> bson::oid::ObjectId {
+pub(crate) fn id(tag: u32, lsn: u64) -> bson::oid::ObjectId {
     let mut bytes = [0u8; 12];
     bytes[0..4].copy_from_slice(&tag.to_be_bytes());
     bytes[4..12].copy_from_slice(&lsn.to_be_bytes());
@@ -53,7 +53,7 @@ pub fn id(tag: u32, lsn: u64) -> bson::oid::ObjectId {
 }
 
 /// The LSN in a dead letter's `_id` ([`id`]).
-pub fn lsn_of(id: bson::oid::ObjectId) -> u64 {
+pub(crate) fn lsn_of(id: bson::oid::ObjectId) -> u64 {
     let bytes = id.bytes();
     u64::from_be_bytes(bytes[4..12].try_into().expect("8 bytes"))
 }
@@ -68,13 +68,13 @@ const MAX_ERROR: usize = 512;
 /// message's samples were refused. Bounded: the causes are a fixed set,
 /// each keeps its first error and at most [`MAX_INDEXES`] indexes.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Refusals {
+pub(crate) struct Refusals {
     causes: Vec<Refused>,
 }
 
 /// The samples of a message refused for one cause.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Refused {
+pub(crate) struct Refused {
     pub cause: &'static str,
     /// The first error of this cause.
     pub error: String,
@@ -115,11 +115,11 @@ impl Refusals {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.causes.is_empty()
     }
 
-    pub fn causes(&self) -> &[Refused] {
+    pub(crate) fn causes(&self) -> &[Refused] {
         &self.causes
     }
 }
@@ -128,7 +128,7 @@ impl Refusals {
 /// (the first 64 KiB of) its payload once, and every cause with how many
 /// samples it refused and which (`causes`); `cause` and `error` name the
 /// first.
-pub fn for_message(
+pub(crate) fn for_message(
     tag: u32,
     lsn: u64,
     received_ms: i64,
@@ -170,7 +170,7 @@ pub fn for_message(
 
 /// One decoded sample that cannot go into the collection (too large for a
 /// bucket, refused by the database): its sensor and the sample itself.
-pub fn for_sample(
+pub(crate) fn for_sample(
     tag: u32,
     lsn: u64,
     now_ms: i64,
@@ -195,7 +195,7 @@ pub fn for_sample(
 /// A sample refused on its way to a bucket, for an edge to count and log
 /// (`telemetry::Reporter`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     pub cause: &'static str,
     pub sensor: String,
     pub error: String,

@@ -48,7 +48,7 @@ pub enum Outcome {
 
 /// A flush: runs of samples and dead letters.
 #[derive(Debug, Default)]
-pub struct Batch {
+pub(crate) struct Batch {
     pub runs: Vec<Run>,
     pub deadletters: Vec<DeadLetter>,
 }
@@ -61,7 +61,7 @@ impl Batch {
 
 /// What the store reports of a write besides the outcomes.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Written {
+pub(crate) struct Written {
     /// Statements (or documents) sent and applied.
     pub statements: usize,
     /// Buckets a statement created.
@@ -76,7 +76,7 @@ pub struct Written {
 
 /// Samples of one sensor that may already be in MongoDB.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Resolve {
+pub(crate) struct Resolve {
     pub sensor: String,
     /// (lsn, ts_ms) of each uncertain sample.
     pub samples: Vec<(u64, i64)>,
@@ -84,7 +84,7 @@ pub struct Resolve {
 
 /// What the store learned about uncertain samples.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Resolution {
+pub(crate) struct Resolution {
     /// The uncertain LSNs that are in MongoDB.
     pub applied: HashSet<u64>,
     /// Whether a database call failed on the way (an outage goes on).
@@ -94,7 +94,7 @@ pub struct Resolution {
 /// What a batch of messages appended, offered to the pipeline: the very
 /// records written to the spool (shared, not copied).
 #[derive(Debug, Clone)]
-pub struct Feed {
+pub(crate) struct Feed {
     /// LSN of the first record.
     pub first: u64,
     /// LSN after the last record.

@@ -36,7 +36,7 @@ pub fn parse_time(text: &str, now_ms: i64) -> std::result::Result<i64, String> {
         })
 }
 
-pub fn json_value(b: &Bson) -> serde_json::Value {
+pub(crate) fn json_value(b: &Bson) -> serde_json::Value {
     match b {
         Bson::Double(x) => serde_json::json!(x),
         Bson::Int32(x) => serde_json::json!(x),
@@ -49,7 +49,7 @@ pub fn json_value(b: &Bson) -> serde_json::Value {
     }
 }
 
-pub fn csv_field(v: &serde_json::Value) -> String {
+pub(crate) fn csv_field(v: &serde_json::Value) -> String {
     let s = match v {
         serde_json::Value::String(s) => s.clone(),
         serde_json::Value::Null => String::new(),
@@ -268,15 +268,15 @@ pub fn print_summary(s: &Summary, out: &mut impl Write) -> std::io::Result<()> {
 /// At most this many steps in one series answer (a point per step and
 /// field: the fields of one sensor are bounded by
 /// `limits.max_fields_per_sample`).
-pub const MAX_POINTS: usize = 10_000;
+pub(crate) const MAX_POINTS: usize = 10_000;
 /// At most this many stored documents (buckets, time series documents)
 /// or readings read for one series answer.
-pub const MAX_READ: u64 = 200_000;
+pub(crate) const MAX_READ: u64 = 200_000;
 
 /// One field's values over one step of a series: their count, sum,
 /// smallest and largest.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SeriesPoint {
+pub(crate) struct SeriesPoint {
     pub start_ms: i64,
     pub field: String,
     pub n: i64,
@@ -287,14 +287,14 @@ pub struct SeriesPoint {
 
 impl SeriesPoint {
     /// The mean of the step's values (what the API and the charts show).
-    pub fn avg(&self) -> f64 {
+    pub(crate) fn avg(&self) -> f64 {
         self.sum / self.n.max(1) as f64
     }
 }
 
 /// Where a series was read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SeriesSource {
+pub(crate) enum SeriesSource {
     /// A rollup collection (`[[rollup]]` `name`): its settled intervals;
     /// the others (not rolled up yet, late data due again, partial) from
     /// the windows' summaries, `from_windows` of them.
@@ -311,7 +311,7 @@ pub enum SeriesSource {
 /// asked for (`source=` of the API: to compare them, or to see the points
 /// thinning kept at any step).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Prefer {
+pub(crate) enum Prefer {
     #[default]
     Cheapest,
     Rollup,
@@ -340,7 +340,7 @@ impl Prefer {
 /// `window_ms`, else the samples. At most [`MAX_POINTS`] steps and
 /// [`MAX_READ`] documents or readings read: beyond, [`QueryError::TooMuch`]
 /// saying what to change.
-pub async fn series(
+pub(crate) async fn series(
     store: &Store,
     window_ms: i64,
     sensor: &str,

@@ -102,7 +102,7 @@ pub struct RecordRef<'a> {
 impl RecordRef<'_> {
     /// Appends the record as written (header and body) to `out`, without
     /// an allocation of its own.
-    pub fn encode_into(&self, out: &mut Vec<u8>) {
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
         let start = out.len();
         out.extend_from_slice(&[0u8; HEADER]);
         out.extend_from_slice(&self.lsn.to_le_bytes());
@@ -181,6 +181,7 @@ impl RecordRef<'_> {
         })
     }
 
+    #[cfg(test)]
     pub fn to_owned(&self) -> Record {
         Record {
             lsn: self.lsn,
@@ -231,7 +232,7 @@ impl Record {
     }
 
     /// Appends the record as written (header and body) to `out`.
-    pub fn encode_into(&self, out: &mut Vec<u8>) {
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
         self.as_ref().encode_into(out);
     }
 
@@ -259,7 +260,7 @@ pub fn parse(bytes: &[u8]) -> impl Iterator<Item = RecordRef<'_>> {
 /// The message identities among records encoded back to back in `bytes`
 /// (as appended): (LSN, session, packet id, digest). Only their headers
 /// are read, save for the identities'.
-pub fn identities(bytes: &[u8]) -> impl Iterator<Item = (u64, SessionId, u16, u64)> + '_ {
+pub(crate) fn identities(bytes: &[u8]) -> impl Iterator<Item = (u64, SessionId, u16, u64)> + '_ {
     let mut rest = bytes;
     std::iter::from_fn(move || loop {
         let len = u32::from_le_bytes(rest.get(0..4)?.try_into().ok()?) as usize;
@@ -338,7 +339,7 @@ pub(crate) fn plausible(buf: &[u8], lsns: &std::ops::Range<u64>) -> bool {
 /// kind of each record and the sensors of the samples, when the lengths
 /// chain from the first record to the end of the bytes.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Kinds {
+pub(crate) struct Kinds {
     pub samples: u64,
     pub dead_letters: u64,
     pub message_ids: u64,
@@ -386,7 +387,7 @@ pub(crate) mod tests {
     use super::*;
 
     /// A sample record with a small made-up document.
-    pub fn sample(lsn: u64) -> Record {
+    pub(crate) fn sample(lsn: u64) -> Record {
         Record {
             lsn,
             received_ms: 7,

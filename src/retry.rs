@@ -9,13 +9,13 @@ use tokio_util::sync::CancellationToken;
 /// Shutdown gave up while something was still being retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("gave up: shutdown deadline passed")]
-pub struct Aborted;
+pub(crate) struct Aborted;
 
 /// Capped exponential backoff with full jitter: by default 100 ms
 /// doubling to 30 s (the broker connection, the database); every wait
 /// before trying again in palletd is one of these.
 #[derive(Debug)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     next: Duration,
     first: Duration,
     cap: Duration,
@@ -28,8 +28,8 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    pub const FIRST: Duration = Duration::from_millis(100);
-    pub const CAP: Duration = Duration::from_secs(30);
+    pub(crate) const FIRST: Duration = Duration::from_millis(100);
+    pub(crate) const CAP: Duration = Duration::from_secs(30);
 
     /// From `first`, doubling, up to `cap`.
     pub fn new(first: Duration, cap: Duration) -> Backoff {
@@ -41,7 +41,7 @@ impl Backoff {
     }
 
     /// The next delay: uniformly between half and all of the current step.
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let step = self.next;
         self.next = (self.next * 2).min(self.cap);
         let half = step / 2;
@@ -49,12 +49,12 @@ impl Backoff {
     }
 
     /// Back to the first step (after a success).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.next = self.first;
     }
 
     /// Sleeps for the next delay, or returns `Aborted` when `abort` fires.
-    pub async fn wait(&mut self, abort: &CancellationToken) -> Result<(), Aborted> {
+    pub(crate) async fn wait(&mut self, abort: &CancellationToken) -> Result<(), Aborted> {
         let d = self.next_delay();
         tokio::select! {
             _ = tokio::time::sleep(d) => Ok(()),

@@ -28,23 +28,24 @@ impl Tags {
     }
 
     /// A spool whose records below each `below` were written under its id.
-    pub fn with_previous(current: u32, mut previous: Vec<(u32, u64)>) -> Tags {
+    pub(crate) fn with_previous(current: u32, mut previous: Vec<(u32, u64)>) -> Tags {
         previous.sort_by_key(|p| p.1);
         Tags { current, previous }
     }
 
     /// The id of what is spooled from now on.
-    pub fn current(&self) -> u32 {
+    pub(crate) fn current(&self) -> u32 {
         self.current
     }
 
     /// The earlier epochs: (id, below).
-    pub fn previous(&self) -> &[(u32, u64)] {
+    #[cfg(test)]
+    pub(crate) fn previous(&self) -> &[(u32, u64)] {
         &self.previous
     }
 
     /// The id the record with this LSN was written under.
-    pub fn of(&self, lsn: u64) -> u32 {
+    pub(crate) fn of(&self, lsn: u64) -> u32 {
         self.previous
             .iter()
             .find(|(_, below)| lsn < *below)
@@ -53,7 +54,8 @@ impl Tags {
 
     /// Whether two LSNs were written under the same id (a statement never
     /// carries records of two epochs).
-    pub fn same(&self, a: u64, b: u64) -> bool {
+    #[cfg(test)]
+    pub(crate) fn same(&self, a: u64, b: u64) -> bool {
         self.of(a) == self.of(b)
     }
 

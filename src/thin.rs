@@ -38,8 +38,8 @@ pub struct Point {
     pub v: f64,
 }
 
-pub const DEADBAND: &str = "deadband";
-pub const SWINGING_DOOR: &str = "swinging_door";
+pub(crate) const DEADBAND: &str = "deadband";
+pub(crate) const SWINGING_DOOR: &str = "swinging_door";
 
 /// A field's thinning rule, with its bound in the field's own unit.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -65,7 +65,7 @@ impl Rule {
     }
 
     /// The bound: the band or the deviation.
-    pub fn bound(&self) -> f64 {
+    pub(crate) fn bound(&self) -> f64 {
         match *self {
             Rule::Deadband { band, .. } => band,
             Rule::SwingingDoor { deviation, .. } => deviation,
@@ -91,7 +91,7 @@ pub struct Verdict {
 /// The newest points of a run a field remembers one by one, so that a
 /// reading that arrives out of order among them (messages of one sensor
 /// over several connections) is thinned as if it had come in order.
-pub const TAIL: usize = 8;
+pub(crate) const TAIL: usize = 8;
 
 /// One field's thinning state: the last stored point, the newest points
 /// after it (at most [`TAIL`]; for a swinging door the newest of them is
@@ -99,7 +99,7 @@ pub const TAIL: usize = 8;
 /// the slopes from the stored point that pass within the deviation of
 /// every point of the run before those (`[lo, hi]`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Field {
+pub(crate) struct Field {
     rule: Rule,
     stored: Option<Point>,
     tail: std::collections::VecDeque<Point>,
@@ -126,12 +126,12 @@ impl Field {
         }
     }
 
-    pub fn rule(&self) -> &Rule {
+    pub(crate) fn rule(&self) -> &Rule {
         &self.rule
     }
 
     /// Heap bytes it holds (the remembered points, the run before).
-    pub fn heap_bytes(&self) -> usize {
+    pub(crate) fn heap_bytes(&self) -> usize {
         let own = self.tail.capacity() * std::mem::size_of::<Point>();
         own + self
             .prev
@@ -141,7 +141,7 @@ impl Field {
 
     /// The swinging door's point not stored yet: the candidate end of its
     /// run.
-    pub fn held(&self) -> Option<Point> {
+    pub(crate) fn held(&self) -> Option<Point> {
         match self.rule {
             Rule::SwingingDoor { .. } => self.tail.back().copied(),
             Rule::Deadband { .. } => None,
@@ -151,7 +151,7 @@ impl Field {
     /// Offers the field's next point; `p.v` must be finite (else use
     /// [`Field::offer_other`]). A point older than the newest is thinned
     /// in its place when it falls among the points the field remembers.
-    pub fn offer(&mut self, p: Point) -> Verdict {
+    pub(crate) fn offer(&mut self, p: Point) -> Verdict {
         let Some(stored) = self.stored else {
             return self.start(p);
         };
@@ -309,7 +309,7 @@ impl Field {
 
     /// Offers a point that is not a finite number, or not newer than the
     /// field's last: it is stored, and the state stays.
-    pub fn offer_other(&mut self) -> Verdict {
+    pub(crate) fn offer_other(&mut self) -> Verdict {
         Verdict {
             earlier: Vec::new(),
             keep: true,
@@ -319,7 +319,7 @@ impl Field {
 
     /// Ends the run: the point still held, if any, is to be stored, and
     /// the next point starts afresh.
-    pub fn finish(&mut self) -> Option<Point> {
+    pub(crate) fn finish(&mut self) -> Option<Point> {
         let held = self.held();
         *self = Field::new(self.rule);
         held

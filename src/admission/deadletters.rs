@@ -13,13 +13,13 @@ use crate::telemetry::Reporter;
 
 /// Dead letters may take at most this share of `spool.max_size`: bad
 /// input alone never fills the spool and stops the good sensors.
-pub const DEADLETTER_SHARE: f64 = 0.1;
+pub(crate) const DEADLETTER_SHARE: f64 = 0.1;
 
 /// The dead letters spooled and not yet in MongoDB, in bytes: they free
 /// their share as the pipeline writes them (oldest first, by the bytes it
 /// reports written) or as the checkpoint passes them.
 #[derive(Debug)]
-pub struct DeadLetterRoom {
+pub(crate) struct DeadLetterRoom {
     limit: u64,
     /// (LSN, bytes) of each, oldest first.
     held: std::collections::VecDeque<(u64, u64)>,

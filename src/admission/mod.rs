@@ -23,7 +23,7 @@ pub(crate) mod sensors;
 pub mod sparkplug;
 pub mod thinning;
 
-pub use deadletters::*;
+pub(crate) use deadletters::*;
 
 use std::time::{Duration, Instant};
 
@@ -94,7 +94,7 @@ const MAX_BATCH_MESSAGES: usize = 512;
 /// one spool append stays within the bytes a group commit leaves unsynced
 /// ([`crate::spool`]'s `MAX_UNSYNCED`), so a power cut tears only whole
 /// batches' worth at the end.
-pub const MAX_BATCH_BYTES: usize = 256 << 10;
+pub(crate) const MAX_BATCH_BYTES: usize = 256 << 10;
 
 /// How often the spool gauges are refreshed.
 const GAUGE_EVERY: Duration = Duration::from_millis(100);
@@ -110,7 +110,7 @@ struct Unacked {
     received_ms: i64,
 }
 
-pub struct Admission {
+pub(crate) struct Admission {
     decoder: Decoder,
     acker: Acker,
     spool: Spool,
@@ -154,7 +154,7 @@ pub struct Admission {
 
 /// The byte budgets of `limits.max_memory` the admission takes from and
 /// gives to.
-pub struct Budgets {
+pub(crate) struct Budgets {
     /// Messages ingest handed on and not yet taken here.
     pub queue: std::sync::Arc<crate::budget::Budget>,
     /// Batches offered to the pipeline and not yet taken in.

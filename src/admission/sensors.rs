@@ -27,7 +27,7 @@ impl SensorLimit {
     }
 
     /// Whether a reading of `sensor` at `now_ms` may be taken.
-    pub fn admit(&mut self, sensor: &str, now_ms: i64) -> bool {
+    pub(crate) fn admit(&mut self, sensor: &str, now_ms: i64) -> bool {
         if let Some(t) = self.last_seen.get_mut(sensor) {
             *t = now_ms;
             return true;
@@ -49,7 +49,7 @@ impl SensorLimit {
 impl SensorLimit {
     /// The `n` sensors heard from least recently: (sensor, last reading
     /// ms), the quietest first.
-    pub fn quietest(&self, n: usize) -> Vec<(String, i64)> {
+    pub(crate) fn quietest(&self, n: usize) -> Vec<(String, i64)> {
         let mut heap: std::collections::BinaryHeap<(i64, &str)> = Default::default();
         for (sensor, &t) in &self.last_seen {
             heap.push((t, sensor));

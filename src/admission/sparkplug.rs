@@ -41,14 +41,14 @@ use crate::spool::{EntryRef, Spool};
 use crate::telemetry;
 
 /// The file's name in the spool directory.
-pub const FILE_NAME: &str = "sparkplug.json";
+pub(crate) const FILE_NAME: &str = "sparkplug.json";
 
 /// A snapshot begins once the oldest change it would take has waited this
 /// long ...
-pub const SNAPSHOT_EVERY: Duration = Duration::from_secs(30);
+pub(crate) const SNAPSHOT_EVERY: Duration = Duration::from_secs(30);
 /// ... or once the changes since the last one hold this many bytes (or the
 /// state's estimated bytes, if more): a start replays little.
-pub const SNAPSHOT_CHANGE_BYTES: usize = 1 << 20;
+pub(crate) const SNAPSHOT_CHANGE_BYTES: usize = 1 << 20;
 /// Bytes of a snapshot made at a time on the admission task.
 pub const CHUNK_BYTES: usize = 64 << 10;
 /// A failed snapshot is tried again this much later.
@@ -76,7 +76,7 @@ impl Pending {
 }
 
 /// Lines of a snapshot, and whether they are its last.
-pub type Chunk = (Vec<u8>, bool);
+pub(crate) type Chunk = (Vec<u8>, bool);
 
 /// A snapshot being written.
 struct Writing {
@@ -93,7 +93,7 @@ struct Writing {
     takes: Option<Pending>,
 }
 
-pub struct StateFile {
+pub(crate) struct StateFile {
     path: PathBuf,
     spool: Spool,
     pending: Option<Pending>,
@@ -111,7 +111,7 @@ impl StateFile {
     /// its LSN up to `next_lsn` and, when that changed anything (or there
     /// was no snapshot of this form), writes a new one at `next_lsn` before
     /// anything is taken. Blocking: at start only.
-    pub fn open(spool_dir: &Path, spool: &Spool, next_lsn: u64) -> (StateFile, State) {
+    pub(crate) fn open(spool_dir: &Path, spool: &Spool, next_lsn: u64) -> (StateFile, State) {
         let mut file = StateFile {
             path: spool_dir.join(FILE_NAME),
             spool: spool.clone(),
@@ -183,7 +183,7 @@ impl StateFile {
 
     /// Counts edge nodes evicted from a full state, said at most once a
     /// minute; `state` as it is now.
-    pub fn evicted(&mut self, nodes: u32, state: &State, budget: usize) {
+    pub(crate) fn evicted(&mut self, nodes: u32, state: &State, budget: usize) {
         metrics::counter!(telemetry::SPARKPLUG_EVICTED).increment(u64::from(nodes));
         self.evictions_unsaid += u64::from(nodes);
         if self
@@ -207,7 +207,7 @@ impl StateFile {
     }
 
     /// A change of `bytes` was spooled.
-    pub fn changed(&mut self, bytes: usize) {
+    pub(crate) fn changed(&mut self, bytes: usize) {
         let p = self.pending.get_or_insert(Pending {
             since: Instant::now(),
             bytes: 0,
@@ -216,7 +216,7 @@ impl StateFile {
     }
 
     /// When the next snapshot is due, if one is and none is being written.
-    pub fn due(&self, state: &State) -> Option<Instant> {
+    pub(crate) fn due(&self, state: &State) -> Option<Instant> {
         if self.writing.is_some() {
             return None;
         }
@@ -230,7 +230,7 @@ impl StateFile {
     }
 
     /// Begins a snapshot of the state as it is at `lsn` (the next record's).
-    pub fn begin(&mut self, lsn: u64) {
+    pub(crate) fn begin(&mut self, lsn: u64) {
         let (tx, rx) = mpsc::channel(1);
         let (done_tx, done) = oneshot::channel();
         let path = self.path.clone();
@@ -254,18 +254,18 @@ impl StateFile {
     }
 
     /// A snapshot is being written.
-    pub fn writing(&self) -> bool {
+    pub(crate) fn writing(&self) -> bool {
         self.writing.is_some()
     }
 
     /// Where the next chunk goes, while one is wanted.
-    pub fn sender(&self) -> Option<mpsc::Sender<Chunk>> {
+    pub(crate) fn sender(&self) -> Option<mpsc::Sender<Chunk>> {
         self.writing.as_ref()?.tx.clone()
     }
 
     /// Makes the next chunk of the snapshot being written and sends it
     /// with `permit` (`None`: the writing thread stopped; its end says why).
-    pub fn step(&mut self, state: &State, permit: Option<mpsc::OwnedPermit<Chunk>>) {
+    pub(crate) fn step(&mut self, state: &State, permit: Option<mpsc::OwnedPermit<Chunk>>) {
         let Some(w) = &mut self.writing else { return };
         let Some(permit) = permit else {
             w.tx = None;
@@ -286,7 +286,7 @@ impl StateFile {
     }
 
     /// Waits until the snapshot being written is done (forever if none).
-    pub async fn finished(&mut self) -> io::Result<()> {
+    pub(crate) async fn finished(&mut self) -> io::Result<()> {
         match &mut self.writing {
             Some(w) => (&mut w.done)
                 .await
@@ -296,7 +296,7 @@ impl StateFile {
     }
 
     /// The snapshot being written is done (or failed).
-    pub fn end(&mut self, result: io::Result<()>) {
+    pub(crate) fn end(&mut self, result: io::Result<()>) {
         if let Some(w) = self.writing.take() {
             self.written(result, w.lsn, w.takes);
         }

@@ -263,7 +263,7 @@ impl Thinning {
     /// The LSN of the oldest record the state needs after a crash: of a
     /// point held, or of a value left out not yet summed up in the spool
     /// (`None`: none).
-    pub fn oldest_held(&self) -> Option<u64> {
+    pub(crate) fn oldest_held(&self) -> Option<u64> {
         let sensors = self.sensors.values();
         let points = sensors
             .clone()
@@ -284,7 +284,7 @@ impl Thinning {
     /// `sensors_ended`): a run may end at any point, its held point
     /// stored, and the bound holds; what is lost is what a longer run
     /// would have left out.
-    pub fn sweep(&mut self, now_ms: i64, all_left_out: bool) -> Vec<(String, Later)> {
+    pub(crate) fn sweep(&mut self, now_ms: i64, all_left_out: bool) -> Vec<(String, Later)> {
         let mut out = self.end_runs(
             |f| now_ms - f.received_ms >= max_interval(f.field.rule()),
             |o| all_left_out || now_ms >= o.due_ms,
@@ -317,12 +317,12 @@ impl Thinning {
 
     /// The state's bytes as the last sweep left them (what the gauge
     /// shows; summed once per sweep, not again).
-    pub fn swept_bytes(&self) -> usize {
+    pub(crate) fn swept_bytes(&self) -> usize {
         self.swept_bytes
     }
 
     /// Ends every run (a clean shutdown): what to spool.
-    pub fn finish(&mut self) -> Vec<(String, Later)> {
+    pub(crate) fn finish(&mut self) -> Vec<(String, Later)> {
         self.end_runs(|_| true, |_| true)
     }
 
@@ -357,12 +357,13 @@ impl Thinning {
     }
 
     /// The points counted per rule kind since the last call.
-    pub fn take_counts(&mut self) -> Vec<Counts> {
+    pub(crate) fn take_counts(&mut self) -> Vec<Counts> {
         std::mem::take(&mut self.counts)
     }
 
     /// Fields whose state is kept.
-    pub fn fields(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn fields(&self) -> usize {
         self.sensors.values().map(|s| s.fields.len()).sum()
     }
 
@@ -374,7 +375,7 @@ impl Thinning {
 
     /// Sensors whose runs ended to keep within `max_bytes`, since the
     /// last call.
-    pub fn take_sensors_ended(&mut self) -> u64 {
+    pub(crate) fn take_sensors_ended(&mut self) -> u64 {
         std::mem::take(&mut self.sensors_ended)
     }
 }
@@ -392,14 +393,14 @@ fn sensor_bytes(name: &str, s: &SensorState) -> usize {
 }
 
 /// The file that says from which LSN the held points' records are kept.
-pub fn lsn_path(spool_dir: &Path) -> PathBuf {
+pub(crate) fn lsn_path(spool_dir: &Path) -> PathBuf {
     spool_dir.join("thinning.lsn")
 }
 
 /// Records the LSN the held points' records begin at: a new file put in
 /// place, not synced (a stale or lost one makes the read-back start
 /// earlier, which is safe).
-pub fn save_lsn(spool_dir: &Path, lsn: u64) -> io::Result<()> {
+pub(crate) fn save_lsn(spool_dir: &Path, lsn: u64) -> io::Result<()> {
     let path = lsn_path(spool_dir);
     let tmp = path.with_extension("lsn.tmp");
     std::fs::write(&tmp, format!("{lsn}\n"))?;
@@ -415,7 +416,7 @@ pub fn save_lsn(spool_dir: &Path, lsn: u64) -> io::Result<()> {
 /// Without `thinning.lsn` no earlier run thinned (it writes the file at
 /// its start): nothing is read, and the file is written now. An
 /// unreadable one is read from the spool's first record.
-pub fn read_back(
+pub(crate) fn read_back(
     spool_dir: &Path,
     spool: &Spool,
     next_lsn: u64,
@@ -580,7 +581,7 @@ fn add(archived: &mut Vec<(i64, Vec<(String, f64)>)>, p: Point, name: &str) {
 
 /// Points of one rule kind: received, stored, unordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Counts {
+pub(crate) struct Counts {
     pub kind: &'static str,
     pub received: u64,
     pub stored: u64,

@@ -12,7 +12,7 @@ pub struct Fill {
 
 impl Fill {
     /// A sealed bucket: nothing more goes in; the next is `seq + 1`.
-    pub fn sealed(seq: u32) -> Fill {
+    pub(crate) fn sealed(seq: u32) -> Fill {
         Fill {
             count: u32::MAX / 2,
             bytes: u32::MAX / 2,
@@ -42,7 +42,7 @@ struct Quiet {
 /// looked up: a backfill (history arriving in time order, every window
 /// new) then costs the database its upserts only, not a query per flush;
 /// a wrong guess costs one collision and turns the lookups back on.
-pub const QUIET_LOOKUPS: u8 = 2;
+pub(crate) const QUIET_LOOKUPS: u8 = 2;
 
 impl Fills {
     pub fn new() -> Fills {
@@ -50,7 +50,7 @@ impl Fills {
     }
 
     /// Whether a lookup of this sensor's windows is likely to find nothing.
-    pub fn quiet(&self) -> bool {
+    pub(crate) fn quiet(&self) -> bool {
         self.1.misses >= QUIET_LOOKUPS
     }
 
@@ -62,13 +62,13 @@ impl Fills {
     /// costs a collision, which turns the lookups back on). Without it,
     /// every sensor's first flush of each window waited for a lookup: at
     /// the hour, 10,000 sensors' lookups at once.
-    pub fn assume_empty(&self, start: i64) -> bool {
+    pub(crate) fn assume_empty(&self, start: i64) -> bool {
         self.quiet()
             || (!self.1.surprised && !self.0.is_empty() && self.0.iter().all(|e| e.0 < start))
     }
 
     /// A lookup of its windows found a bucket (`true`) or none.
-    pub fn looked_up(&mut self, found: bool) {
+    pub(crate) fn looked_up(&mut self, found: bool) {
         self.1 = Quiet {
             misses: if found {
                 0
@@ -80,18 +80,18 @@ impl Fills {
     }
 
     /// A statement met a bucket palletd did not know of: look up again.
-    pub fn surprised(&mut self) {
+    pub(crate) fn surprised(&mut self) {
         self.1 = Quiet {
             misses: 0,
             surprised: true,
         };
     }
 
-    pub fn get(&self, start: &i64) -> Option<&Fill> {
+    pub(crate) fn get(&self, start: &i64) -> Option<&Fill> {
         self.0.iter().find(|e| e.0 == *start).map(|e| &e.1)
     }
 
-    pub fn contains_key(&self, start: &i64) -> bool {
+    pub(crate) fn contains_key(&self, start: &i64) -> bool {
         self.get(start).is_some()
     }
 
@@ -102,19 +102,19 @@ impl Fills {
         }
     }
 
-    pub fn remove(&mut self, start: &i64) {
+    pub(crate) fn remove(&mut self, start: &i64) {
         self.0.retain(|e| e.0 != *start);
     }
 
     /// Keeps the windows `keep` says yes to.
-    pub fn retain(&mut self, mut keep: impl FnMut(&i64, &Fill) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&i64, &Fill) -> bool) {
         self.0.retain(|e| keep(&e.0, &e.1));
         if self.0.is_empty() {
             self.0 = Vec::new();
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 }

@@ -60,12 +60,12 @@ impl Shape {
     /// sixteenth of `max_samples` or less) that a run overflowing it goes
     /// whole to the next bucket ([`plan`]) and filling it makes no sensor
     /// ready to flush early.
-    pub fn little_room(&self, count: u32) -> bool {
+    pub(crate) fn little_room(&self, count: u32) -> bool {
         count >= self.nearly_full()
     }
 
     /// The fewest samples of a bucket with little room left.
-    pub fn nearly_full(&self) -> u32 {
+    pub(crate) fn nearly_full(&self) -> u32 {
         self.max_samples - self.max_samples / 16
     }
 }
@@ -73,14 +73,14 @@ impl Shape {
 /// A sample larger than a whole bucket may hold.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("sample of {bytes} bytes does not fit in a bucket (bucket.max_bytes = {max_bytes})")]
-pub struct TooBig {
+pub(crate) struct TooBig {
     pub bytes: u32,
     pub max_bytes: u32,
 }
 
 impl Shape {
     /// Refuses a sample that could never fit in a bucket.
-    pub fn check(&self, sample: SampleRef<'_>) -> Result<(), TooBig> {
+    pub(crate) fn check(&self, sample: SampleRef<'_>) -> Result<(), TooBig> {
         let bytes = sample.cost();
         if bytes > self.max_bytes {
             return Err(TooBig {
@@ -104,7 +104,7 @@ pub fn bucket_id(sensor: &str, start_ms: i64, seq: u32) -> String {
 
 /// The sequence number of a [`bucket_id`] (`None` for another `_id`, as
 /// the ObjectIds of buckets written before palletd addressed them).
-pub fn seq_of(id: &str) -> Option<u32> {
+pub(crate) fn seq_of(id: &str) -> Option<u32> {
     let (rest, seq) = id.rsplit_once('|')?;
     let (_, start) = rest.rsplit_once('|')?;
     start.parse::<i64>().ok()?;
@@ -115,13 +115,13 @@ pub fn seq_of(id: &str) -> Option<u32> {
 /// `lsns.s<spool id>` (the id in hex, as in `spool.id`), an array of first
 /// and last LSN pairs. Each spool has its own, so several palletd
 /// instances can write one sensor.
-pub fn lsns_field(spool_tag: u32) -> String {
+pub(crate) fn lsns_field(spool_tag: u32) -> String {
     format!("lsns.s{spool_tag:08x}")
 }
 
 /// Whether the LSN ranges recorded in a bucket (`[first, last, ...]`, as
 /// [`Statement::to_bson`] pushes them) hold `lsn`.
-pub fn ranges_hold(pairs: &[u64], lsn: u64) -> bool {
+pub(crate) fn ranges_hold(pairs: &[u64], lsn: u64) -> bool {
     pairs.chunks_exact(2).any(|p| p[0] <= lsn && lsn <= p[1])
 }
 

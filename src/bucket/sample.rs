@@ -22,7 +22,7 @@ pub struct SampleRef<'a> {
 
 impl<'a> SampleRef<'a> {
     /// A sample read from its document: `None` without a `ts` date.
-    pub fn from_doc(doc: &'a RawDocument, lsn: u64) -> Option<SampleRef<'a>> {
+    pub(crate) fn from_doc(doc: &'a RawDocument, lsn: u64) -> Option<SampleRef<'a>> {
         Some(SampleRef {
             ts_ms: ts_of(doc)?,
             lsn,
@@ -52,18 +52,18 @@ impl<'a> SampleRef<'a> {
     /// Whether it is a point thinning stored after the reading it came
     /// with ([`ARCHIVE`]): pushed, and no reading of the summaries.
     /// The mark is its second element ([`Sample::archive`]): one look.
-    pub fn is_archive(&self) -> bool {
+    pub(crate) fn is_archive(&self) -> bool {
         self.second().is_some_and(|name| name == ARCHIVE)
     }
 
     /// Whether it sums up readings thinning left out ([`LEFT_OUT`]).
-    pub fn is_left_out(&self) -> bool {
+    pub(crate) fn is_left_out(&self) -> bool {
         self.second().is_some_and(|name| name == LEFT_OUT)
     }
 
     /// Whether it is a reading as received (not a point stored late, not
     /// readings left out): what the latest value may show.
-    pub fn is_reading(&self) -> bool {
+    pub(crate) fn is_reading(&self) -> bool {
         self.second()
             .is_none_or(|name| name != ARCHIVE && name != LEFT_OUT)
     }
@@ -79,7 +79,7 @@ impl<'a> SampleRef<'a> {
     /// so a second element that does not is a field: one look, but for a
     /// sample that begins with palletd's own keys (Sparkplug B's
     /// `_state`, or nothing kept but [`THIN`]).
-    pub fn pushes(&self) -> bool {
+    pub(crate) fn pushes(&self) -> bool {
         match self.second() {
             Some(name) if !name.starts_with('_') || name == ARCHIVE => true,
             _ => self.thin().is_none(),
@@ -87,7 +87,7 @@ impl<'a> SampleRef<'a> {
     }
 
     /// The thinning rules of its fields: (field, rule kind, bound).
-    pub fn rules(&self) -> impl Iterator<Item = (&'a str, &'a str, f64)> {
+    pub(crate) fn rules(&self) -> impl Iterator<Item = (&'a str, &'a str, f64)> {
         self.thin().into_iter().flat_map(|t| {
             t.iter().flatten().filter_map(|(name, v)| {
                 let rule = v.as_document()?;
@@ -100,12 +100,12 @@ impl<'a> SampleRef<'a> {
 
     /// Bytes it costs a bucket alone: its document and the summary entries
     /// of its numeric fields ([`summary_cost`]).
-    pub fn cost(&self) -> u32 {
+    pub(crate) fn cost(&self) -> u32 {
         self.bytes() + self.nums().map(|(name, _)| summary_cost(name)).sum::<u32>()
     }
 
     /// The units its payload gave (`{field: unit}`), if any.
-    pub fn units(&self) -> Option<&'a RawDocument> {
+    pub(crate) fn units(&self) -> Option<&'a RawDocument> {
         match self.doc.get(UNITS) {
             Ok(Some(bson::RawBsonRef::Document(units))) => Some(units),
             _ => None,
@@ -115,7 +115,7 @@ impl<'a> SampleRef<'a> {
     /// Its document as stored, without the units, and the units, which a
     /// bucket keeps once ([`UNITS`]); one look for them per sample (this
     /// is on every statement's path).
-    pub fn stored(&self) -> (RawDocumentBuf, Option<&'a RawDocument>) {
+    pub(crate) fn stored(&self) -> (RawDocumentBuf, Option<&'a RawDocument>) {
         let units = self.units();
         if units.is_none() && self.thin().is_none() && !self.is_archive() {
             return (self.doc.to_raw_document_buf(), None);
@@ -131,7 +131,7 @@ impl<'a> SampleRef<'a> {
 
     /// The reading as received, every value thinning dropped put back
     /// (what the latest value shows): `ts` and the fields.
-    pub fn whole(&self) -> RawDocumentBuf {
+    pub(crate) fn whole(&self) -> RawDocumentBuf {
         let (mut out, _) = self.stored();
         for (name, x) in self.dropped() {
             out.append(name, x);
@@ -140,7 +140,7 @@ impl<'a> SampleRef<'a> {
     }
 
     /// The values thinning dropped: summarised, not pushed.
-    pub fn dropped(&self) -> impl Iterator<Item = (&'a str, f64)> {
+    pub(crate) fn dropped(&self) -> impl Iterator<Item = (&'a str, f64)> {
         self.thin().into_iter().flat_map(|t| {
             t.iter().flatten().filter_map(|(name, v)| {
                 let x = v.as_document()?.get_f64("v").ok()?;
@@ -153,7 +153,7 @@ impl<'a> SampleRef<'a> {
     /// those it pushes and those thinning dropped; none of an archived
     /// point's (its reading was summarised when it came). One pass over
     /// the document (this is on every statement's path).
-    pub fn nums(&self) -> impl Iterator<Item = (&'a str, f64)> {
+    pub(crate) fn nums(&self) -> impl Iterator<Item = (&'a str, f64)> {
         let archive = self.is_archive();
         self.doc
             .iter()
@@ -191,7 +191,7 @@ const EDGE_ENTRY: u32 = 2 + 4 + (3 + 8) * 2 + 1;
 /// many distinct names stays within `bucket.max_bytes` too (each name is
 /// counted again by every statement that carries it: an over-count of a
 /// few percent on the usual shapes).
-pub fn summary_cost(name: &str) -> u32 {
+pub(crate) fn summary_cost(name: &str) -> u32 {
     let name = name.len() as u32;
     SUMMARY_ENTRIES * (name + 10) + 2 * (name + EDGE_ENTRY)
 }
@@ -255,26 +255,26 @@ fn ts_of(doc: &RawDocument) -> Option<i64> {
 /// with `_`). A statement sets them on the bucket as `units.<field>` and
 /// pushes the sample without them; they count against `bucket.max_bytes`
 /// with the sample (a few bytes too many, never too few).
-pub const UNITS: &str = "_units";
+pub(crate) const UNITS: &str = "_units";
 
 /// Where a sample's document carries the thinning its fields went
 /// through ([`crate::thin`]): `{field: {k: rule kind, b: bound, v: value}}`,
 /// `v` only when the value was dropped (then the field is not in the
 /// document: it is summarised, not pushed). A statement sets
 /// `thinning.<field>` from it and counts `readings`.
-pub const THIN: &str = "_thin";
+pub(crate) const THIN: &str = "_thin";
 
 /// Marks a sample that is a point thinning stored later than its reading
 /// came (the swinging door's last point of a run): pushed, and not
 /// summarised again (`{ts, <field>: value, _archive: true}`).
-pub const ARCHIVE: &str = "_archive";
+pub(crate) const ARCHIVE: &str = "_archive";
 
 /// Marks a sample that sums up readings thinning left out, in time series
 /// mode, where no bucket summarises them ([`LeftOut`]):
 /// `{ts, _leftOut: {count, sum, n, min, max, first, last, thinning}}`,
 /// the summaries shaped as a bucket's. Neither pushed into a bucket nor
 /// a reading of its own.
-pub const LEFT_OUT: &str = "_leftOut";
+pub(crate) const LEFT_OUT: &str = "_leftOut";
 
 /// The readings of one sensor and window that thinning left out, summed
 /// up ([`LEFT_OUT`]): `count`, those that left nothing to store (no
@@ -301,17 +301,13 @@ impl LeftOut {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.count == 0 && self.fields.is_empty()
-    }
-
     /// The latest reading's time.
-    pub fn last_ts(&self) -> Option<i64> {
+    pub(crate) fn last_ts(&self) -> Option<i64> {
         self.fields.iter().map(|f| f.1.last.0).max()
     }
 
     /// Heap bytes (an estimate).
-    pub fn heap_bytes(&self) -> usize {
+    pub(crate) fn heap_bytes(&self) -> usize {
         self.fields.capacity() * std::mem::size_of::<(String, FieldSummary, &str, f64)>()
             + self.fields.iter().map(|f| f.0.capacity()).sum::<usize>()
     }
@@ -390,7 +386,7 @@ impl Sample {
     /// Points of one time that thinning stores after their reading came
     /// ([`ARCHIVE`]).
     /// The mark goes second, so [`SampleRef::is_archive`] is one look.
-    pub fn archive(ts_ms: i64, fields: &[(&str, f64)], lsn: u64) -> Sample {
+    pub(crate) fn archive(ts_ms: i64, fields: &[(&str, f64)], lsn: u64) -> Sample {
         let mut doc = RawDocumentBuf::new();
         doc.append("ts", bson::DateTime::from_millis(ts_ms));
         doc.append(ARCHIVE, true);
@@ -402,7 +398,7 @@ impl Sample {
 
     /// Readings thinning left out, summed up, as of `ts_ms` (the latest
     /// of them: in their window) ([`LEFT_OUT`]).
-    pub fn left_out(ts_ms: i64, left: &LeftOut, lsn: u64) -> Sample {
+    pub(crate) fn left_out(ts_ms: i64, left: &LeftOut, lsn: u64) -> Sample {
         let mut parts: [RawDocumentBuf; 7] = Default::default();
         for (name, f, kind, bound) in &left.fields {
             let [sum, n, min, max, first, last, rules] = &mut parts;
@@ -475,13 +471,8 @@ impl Samples {
         self.docs.len()
     }
 
-    /// Heap bytes held (capacity), for memory accounting.
-    pub fn heap_bytes(&self) -> usize {
-        self.docs.capacity() + self.index.capacity() * std::mem::size_of::<Slot>()
-    }
-
     /// Makes room for `samples` more samples of `bytes` in all.
-    pub fn reserve(&mut self, samples: usize, bytes: usize) {
+    pub(crate) fn reserve(&mut self, samples: usize, bytes: usize) {
         self.index.reserve(samples);
         self.docs.reserve(bytes);
     }
@@ -495,7 +486,7 @@ impl Samples {
         });
     }
 
-    pub fn get(&self, i: usize) -> SampleRef<'_> {
+    pub(crate) fn get(&self, i: usize) -> SampleRef<'_> {
         let slot = self.index[i];
         let start = if i == 0 {
             0
@@ -511,7 +502,7 @@ impl Samples {
         }
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = SampleRef<'_>> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = SampleRef<'_>> {
         (0..self.len()).map(|i| self.get(i))
     }
 
@@ -524,12 +515,12 @@ impl Samples {
     }
 
     /// LSN and time of every sample.
-    pub fn keys(&self) -> impl Iterator<Item = (u64, i64)> + '_ {
+    pub(crate) fn keys(&self) -> impl Iterator<Item = (u64, i64)> + '_ {
         self.index.iter().map(|s| (s.lsn, s.ts_ms))
     }
 
     /// Keeps the samples `keep` says yes to, in order.
-    pub fn retain(&mut self, mut keep: impl FnMut(SampleRef<'_>) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(SampleRef<'_>) -> bool) {
         let mut out = Samples::new();
         for s in self.iter() {
             if keep(s) {
@@ -541,7 +532,7 @@ impl Samples {
 
     /// Splits off the first `n` samples and returns them; these keep the
     /// rest.
-    pub fn split_front(&mut self, n: usize) -> Samples {
+    pub(crate) fn split_front(&mut self, n: usize) -> Samples {
         if n >= self.len() {
             return std::mem::take(self);
         }
@@ -566,7 +557,7 @@ impl Samples {
     /// make: a statement per run of one window, and one more each time a
     /// run fills `max_samples` ([`plan`] cuts there too; cuts by bytes are
     /// not foreseen).
-    pub fn front_within(&self, shape: &Shape, statements: usize) -> (usize, usize) {
+    pub(crate) fn front_within(&self, shape: &Shape, statements: usize) -> (usize, usize) {
         let mut made = 0;
         let mut window = None;
         let mut in_run = 0u32;
@@ -586,7 +577,7 @@ impl Samples {
     }
 
     /// Appends all of `other` after these.
-    pub fn append(&mut self, other: &Samples) {
+    pub(crate) fn append(&mut self, other: &Samples) {
         for s in other.iter() {
             self.push(s);
         }

@@ -33,13 +33,13 @@ pub struct Statement {
 
 impl Statement {
     /// The samples it adds to its bucket's `count`.
-    pub fn count(&self) -> u32 {
+    pub(crate) fn count(&self) -> u32 {
         self.pushed
     }
 
     /// What the gateway knows of the bucket's fill after the statement was
     /// applied; `inserted` tells whether the upsert created a new bucket.
-    pub fn fill_after(&self, inserted: bool) -> Option<Fill> {
+    pub(crate) fn fill_after(&self, inserted: bool) -> Option<Fill> {
         let k = Fill {
             count: self.count(),
             bytes: self.bytes,
@@ -58,7 +58,7 @@ impl Statement {
 
     /// Its bucket is there and it does not fit (full, or sealed): it goes
     /// to the next one, whose fill is unknown.
-    pub fn collided(&mut self) {
+    pub(crate) fn collided(&mut self) {
         self.seq += 1;
         self.base = None;
         self.leaves = false;
@@ -69,7 +69,7 @@ impl Statement {
 /// the plan's later statements of its window that aimed no further go to
 /// its new bucket too (they would collide the same way, a round trip
 /// each).
-pub fn collided(plan: &mut [Statement], i: usize) {
+pub(crate) fn collided(plan: &mut [Statement], i: usize) {
     plan[i].collided();
     let (start, seq) = (plan[i].start_ms, plan[i].seq);
     for st in plan[i + 1..].iter_mut() {

@@ -37,7 +37,7 @@ pub struct HttpAuth {
 
 impl HttpAuth {
     /// Whether any credentials are required.
-    pub fn required(&self) -> bool {
+    pub(crate) fn required(&self) -> bool {
         self.basic.is_some() || self.token.is_some()
     }
 }

@@ -18,13 +18,13 @@
 //! [`AUTO_MAX`] only if the operator says so.
 
 /// The budget when the box's memory is not known, or small.
-pub const AUTO_MIN: u64 = 64 << 20;
+pub(crate) const AUTO_MIN: u64 = 64 << 20;
 
 /// The budget "auto" never exceeds.
-pub const AUTO_MAX: u64 = 256 << 20;
+pub(crate) const AUTO_MAX: u64 = 256 << 20;
 
 /// The budget for a box where palletd may use `available` bytes.
-pub fn auto_budget(available: Option<u64>) -> u64 {
+pub(crate) fn auto_budget(available: Option<u64>) -> u64 {
     available.map_or(AUTO_MIN, |bytes| (bytes / 8).clamp(AUTO_MIN, AUTO_MAX))
 }
 
@@ -39,7 +39,7 @@ pub fn auto() -> (u64, super::MemoryBudgetFrom) {
 
 /// The memory palletd may use: the box's RAM or a cgroup's limit, the
 /// least (`None` when neither can be read).
-pub fn available() -> Option<u64> {
+pub(crate) fn available() -> Option<u64> {
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     let limit = |path: Option<&str>, file: &str| {
         path.and_then(|path| {

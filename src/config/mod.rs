@@ -61,19 +61,19 @@ pub use crate::decode::DEFAULT_SENSOR_ID_PATTERN;
 
 /// Where the spool lives unless `spool.dir` says otherwise: the systemd
 /// `StateDirectory=palletd`.
-pub const DEFAULT_SPOOL_DIR: &str = "/var/lib/palletd/spool";
+pub(crate) const DEFAULT_SPOOL_DIR: &str = "/var/lib/palletd/spool";
 
 /// `flush.max_delay` unless set: how long a reading may wait in memory
 /// before it is written (see the README for the trade-off).
-pub const DEFAULT_MAX_DELAY: &str = "10s";
+pub(crate) const DEFAULT_MAX_DELAY: &str = "10s";
 
 /// `flush.max_delay_limit` unless set: how far the delay may stretch when
 /// the database cannot keep up with `max_delay`.
-pub const DEFAULT_MAX_DELAY_LIMIT: &str = "5m";
+pub(crate) const DEFAULT_MAX_DELAY_LIMIT: &str = "5m";
 
 /// Largest `bucket.max_bytes`: half of MongoDB's 16 MiB document limit leaves
 /// room for rollups and a sample that is counted but not yet pushed.
-pub const MAX_BUCKET_BYTES: u64 = 8 * 1024 * 1024;
+pub(crate) const MAX_BUCKET_BYTES: u64 = 8 * 1024 * 1024;
 
 /// One problem in a configuration file, with the TOML path it concerns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,7 +123,7 @@ impl Secret {
         Secret(s.into())
     }
     /// The secret itself, for the one place that hands it to a client library.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }

@@ -37,27 +37,22 @@ pub const COMPRESSORS: &[&str] = &["zstd", "zlib", "snappy"];
 /// readings a statement carries matters more. The driver compresses each
 /// command with a streaming encoder of the level's full window: level 3's
 /// takes 3.7 MB while it lives, higher levels more.)
-pub const REMOTE_ZSTD_LEVEL: i32 = 3;
+pub(crate) const REMOTE_ZSTD_LEVEL: i32 = 3;
 
 /// zstd's level when every host of the URI is this machine (no link to
 /// spare): the smallest compressor (level 3's takes 3.7 MB while it lives,
 /// heaptrack at 10,000 sensors: 7.3 MB of a 28 MB heap; level 1 a quarter).
-pub const LOCAL_ZSTD_LEVEL: i32 = 1;
+pub(crate) const LOCAL_ZSTD_LEVEL: i32 = 1;
 
 impl MongoSettings {
     /// The dead-letter collection, `<collection>_deadletter`.
-    pub fn deadletter_collection(&self) -> String {
+    pub(crate) fn deadletter_collection(&self) -> String {
         format!("{}_deadletter", self.collection)
     }
 
     /// `<collection>_latest`: each sensor's newest sample (`[latest]`).
-    pub fn latest_collection(&self) -> String {
+    pub(crate) fn latest_collection(&self) -> String {
         format!("{}_latest", self.collection)
-    }
-
-    /// `<collection>_flat`: a view of one document per reading (bucket mode).
-    pub fn flat_view(&self) -> String {
-        format!("{}_flat", self.collection)
     }
 
     /// The level `compressor` compresses at, for a server at `hosts`:
@@ -65,7 +60,7 @@ impl MongoSettings {
     /// [`LOCAL_ZSTD_LEVEL`] when every host is a loopback address or a
     /// Unix socket and [`REMOTE_ZSTD_LEVEL`] otherwise, zlib at its own
     /// default. `None` for snappy (no levels).
-    pub fn compression_level_for(
+    pub(crate) fn compression_level_for(
         &self,
         compressor: &str,
         hosts: &[::mongodb::options::ServerAddress],

@@ -47,15 +47,15 @@ pub struct MqttSettings {
 /// `mqtt.connections` unless set: at the broker's default window (20) four
 /// windows in flight carry palletd's group commits to the rate one
 /// connection reaches with a window of 1,000 (docs/performance.md).
-pub const DEFAULT_CONNECTIONS: i64 = 4;
+pub(crate) const DEFAULT_CONNECTIONS: i64 = 4;
 /// More sessions than this buy nothing: the spool's group commit binds.
-pub const MAX_CONNECTIONS: i64 = 32;
+pub(crate) const MAX_CONNECTIONS: i64 = 32;
 
 impl MqttSettings {
     /// The client id of connection `k`: the first keeps `mqtt.client_id`
     /// (the session palletd always had), the others are
     /// `<client_id>-<k>`. Stable: connection `k` is always the same session.
-    pub fn client_id_of(&self, k: usize) -> String {
+    pub(crate) fn client_id_of(&self, k: usize) -> String {
         match k {
             0 => self.client_id.clone(),
             k => format!("{}-{k}", self.client_id),
@@ -67,7 +67,7 @@ impl MqttSettings {
     /// Receive Maximum palletd gives it; 3.1.1: `max_inflight`, which the
     /// operator sets to the broker's), see [`crate::front::window`]; and
     /// the session of each connection index under this configuration.
-    pub fn redelivery(&self) -> crate::front::window::Redelivery {
+    pub(crate) fn redelivery(&self) -> crate::front::window::Redelivery {
         let broker = match self.protocol {
             MqttProtocol::V311 => self.max_inflight,
             MqttProtocol::V5 => usize::from(self.receive_maximum),
@@ -84,7 +84,7 @@ impl MqttSettings {
     /// `mqtt.share_group`, or with several connections a group of this
     /// instance's own (named after its client id), so that the broker
     /// spreads the messages over its connections and no other client's.
-    pub fn group(&self) -> Option<String> {
+    pub(crate) fn group(&self) -> Option<String> {
         match &self.share_group {
             Some(g) => Some(g.clone()),
             None if self.connections > 1 => Some(self.client_id.replace(['/', '+', '#'], "_")),
@@ -98,7 +98,7 @@ impl MqttSettings {
 /// commit, so the messages of a window share one fsync; 1,000 of them wait
 /// in its hand-off channel (1,024 places at least) and the byte-bounded
 /// queue behind it, a few hundred KiB of payloads.
-pub const DEFAULT_RECEIVE_MAXIMUM: i64 = 1000;
+pub(crate) const DEFAULT_RECEIVE_MAXIMUM: i64 = 1000;
 
 /// The MQTT protocol version palletd speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

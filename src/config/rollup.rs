@@ -27,12 +27,12 @@ pub struct RollupSettings {
 }
 
 impl RollupSettings {
-    pub fn interval_ms(&self) -> i64 {
+    pub(crate) fn interval_ms(&self) -> i64 {
         self.interval.as_millis() as i64
     }
 
     /// The start of the interval holding `ts_ms`.
-    pub fn start_of(&self, ts_ms: i64) -> i64 {
+    pub(crate) fn start_of(&self, ts_ms: i64) -> i64 {
         ts_ms.div_euclid(self.interval_ms()) * self.interval_ms()
     }
 }

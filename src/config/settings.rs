@@ -46,7 +46,7 @@ impl Settings {
     }
 
     /// The bucket shape: window and caps, in the planner's units.
-    pub fn shape(&self) -> crate::bucket::Shape {
+    pub(crate) fn shape(&self) -> crate::bucket::Shape {
         crate::bucket::Shape {
             window_ms: self.bucket.window.as_millis() as i64,
             max_samples: self.bucket.max_samples,

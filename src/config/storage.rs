@@ -23,7 +23,7 @@ pub enum StorageMode {
 
 impl StorageMode {
     /// The names `storage.mode` may take; each is one file in `src/store/`.
-    pub const NAMES: &'static [&'static str] = &["buckets", "timeseries"];
+    pub(crate) const NAMES: &'static [&'static str] = &["buckets", "timeseries"];
 }
 
 impl std::str::FromStr for StorageMode {

@@ -676,7 +676,7 @@ fn timestamp(v: &Json<'_>, tz: Option<chrono_tz::Tz>) -> Result<i64, String> {
 
 /// A timestamp carried as text outside the payload (an MQTT 5 user
 /// property): an epoch number or RFC 3339 text, read as in a payload.
-pub fn text_or_number_timestamp(s: &str) -> Result<i64, String> {
+pub(crate) fn text_or_number_timestamp(s: &str) -> Result<i64, String> {
     match serde_json::from_str::<serde_json::Number>(s.trim()) {
         Ok(n) => number_timestamp(&n),
         Err(_) => text_timestamp(s),

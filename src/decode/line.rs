@@ -144,7 +144,7 @@ fn fill<'t>(
 }
 
 /// Checks a `sensor_template`: its placeholders are whole (`{name}`).
-pub fn check_template(template: &str) -> Result<(), String> {
+pub(crate) fn check_template(template: &str) -> Result<(), String> {
     let mut rest = template;
     while let Some(open) = rest.find(['{', '}']) {
         if rest[open..].starts_with('}') {

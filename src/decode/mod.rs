@@ -62,7 +62,7 @@ pub enum PayloadFormat {
 
 impl PayloadFormat {
     /// The names a subscription's `format` may take.
-    pub const NAMES: &'static [&'static str] = &[
+    pub(crate) const NAMES: &'static [&'static str] = &[
         "json",
         "cbor",
         "msgpack",
@@ -75,7 +75,7 @@ impl PayloadFormat {
         "sparkplug_b",
     ];
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             PayloadFormat::Json => "json",
             PayloadFormat::Number => "number",
@@ -112,7 +112,7 @@ impl std::str::FromStr for PayloadFormat {
 }
 
 /// The error for a name that is not one of `names` (a configuration value).
-pub fn not_one_of(names: &[&str], got: &str) -> String {
+pub(crate) fn not_one_of(names: &[&str], got: &str) -> String {
     let names: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
     format!("must be one of {}, got {got:?}", names.join(", "))
 }
@@ -178,12 +178,12 @@ impl Subscription {
     /// so it stays on one connection, unshared ([`crate::front::plan`]):
     /// a Sparkplug B node's BIRTH before its DATA, and a thinned field's
     /// points in time order ([`crate::thin`]).
-    pub fn in_order(&self) -> bool {
+    pub(crate) fn in_order(&self) -> bool {
         self.format == PayloadFormat::SparkplugB || !self.thinning.is_empty()
     }
 
     /// What the configuration calls the sensor id's field (for messages).
-    pub fn sensor_field_name(&self) -> String {
+    pub(crate) fn sensor_field_name(&self) -> String {
         self.selection
             .sensor
             .as_ref()
@@ -221,7 +221,7 @@ pub struct Properties {
 
 impl Properties {
     /// The first user property of this name (MQTT 5 allows repeats).
-    pub fn user(&self, name: &str) -> Option<&str> {
+    pub(crate) fn user(&self, name: &str) -> Option<&str> {
         self.user
             .iter()
             .find(|(k, _)| k == name)
@@ -229,7 +229,7 @@ impl Properties {
     }
 
     /// The payload format a content type names, if palletd reads it.
-    pub fn format(&self) -> Option<PayloadFormat> {
+    pub(crate) fn format(&self) -> Option<PayloadFormat> {
         let ct = self.content_type.as_deref()?;
         let media = ct.split(';').next().unwrap_or_default().trim();
         let media = media.to_ascii_lowercase();
@@ -352,7 +352,7 @@ pub enum DecodeError {
 
 impl DecodeError {
     /// The index of the sample it refused, when it refused one sample.
-    pub fn index(&self) -> Option<usize> {
+    pub(crate) fn index(&self) -> Option<usize> {
         match self {
             DecodeError::BadTimestamp { index, .. }
             | DecodeError::TimeOutOfRange { index, .. }
@@ -379,10 +379,10 @@ impl DecodeError {
 /// A field name MongoDB cannot take as part of a path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("field name {0:?} is not allowed: it must be non-empty, must not contain '.' or NUL, must not start with '$'")]
-pub struct BadFieldName(pub String);
+pub(crate) struct BadFieldName(pub String);
 
 /// Checks a field name: `sum.<name>` must be a valid MongoDB path.
-pub fn check_field_name(name: &str) -> Result<(), BadFieldName> {
+pub(crate) fn check_field_name(name: &str) -> Result<(), BadFieldName> {
     if name.is_empty() || name.contains('.') || name.starts_with('$') || name.contains('\0') {
         return Err(BadFieldName(name.to_string()));
     }
@@ -445,14 +445,14 @@ pub fn original_name(field: &str) -> Option<String> {
 }
 
 /// Longest sensor id accepted.
-pub const MAX_SENSOR_ID_LEN: usize = 128;
+pub(crate) const MAX_SENSOR_ID_LEN: usize = 128;
 
 /// One message as every payload format takes it: the subscription it
 /// matched and what the topic filled in, when it arrived, and the limits.
 /// Each format's `decode(&Message, &mut Decoded)` returns the readings, or
 /// an error refusing the whole message; refusals of some of its samples go
 /// to [`Decoded::errors`] (vector's `Deserializer::parse` has this shape).
-pub struct Message<'a> {
+pub(crate) struct Message<'a> {
     pub sub: &'a Subscription,
     pub topic: &'a str,
     pub matched: TopicMatch<'a>,
@@ -479,7 +479,7 @@ pub struct Dropped {
 impl Dropped {
     /// Field `name` of sample `index` left out, for `why` (from
     /// [`take_field`]).
-    pub fn of(index: usize, name: &str, (cause, why): (&'static str, String)) -> Dropped {
+    pub(crate) fn of(index: usize, name: &str, (cause, why): (&'static str, String)) -> Dropped {
         Dropped {
             index,
             cause,
@@ -488,7 +488,7 @@ impl Dropped {
     }
 
     /// The refusal of a sample with nothing else in it.
-    pub fn into_error(self) -> DecodeError {
+    pub(crate) fn into_error(self) -> DecodeError {
         let message = format!("sample {}: {}", self.index, self.message);
         match self.cause {
             "bad_field" => DecodeError::BadField {
@@ -518,7 +518,7 @@ pub struct Decoded {
 }
 
 /// A topic with a `$` level that no pattern names (Homie's attributes).
-pub const SKIPPED_METADATA: &str = "metadata";
+pub(crate) const SKIPPED_METADATA: &str = "metadata";
 /// A retained message on a subscription with `retained = "skip"`.
 pub const SKIPPED_RETAINED: &str = "retained";
 
@@ -567,7 +567,7 @@ pub struct Decoder {
 
 impl Decoder {
     /// The subscriptions, in the configuration's order.
-    pub fn subscriptions(&self) -> &[Subscription] {
+    pub(crate) fn subscriptions(&self) -> &[Subscription] {
         &self.subscriptions
     }
 
@@ -581,12 +581,12 @@ impl Decoder {
     }
 
     /// The limits every message is checked against.
-    pub fn limits(&self) -> &Limits {
+    pub(crate) fn limits(&self) -> &Limits {
         &self.limits
     }
 
     /// Whether a subscription has `format = "sparkplug_b"`.
-    pub fn has_sparkplug(&self) -> bool {
+    pub(crate) fn has_sparkplug(&self) -> bool {
         self.subscriptions
             .iter()
             .any(|s| s.format == PayloadFormat::SparkplugB)
@@ -598,7 +598,7 @@ impl Decoder {
     }
 
     /// Starts from a saved Sparkplug B state.
-    pub fn set_sparkplug_state(&mut self, state: sparkplug::State) {
+    pub(crate) fn set_sparkplug_state(&mut self, state: sparkplug::State) {
         self.sparkplug = state;
     }
 
@@ -855,7 +855,7 @@ pub(crate) fn topic_field<'a>(msg: &Message<'a>) -> Result<(&'a str, &'a str), D
     Ok((sensor, field))
 }
 
-pub fn truncate(s: &str, max: usize) -> &str {
+pub(crate) fn truncate(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
     }

@@ -35,10 +35,10 @@ use super::{check_sensor, DecodeError, Decoded, FieldValue, Message, Reading};
 /// about 200 bytes each: a name within `limits.max_field_name_length`, a
 /// unit of at most [`MAX_UNIT_LEN`]): a writer beyond is refused with its
 /// metadata message.
-pub const MAX_UNITS: usize = 10_000;
+pub(crate) const MAX_UNITS: usize = 10_000;
 
 /// The longest unit text kept; a longer one is not read.
-pub const MAX_UNIT_LEN: usize = 64;
+pub(crate) const MAX_UNIT_LEN: usize = 64;
 
 /// The EngineeringUnits `ua-metadata` messages gave, by writer
 /// (`<PublisherId>:<DataSetWriterId>`) and field. Kept in memory only: a
@@ -46,7 +46,7 @@ pub const MAX_UNIT_LEN: usize = 64;
 /// retains it, which palletd receives on subscribe through a plain
 /// subscription); a bucket that has its units keeps them.
 #[derive(Debug, Clone, Default)]
-pub struct Units {
+pub(crate) struct Units {
     by_writer: HashMap<String, HashMap<String, String>>,
     count: usize,
 }

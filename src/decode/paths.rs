@@ -34,7 +34,7 @@ enum Seg {
 
 /// How deep a payload's objects and arrays are followed; values deeper
 /// than this are left out and counted (cause `bad_field`).
-pub const MAX_DEPTH: usize = 16;
+pub(crate) const MAX_DEPTH: usize = 16;
 
 impl Path {
     /// Parses a JSON Pointer; `wildcards` allows `*` segments.
@@ -79,7 +79,7 @@ impl Path {
     }
 
     /// A plain key (`Time`) as the path `/Time`; a pointer as itself.
-    pub fn key_or_pointer(text: &str) -> Result<Path, String> {
+    pub(crate) fn key_or_pointer(text: &str) -> Result<Path, String> {
         if text.starts_with('/') {
             Path::parse(text, false)
         } else if text.is_empty() {
@@ -195,7 +195,7 @@ impl Default for Selection {
 
 /// What to do with the value at a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Not read (outside the root, not included, or excluded).
     Skip,
     /// Read: a field, the way to one, or the root itself.
@@ -210,7 +210,7 @@ pub enum Step {
 
 impl Selection {
     /// Whether this is the flat default (every key of the object a field).
-    pub fn is_plain(&self) -> bool {
+    pub(crate) fn is_plain(&self) -> bool {
         self.root.is_empty()
             && self.include.is_empty()
             && self.exclude.is_empty()
@@ -220,7 +220,7 @@ impl Selection {
 
     /// The entry of [`Selection::units`] whose unit applies to the field
     /// at `at` (a path from the payload's object, under the root).
-    pub fn unit_of<S: AsRef<str>>(&self, at: &[S]) -> Option<usize> {
+    pub(crate) fn unit_of<S: AsRef<str>>(&self, at: &[S]) -> Option<usize> {
         let rel = &at[self.root.len().min(at.len())..];
         self.units
             .iter()
@@ -229,7 +229,7 @@ impl Selection {
 
     /// [`Selection::step`] for a key of the object itself when the
     /// selection [`is_plain`](Selection::is_plain).
-    pub fn top_step(&self, key: &str) -> Step {
+    pub(crate) fn top_step(&self, key: &str) -> Step {
         if self.timestamp.is_key(key) {
             Step::Timestamp
         } else if self.sensor.as_ref().is_some_and(|s| s.is_key(key)) {
@@ -241,7 +241,7 @@ impl Selection {
 
     /// What to do with the value at `at` (a path from the payload's
     /// object).
-    pub fn step<S: AsRef<str>>(&self, at: &[S]) -> Step {
+    pub(crate) fn step<S: AsRef<str>>(&self, at: &[S]) -> Step {
         let root = self.root.len();
         if at.len() <= root {
             return match self.root.relation(at) {
@@ -283,7 +283,7 @@ impl Selection {
 
     /// The field name of the value at `at` (a path from the payload's
     /// object, under the root), before escaping.
-    pub fn name<'a>(&self, at: &[Cow<'a, str>]) -> Cow<'a, str> {
+    pub(crate) fn name<'a>(&self, at: &[Cow<'a, str>]) -> Cow<'a, str> {
         let rel = &at[self.root.len().min(at.len())..];
         if let Some((_, to)) = self.rename.iter().find(|(p, _)| p.is(rel)) {
             return Cow::Owned(to.clone());

@@ -89,16 +89,16 @@ impl TopicPattern {
         })
     }
 
-    pub fn has_sensor(&self) -> bool {
+    pub(crate) fn has_sensor(&self) -> bool {
         self.levels.contains(&Level::Sensor)
     }
 
-    pub fn has_field(&self) -> bool {
+    pub(crate) fn has_field(&self) -> bool {
         self.levels.contains(&Level::Field)
     }
 
     /// The MQTT subscription filter: placeholders become `+`.
-    pub fn filter(&self) -> String {
+    pub(crate) fn filter(&self) -> String {
         let mut parts: Vec<&str> = self
             .levels
             .iter()
@@ -114,7 +114,7 @@ impl TopicPattern {
     }
 
     /// Matches a concrete topic, returning the captures.
-    pub fn matches<'a>(&self, topic: &'a str) -> Option<TopicMatch<'a>> {
+    pub(crate) fn matches<'a>(&self, topic: &'a str) -> Option<TopicMatch<'a>> {
         let mut out = TopicMatch {
             sensor: None,
             field: None,

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 
 /// Messages waiting for their spool records to become durable.
 #[derive(Debug)]
-pub struct AckQueue<T> {
+pub(crate) struct AckQueue<T> {
     entries: VecDeque<(u64, T)>,
 }
 
@@ -28,7 +28,7 @@ impl<T> AckQueue<T> {
 
     /// Releases, oldest first, the messages whose records are all below
     /// `durable`; stops at the first that is not, to keep arrival order.
-    pub fn pop_ready(&mut self, durable: u64, mut f: impl FnMut(T)) -> usize {
+    pub(crate) fn pop_ready(&mut self, durable: u64, mut f: impl FnMut(T)) -> usize {
         let mut released = 0;
         while self.entries.front().is_some_and(|(end, _)| *end <= durable) {
             if let Some((_, t)) = self.entries.pop_front() {
@@ -40,7 +40,7 @@ impl<T> AckQueue<T> {
     }
 
     /// The oldest message not yet released.
-    pub fn oldest(&self) -> Option<&T> {
+    pub(crate) fn oldest(&self) -> Option<&T> {
         self.entries.front().map(|(_, t)| t)
     }
 
@@ -49,7 +49,7 @@ impl<T> AckQueue<T> {
         self.entries.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 }

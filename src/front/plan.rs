@@ -41,16 +41,16 @@ use crate::decode::Subscription;
 /// A retiring session is done when nothing came for this long and every
 /// message it received is acknowledged: the broker sends what it queued as
 /// soon as the window has room.
-pub const RETIRE_QUIET: Duration = Duration::from_secs(3);
+pub(crate) const RETIRE_QUIET: Duration = Duration::from_secs(3);
 
 /// Connection indexes from here on are retiring sessions (those below are
 /// `mqtt.connections`' own); acknowledgements go by index.
-pub const FIRST_RETIRING: usize = 64;
+pub(crate) const FIRST_RETIRING: usize = 64;
 
 /// Retiring sessions opened at one start: each holds a socket and its
 /// window, so a file listing more (client ids changed many times) retires
 /// the rest at the following starts.
-pub const MAX_RETIRING: usize = 32;
+pub(crate) const MAX_RETIRING: usize = 32;
 
 /// One session palletd opens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +67,7 @@ pub struct Planned {
 }
 
 /// Client id to the filters subscribed under it.
-pub type Subscribed = BTreeMap<String, BTreeSet<String>>;
+pub(crate) type Subscribed = BTreeMap<String, BTreeSet<String>>;
 
 /// How shared delivery is proved: every configured session subscribes
 /// `filter` (QoS 0), `$share/<group>/<topic>`, and palletd publishes to
@@ -82,7 +82,7 @@ pub struct Probe {
 }
 
 /// The probe, when subscriptions are shared.
-pub fn probe(mqtt: &MqttSettings, subscriptions: &[Subscription]) -> Option<Probe> {
+pub(crate) fn probe(mqtt: &MqttSettings, subscriptions: &[Subscription]) -> Option<Probe> {
     let group = mqtt.group()?;
     if subscriptions.iter().all(|s| s.in_order()) {
         return None;
@@ -97,7 +97,7 @@ pub fn probe(mqtt: &MqttSettings, subscriptions: &[Subscription]) -> Option<Prob
 }
 
 /// The filter of a shared subscription (`$share/<group>/<filter>`).
-pub fn unshared(filter: &str) -> Option<&str> {
+pub(crate) fn unshared(filter: &str) -> Option<&str> {
     let rest = filter.strip_prefix("$share/")?;
     rest.split_once('/').map(|(_, f)| f)
 }
@@ -122,7 +122,7 @@ fn filters_of(mqtt: &MqttSettings, subscriptions: &[Subscription], k: usize) -> 
 
 /// What a palletd from before `mqtt-sessions.json` subscribed: one session
 /// under `mqtt.client_id`, the filters shared only with `share_group`.
-pub fn legacy(mqtt: &MqttSettings, subscriptions: &[Subscription]) -> Subscribed {
+pub(crate) fn legacy(mqtt: &MqttSettings, subscriptions: &[Subscription]) -> Subscribed {
     let filters = subscriptions
         .iter()
         .map(|s| match &mqtt.share_group {

@@ -25,7 +25,7 @@ use super::plan::{unshared, Planned, Probe, RETIRE_QUIET};
 use super::window::{session_key, Seen, Window};
 
 /// How long the probe may take to come back through the group.
-pub const PROBE_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const PROBE_WAIT: Duration = Duration::from_secs(5);
 /// How often the probe is published while it has not come back.
 pub const PROBE_EVERY: Duration = Duration::from_millis(500);
 
@@ -59,7 +59,7 @@ impl Verdict {
     /// The verdict after `evidence`, if it moves: the probe decides only
     /// while it is pending (a probe late after the verdict changes
     /// nothing); a refusal ends shared delivery whenever it comes.
-    pub fn after(self, evidence: Evidence) -> Option<Verdict> {
+    pub(crate) fn after(self, evidence: Evidence) -> Option<Verdict> {
         match (self, evidence) {
             (Verdict::Pending, Evidence::ProbeBack) => Some(Verdict::Delivered),
             (Verdict::Pending, Evidence::ProbeLost) => Some(Verdict::NotDelivered),
@@ -71,7 +71,7 @@ impl Verdict {
     }
 
     /// The verdict at start for a configuration with `probe`.
-    pub fn initial(probe: Option<&Probe>) -> Verdict {
+    pub(crate) fn initial(probe: Option<&Probe>) -> Verdict {
         match probe {
             Some(_) => Verdict::Pending,
             None => Verdict::Unneeded,
@@ -79,7 +79,7 @@ impl Verdict {
     }
 
     /// A bounded label for metrics and the status page.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Verdict::Unneeded => "unused",
             Verdict::Pending => "verifying",
@@ -92,13 +92,13 @@ impl Verdict {
 /// Whether a probe that arrived on a session proves the broker delivers
 /// through the group: unless the session holds a plain filter matching
 /// the probe's topic, it can only have come through a shared one.
-pub fn proves_sharing(holds_plain_match: bool) -> bool {
+pub(crate) fn proves_sharing(holds_plain_match: bool) -> bool {
     !holds_plain_match
 }
 
 /// What the session asks its connection to do, or to tell.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// The session may hold these filters from now on: recorded in
     /// `mqtt-sessions.json` before they are subscribed.
     Hold(Vec<String>),
@@ -148,7 +148,7 @@ pub enum Void {
 /// A filter palletd unsubscribes when a session is resumed with
 /// identities in its window: the UNSUBACK comes after whatever the broker
 /// resent, and no session holds it.
-pub const SETTLE_FILTER: &str = "$palletd/settle";
+pub(crate) const SETTLE_FILTER: &str = "$palletd/settle";
 
 /// What a received PUBLISH is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,17 +256,13 @@ impl Session {
         }
     }
 
-    pub fn retiring(&self) -> bool {
+    pub(crate) fn retiring(&self) -> bool {
         self.retiring
     }
 
-    /// What it subscribes now.
-    pub fn filters(&self) -> &[(String, u8)] {
-        &self.subscribe
-    }
-
     /// QoS 1/2 messages received so far.
-    pub fn received(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn received(&self) -> u64 {
         self.received
     }
 
@@ -303,7 +299,7 @@ impl Session {
     /// on every reconnect: each subscribe re-sends retained messages).
     /// Then takes off what an earlier configuration left (again after a
     /// reconnect until the broker acknowledged it).
-    pub fn connected(&mut self, session_present: bool, now: Instant) -> Vec<Action> {
+    pub(crate) fn connected(&mut self, session_present: bool, now: Instant) -> Vec<Action> {
         self.connected = true;
         self.data_started = false;
         self.settling = false;
@@ -349,7 +345,7 @@ impl Session {
 
     /// A record of [`Action::Void`] is durable in the spool: once none
     /// waits, the session subscribes what it held back.
-    pub fn recorded(&mut self) -> Vec<Action> {
+    pub(crate) fn recorded(&mut self) -> Vec<Action> {
         self.voids = self.voids.saturating_sub(1);
         let mut out = Vec::new();
         if self.may_subscribe() && self.connected {
@@ -404,7 +400,7 @@ impl Session {
     }
 
     /// The connection dropped.
-    pub fn disconnected(&mut self) {
+    pub(crate) fn disconnected(&mut self) {
         self.connected = false;
         self.subacks.clear();
     }
@@ -413,7 +409,7 @@ impl Session {
     /// subscribed. Not delivered, in palletd's own group: the first
     /// session subscribes everything unshared and takes the shared
     /// filters off, the others retire.
-    pub fn verdict(&mut self, verdict: Verdict) -> Vec<Action> {
+    pub(crate) fn verdict(&mut self, verdict: Verdict) -> Vec<Action> {
         let was = std::mem::replace(&mut self.verdict, verdict);
         let mut out = Vec::new();
         if was == verdict || self.retiring {
@@ -476,7 +472,7 @@ impl Session {
 
     /// The broker answered the oldest SUBSCRIBE (after any message it
     /// resent on this connection).
-    pub fn suback(&mut self, codes: &[Result<u8, String>]) -> Vec<Action> {
+    pub(crate) fn suback(&mut self, codes: &[Result<u8, String>]) -> Vec<Action> {
         let mut out = Vec::new();
         self.settle(&mut out);
         if self.subacks.pop_front() == Some(Pending::Probe) {
@@ -526,7 +522,7 @@ impl Session {
     /// off, to be forgotten in `mqtt-sessions.json`, unless a SUBSCRIBE
     /// sent after it (the unshared fallback) put it back; or
     /// [`SETTLE_FILTER`]'s, which settles the recovered identities.
-    pub fn unsuback(&mut self) -> Vec<Action> {
+    pub(crate) fn unsuback(&mut self) -> Vec<Action> {
         let mut out = Vec::new();
         let Some(filter) = self.unsubscribing.pop_front() else {
             return out;
@@ -546,7 +542,7 @@ impl Session {
     /// A PUBLISH arrived: what it is (`probe`: its topic is the probe's),
     /// and what follows from it (the first without DUP settles the
     /// recovered identities: the broker resends before anything new).
-    pub fn publish(
+    pub(crate) fn publish(
         &mut self,
         qos: u8,
         pkid: u16,
@@ -587,7 +583,7 @@ impl Session {
     /// every message received is acknowledged (`acked`) and nothing came
     /// for [`RETIRE_QUIET`] (the broker sends what it queued as soon as
     /// the window has room).
-    pub fn retired(&self, acked: u64, now: Instant) -> bool {
+    pub(crate) fn retired(&self, acked: u64, now: Instant) -> bool {
         self.retiring
             && self.connected
             && self.may_subscribe()
@@ -605,7 +601,7 @@ impl Session {
 /// does not count while palletd does not read (the connection is down, or
 /// its queue to the spool is full): a probe not read proves nothing.
 #[derive(Debug, Clone, Default)]
-pub struct ProbeCheck {
+pub(crate) struct ProbeCheck {
     /// Reading time spent waiting, and when the clock last moved.
     waited: Option<(Duration, Instant)>,
     /// Reading time since the probe was last published.
@@ -614,7 +610,7 @@ pub struct ProbeCheck {
 
 /// What the probe's timing asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProbeStep {
+pub(crate) enum ProbeStep {
     Wait,
     Publish,
     GiveUp,
@@ -622,25 +618,25 @@ pub enum ProbeStep {
 
 impl ProbeCheck {
     /// The probe's filter is subscribed on the first connection.
-    pub fn ready(&mut self, now: Instant) -> ProbeStep {
+    pub(crate) fn ready(&mut self, now: Instant) -> ProbeStep {
         self.waited = Some((Duration::ZERO, now));
         self.since_sent = Duration::ZERO;
         ProbeStep::Publish
     }
 
     /// The first connection dropped: the probe starts again on the next.
-    pub fn disconnected(&mut self) {
+    pub(crate) fn disconnected(&mut self) {
         self.waited = None;
     }
 
     /// Whether it waits for an answer now.
-    pub fn waiting(&self) -> bool {
+    pub(crate) fn waiting(&self) -> bool {
         self.waited.is_some()
     }
 
     /// The clock moves to `now`; `reading`: palletd read from the broker
     /// meanwhile.
-    pub fn tick(&mut self, now: Instant, reading: bool) -> ProbeStep {
+    pub(crate) fn tick(&mut self, now: Instant, reading: bool) -> ProbeStep {
         let Some((waited, last)) = self.waited else {
             return ProbeStep::Wait;
         };

@@ -71,21 +71,21 @@ fn fnv(parts: &[&[u8]]) -> u64 {
 
 /// A digest of topic and payload: what tells a message from another one
 /// with the same packet id.
-pub fn digest(topic: &str, payload: &[u8]) -> u64 {
+pub(crate) fn digest(topic: &str, payload: &[u8]) -> u64 {
     fnv(&[topic.as_bytes(), &[0], payload])
 }
 
 /// The key a session's messages are recorded under in the spool: a digest
 /// of its client id (the broker keeps the session under that id, whatever
 /// connection index palletd gives it this run).
-pub fn session_key(client_id: &str) -> u64 {
+pub(crate) fn session_key(client_id: &str) -> u64 {
     fnv(&[client_id.as_bytes()])
 }
 
 /// The packet id of an identity record that voids the session's
 /// identities below the LSN in its digest field: no QoS 1/2 message has
 /// it.
-pub const RESET: u16 = 0;
+pub(crate) const RESET: u16 = 0;
 
 /// A QoS 1/2 message as the window keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +111,7 @@ pub struct Seen {
 /// died, or the link dropped, before it read the CONNACK that said so)
 /// could stand for the new session's messages under the same packet ids.
 #[derive(Debug, Clone)]
-pub struct Window {
+pub(crate) struct Window {
     cap: usize,
     /// (sequence, packet id), oldest first; an entry whose packet id was
     /// taken in again since is stale and skipped.
@@ -147,7 +147,7 @@ impl Window {
 
     /// Whether a DUP message with this identity is a redelivery of one the
     /// window holds.
-    pub fn holds(&self, seen: Seen) -> bool {
+    pub(crate) fn holds(&self, seen: Seen) -> bool {
         self.latest
             .get(&seen.pkid)
             .is_some_and(|(_, d, _)| *d == seen.digest)
@@ -155,21 +155,21 @@ impl Window {
 
     /// The session is resumed: everything held is provisional until the
     /// broker's resends are through.
-    pub fn resume(&mut self) {
+    pub(crate) fn resume(&mut self) {
         self.provisional = self.next;
     }
 
     /// A DUP message received: a redelivery of one the window holds (it
     /// moves to where it arrived last, confirmed if it was provisional),
     /// or new.
-    pub fn redelivered(&mut self, seen: Seen) -> bool {
+    pub(crate) fn redelivered(&mut self, seen: Seen) -> bool {
         let again = self.holds(seen);
         self.push(seen);
         again
     }
 
     /// A message without DUP: new, and every resent one came before it.
-    pub fn arrived(&mut self, seen: Seen) {
+    pub(crate) fn arrived(&mut self, seen: Seen) {
         self.settle();
         self.push(seen);
     }
@@ -177,7 +177,7 @@ impl Window {
     /// The broker has resent what it held when it resumed the session (it
     /// wrote something after the resent messages): provisional messages
     /// not resent by now never will be.
-    pub fn settle(&mut self) {
+    pub(crate) fn settle(&mut self) {
         if self.provisional > 0 {
             let p = self.provisional;
             self.latest.retain(|_, (seq, _, _)| *seq >= p);
@@ -250,13 +250,13 @@ impl Window {
         self.latest.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.latest.is_empty()
     }
 }
 
 /// The name of the file the windows are carried in.
-pub const FILE_NAME: &str = "message-ids";
+pub(crate) const FILE_NAME: &str = "message-ids";
 
 const MAGIC: &[u8; 4] = b"PMI1";
 /// key, LSN, packet id, digest.
@@ -265,7 +265,7 @@ const ENTRY: usize = 8 + 8 + 2 + 8;
 /// The file could not be read back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the message-ids file is damaged ({0})")]
-pub struct Damaged(&'static str);
+pub(crate) struct Damaged(&'static str);
 
 /// Every session's window as the spool keeps it: of the identities that
 /// are durable, the last `cap` distinct ones of each session, with the
@@ -298,7 +298,7 @@ impl Windows {
     /// The record at `lsn` of session `key`'s identity `seen`, durable
     /// (packet id [`RESET`]: those below the LSN in `seen.digest` are
     /// void). One at or below the session's newest is known already.
-    pub fn record(&mut self, key: u64, lsn: u64, seen: Seen) {
+    pub(crate) fn record(&mut self, key: u64, lsn: u64, seen: Seen) {
         let cap = self.cap;
         let k = self.sessions.entry(key).or_insert_with(|| Kept {
             last: None,
@@ -317,7 +317,7 @@ impl Windows {
 
     /// A session the broker can resend nothing of (retired, or no longer
     /// palletd's).
-    pub fn forget(&mut self, key: u64) {
+    pub(crate) fn forget(&mut self, key: u64) {
         if self.sessions.remove(&key).is_some() {
             self.dirty = true;
         }
@@ -325,17 +325,17 @@ impl Windows {
 
     /// Whether anything changed since the file last took everything
     /// ([`Windows::saved`]).
-    pub fn dirty(&self) -> bool {
+    pub(crate) fn dirty(&self) -> bool {
         self.dirty
     }
 
     /// The file now holds what [`Windows::encode`] gave.
-    pub fn saved(&mut self) {
+    pub(crate) fn saved(&mut self) {
         self.dirty = false;
     }
 
     /// Session `key`'s window, oldest first.
-    pub fn of(&self, key: u64) -> Vec<Seen> {
+    pub(crate) fn of(&self, key: u64) -> Vec<Seen> {
         self.sessions
             .get(&key)
             .map(|k| k.window.entries().map(|(_, s)| s).collect())
@@ -343,7 +343,7 @@ impl Windows {
     }
 
     /// The session keys held.
-    pub fn keys(&self) -> Vec<u64> {
+    pub(crate) fn keys(&self) -> Vec<u64> {
         self.sessions.keys().copied().collect()
     }
 
@@ -375,7 +375,7 @@ impl Windows {
 /// records still in the spool's segments, merged in LSN order as the
 /// segments are scanned (a void then drops exactly what came before it).
 #[derive(Debug)]
-pub struct Replay {
+pub(crate) struct Replay {
     windows: Windows,
     /// The file's entries not yet taken, by LSN: (LSN, key, identity).
     file: VecDeque<(u64, u64, Seen)>,
@@ -383,7 +383,7 @@ pub struct Replay {
 
 impl Replay {
     /// Starts without a file.
-    pub fn empty(cap: usize) -> Replay {
+    pub(crate) fn empty(cap: usize) -> Replay {
         Replay {
             windows: Windows::new(cap),
             file: VecDeque::new(),
@@ -420,7 +420,7 @@ impl Replay {
     }
 
     /// An identity record of the spool, in LSN order.
-    pub fn record(&mut self, key: u64, lsn: u64, seen: Seen) {
+    pub(crate) fn record(&mut self, key: u64, lsn: u64, seen: Seen) {
         self.file_until(lsn);
         if self.file.front().is_some_and(|e| e.0 == lsn) {
             self.file.pop_front();
@@ -439,7 +439,7 @@ impl Replay {
     /// The windows, once every segment was scanned. They count as not yet
     /// in the file: what came from segments is only there, and goes to
     /// the file before those are deleted.
-    pub fn finish(mut self) -> Windows {
+    pub(crate) fn finish(mut self) -> Windows {
         self.file_until(u64::MAX);
         self.windows
     }

@@ -8,7 +8,7 @@ use super::*;
 /// and its packet id there; or, for a reset (the broker kept no session),
 /// that its record is durable and the connection may subscribe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AckToken {
+pub(crate) struct AckToken {
     pub(super) conn: u8,
     pub(super) qos: QoS,
     pub(super) pkid: u16,
@@ -23,7 +23,7 @@ pub struct AckToken {
 /// here (with every later one of its connection behind it, to keep arrival
 /// order) and is retried by [`Acker::retry`], never dropped. A connection's
 /// full channel holds up no other connection's acknowledgements.
-pub struct Acker {
+pub(crate) struct Acker {
     /// By connection index (`None`: no such connection).
     pub(super) clients: Vec<Option<Client>>,
     pub(super) waiting: Vec<std::collections::VecDeque<AckToken>>,
@@ -64,7 +64,7 @@ impl Resets {
 /// Per connection index: acknowledgements handed to its event loop (a
 /// retiring session is done when it has acknowledged all it received).
 #[derive(Debug)]
-pub struct Counters(Vec<std::sync::atomic::AtomicU64>);
+pub(crate) struct Counters(Vec<std::sync::atomic::AtomicU64>);
 
 impl Counters {
     pub(super) fn new() -> Self {
@@ -81,7 +81,7 @@ impl Counters {
 }
 
 impl Acker {
-    pub fn ack(&mut self, token: AckToken) {
+    pub(crate) fn ack(&mut self, token: AckToken) {
         self.waiting[token.conn as usize].push_back(token);
         self.queued += 1;
         self.retry_one(token.conn as usize);
@@ -110,7 +110,7 @@ impl Acker {
     }
 
     /// Queues the waiting acknowledgements that now fit; true when none waits.
-    pub fn retry(&mut self) -> bool {
+    pub(crate) fn retry(&mut self) -> bool {
         if self.queued == 0 {
             return true;
         }
@@ -126,14 +126,14 @@ impl Acker {
     /// Publishes a message at QoS 0 on the first connection without
     /// waiting; false if the client's queue is full (the message is not
     /// sent).
-    pub fn publish_nowait(&self, topic: String, payload: Vec<u8>) -> bool {
+    pub(crate) fn publish_nowait(&self, topic: String, payload: Vec<u8>) -> bool {
         self.clients[0]
             .as_ref()
             .is_some_and(|c| c.try_publish(topic, QoS::AtMostOnce, payload))
     }
 
     /// Acknowledgements not yet handed to the event loops.
-    pub fn waiting(&self) -> usize {
+    pub(crate) fn waiting(&self) -> usize {
         self.queued
     }
 }

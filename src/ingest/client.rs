@@ -7,7 +7,7 @@ use super::*;
 /// The client half of either protocol's connection: what the admission
 /// and the event loop ask of it, never blocking.
 #[derive(Clone)]
-pub enum Client {
+pub(crate) enum Client {
     V311(AsyncClient),
     V5(rumqttc::v5::AsyncClient),
 }
@@ -184,7 +184,10 @@ pub(super) const REQUEST_CAPACITY: usize = 65_536 + 64;
 
 /// Connection options shared by the daemon and the simulator: broker
 /// address, keep-alive, packet size, credentials and TLS.
-pub fn mqtt_options(mqtt: &MqttSettings, client_id: &str) -> Result<MqttOptions, tls::TlsError> {
+pub(crate) fn mqtt_options(
+    mqtt: &MqttSettings,
+    client_id: &str,
+) -> Result<MqttOptions, tls::TlsError> {
     let mut opts = MqttOptions::new(client_id, mqtt.host.clone(), mqtt.port);
     opts.set_keep_alive(mqtt.keep_alive)
         .set_max_packet_size(mqtt.max_packet_size, mqtt.max_packet_size);

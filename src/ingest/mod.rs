@@ -60,12 +60,12 @@ pub use crate::front::session::{Disposition, Evidence, Session, Verdict, Void, P
 use crate::front::window::{session_key, Windows};
 use crate::telemetry::Health;
 
-pub use acker::*;
-pub use client::*;
+pub(crate) use acker::*;
+pub(crate) use client::*;
 
 /// One received PUBLISH, as the admission sees it.
 #[derive(Debug)]
-pub struct Message {
+pub(crate) struct Message {
     pub topic: String,
     pub payload: bytes::Bytes,
     /// `None` for QoS 0 (nothing to acknowledge).
@@ -87,7 +87,7 @@ pub struct Message {
 /// A QoS 1/2 message's identity: its session's key, its packet id there,
 /// the digest of its topic and payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Identity {
+pub(crate) struct Identity {
     pub session: u64,
     pub pkid: u16,
     pub digest: u64,
@@ -96,7 +96,7 @@ pub struct Identity {
 impl Message {
     /// Bytes it holds while it waits for the admission (payload, topic, and
     /// the message itself).
-    pub fn cost(&self) -> usize {
+    pub(crate) fn cost(&self) -> usize {
         let props = self.props.as_ref().map_or(0, |p| {
             p.user
                 .iter()
@@ -114,7 +114,7 @@ type Polling =
 
 /// The MQTT sessions palletd opens (`mqtt.connections` of them, and any
 /// retiring: see [`crate::front::plan`]), not yet connected.
-pub struct Connections {
+pub(crate) struct Connections {
     list: Vec<Connection>,
     acked: Arc<Counters>,
     resets: Arc<Resets>,
@@ -248,11 +248,11 @@ impl Connections {
     }
 
     /// The configured connections that opened (retiring ones aside).
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.list.iter().filter(|c| !c.plan.retiring).count()
     }
 
-    pub fn acker(&self) -> Acker {
+    pub(crate) fn acker(&self) -> Acker {
         let mut clients = vec![None; 256];
         for c in &self.list {
             clients[c.plan.index] = Some(c.client.clone());
@@ -275,7 +275,7 @@ impl Connections {
     /// client id's key; the windows of sessions palletd no longer has are
     /// forgotten in `spool`.
     #[allow(clippy::too_many_arguments)]
-    pub fn spawn(
+    pub(crate) fn spawn(
         self,
         tracker: &tokio_util::task::TaskTracker,
         tx: mpsc::Sender<Message>,

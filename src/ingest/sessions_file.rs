@@ -17,13 +17,13 @@ use crate::decode::Subscription;
 use crate::front::plan::{legacy, Planned, Probe, Subscribed};
 
 /// The file's name in the spool directory.
-pub const FILE_NAME: &str = "mqtt-sessions.json";
+pub(crate) const FILE_NAME: &str = "mqtt-sessions.json";
 
 /// `mqtt-sessions.json`: what may be subscribed under each client id.
 /// Written (crash-safely) before any connection subscribes, then as the
 /// broker acknowledges unsubscribes and retired sessions finish.
 #[derive(Debug)]
-pub struct SessionsFile {
+pub(crate) struct SessionsFile {
     dir: PathBuf,
     held: Mutex<Subscribed>,
 }
@@ -83,7 +83,7 @@ impl SessionsFile {
 
     /// `client_id` subscribes `filters` besides what it had (the first
     /// connection's unshared fallback).
-    pub fn subscribing(&self, client_id: &str, filters: &[String]) {
+    pub(crate) fn subscribing(&self, client_id: &str, filters: &[String]) {
         let mut held = self.held.lock().expect("sessions");
         held.entry(client_id.to_string())
             .or_default()
@@ -92,7 +92,7 @@ impl SessionsFile {
     }
 
     /// The broker took `filter` off `client_id`'s session.
-    pub fn unsubscribed(&self, client_id: &str, filter: &str) {
+    pub(crate) fn unsubscribed(&self, client_id: &str, filter: &str) {
         let mut held = self.held.lock().expect("sessions");
         if let Some(f) = held.get_mut(client_id) {
             f.remove(filter);
@@ -101,7 +101,7 @@ impl SessionsFile {
     }
 
     /// `client_id`'s session is retired: nothing subscribed, nothing queued.
-    pub fn retired(&self, client_id: &str) {
+    pub(crate) fn retired(&self, client_id: &str) {
         let mut held = self.held.lock().expect("sessions");
         held.remove(client_id);
         self.save_or_log(&held);

@@ -211,12 +211,6 @@ impl Proxy {
         }
     }
 
-    /// Connections open now.
-    pub fn open(&self) -> usize {
-        let conns = self.shared.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.iter().filter(|c| !c.is_cancelled()).count()
-    }
-
     /// Restores the link.
     pub fn restore(&self) {
         *self.shared.cut.lock().unwrap_or_else(|e| e.into_inner()) = CancellationToken::new();

@@ -18,7 +18,7 @@ use std::collections::HashSet;
 
 /// The backlog's unread range of the spool.
 #[derive(Debug, Default)]
-pub struct Backlog {
+pub(crate) struct Backlog {
     from: u64,
     to: u64,
     /// Records in `[from, to)` (this run's LSNs are consecutive; across
@@ -45,27 +45,27 @@ impl Backlog {
     }
 
     /// The first LSN not read yet.
-    pub fn from(&self) -> u64 {
+    pub(crate) fn from(&self) -> u64 {
         self.from
     }
 
     /// The end of the range (exclusive).
-    pub fn to(&self) -> u64 {
+    pub(crate) fn to(&self) -> u64 {
         self.to
     }
 
     /// Records not read yet.
-    pub fn unread(&self) -> u64 {
+    pub(crate) fn unread(&self) -> u64 {
         self.unread
     }
 
     /// Whether some of the range is still on disk, unread.
-    pub fn on_disk(&self) -> bool {
+    pub(crate) fn on_disk(&self) -> bool {
         self.from < self.to
     }
 
     /// A read of `n` records reached `at` (the next LSN to read).
-    pub fn read(&mut self, at: u64, n: usize) {
+    pub(crate) fn read(&mut self, at: u64, n: usize) {
         self.from = self.from.max(at);
         if self.on_disk() {
             self.unread = self.unread.saturating_sub(n as u64);
@@ -80,7 +80,7 @@ impl Backlog {
     /// Whether a read skips the sample `lsn`: it was refused and waits as
     /// a dead letter, or the live lane had read it and no longer held it
     /// (it is in MongoDB).
-    pub fn skips(&self, lsn: u64) -> bool {
+    pub(crate) fn skips(&self, lsn: u64) -> bool {
         self.refused.contains(&lsn)
             || self
                 .reread
@@ -93,7 +93,7 @@ impl Backlog {
     /// `cursor` and still held `pending`; the dead letters waiting in
     /// memory (`deadletters`, by LSN) are not read again. The live lane goes
     /// on from `to` (at most the durable end).
-    pub fn take_in(
+    pub(crate) fn take_in(
         &mut self,
         live_low: u64,
         cursor: u64,
@@ -120,7 +120,7 @@ impl Backlog {
 
 /// What tells whether the live lane fell behind.
 #[derive(Debug, Clone, Copy)]
-pub struct Lag {
+pub(crate) struct Lag {
     /// The last write had to retry (an outage).
     pub outage: bool,
     /// When the oldest waiting sample arrived (monotonic ms): in memory,
@@ -135,7 +135,7 @@ pub struct Lag {
 /// memory (`half_memory` samples) holds. (A database that is merely slow
 /// makes sensors wait longer and statements larger; that pacing is not
 /// falling behind.)
-pub fn falls_behind(lag: Lag, mono: i64, behind_ms: i64, half_memory: u64) -> bool {
+pub(crate) fn falls_behind(lag: Lag, mono: i64, behind_ms: i64, half_memory: u64) -> bool {
     let old = lag.outage && lag.oldest_since.is_some_and(|t| mono - t >= behind_ms);
     old || lag.on_disk > half_memory
 }

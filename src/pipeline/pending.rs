@@ -43,7 +43,7 @@ use crate::bucket::{Fills, SampleRef, Samples, Shape};
 use crate::flush::Run;
 
 /// A sensor's index in the slab.
-pub type SensorId = u32;
+pub(crate) type SensorId = u32;
 
 /// When a sensor's pending samples began to wait: it is due the delay
 /// later, or then if `at_once`.
@@ -134,26 +134,26 @@ impl Pending {
     }
 
     /// Memory for a backlog: no deadlines, taken oldest first.
-    pub fn untimed(mut self) -> Pending {
+    pub(crate) fn untimed(mut self) -> Pending {
         self.timed = false;
         self
     }
 
     /// From now on a sensor is due once its oldest sample waited `ms`
     /// (those pending too).
-    pub fn set_delay_ms(&mut self, ms: i64) {
+    pub(crate) fn set_delay_ms(&mut self, ms: i64) {
         self.delay_ms = ms;
     }
 
     /// From now on a flush takes the sensors due within `ms` too, so no
     /// sensor waits past its deadline for the next flush a tick later.
-    pub fn set_early_ms(&mut self, ms: i64) {
+    pub(crate) fn set_early_ms(&mut self, ms: i64) {
         self.early_ms = ms;
     }
 
     /// The longest a sensor taken by [`Pending::due`] had waited past its
     /// deadline since the last call (0 if none was late).
-    pub fn take_lateness(&mut self) -> i64 {
+    pub(crate) fn take_lateness(&mut self) -> i64 {
         std::mem::take(&mut self.late_ms)
     }
 
@@ -165,24 +165,21 @@ impl Pending {
         }
     }
 
-    pub fn shape(&self) -> &Shape {
-        &self.shape
-    }
-
     /// Samples read from now on with an LSN below `lsn` may already be in
     /// MongoDB (memory let them go after some were written).
-    pub fn raise_uncertain_below(&mut self, lsn: u64) {
+    #[cfg(test)]
+    pub(crate) fn raise_uncertain_below(&mut self, lsn: u64) {
         self.uncertain_below = self.uncertain_below.max(lsn);
     }
 
     /// These samples, when pushed, are uncertain (with everything before
     /// them in their sensor's queue, so uncertain samples stay a prefix).
-    pub fn mark_uncertain(&mut self, lsns: impl IntoIterator<Item = u64>) {
+    pub(crate) fn mark_uncertain(&mut self, lsns: impl IntoIterator<Item = u64>) {
         self.uncertain_lsns.extend(lsns);
     }
 
     /// The LSNs held, and those of them that are uncertain.
-    pub fn held_lsns(&self) -> (HashSet<u64>, Vec<u64>) {
+    pub(crate) fn held_lsns(&self) -> (HashSet<u64>, Vec<u64>) {
         let mut held = HashSet::with_capacity(self.count);
         let mut uncertain = Vec::new();
         for s in self.slots.iter().flatten() {
@@ -197,7 +194,7 @@ impl Pending {
     }
 
     /// Samples held.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.count
     }
 
@@ -207,7 +204,8 @@ impl Pending {
     }
 
     /// Number of sensors held in memory.
-    pub fn sensors(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn sensors(&self) -> usize {
         self.names.len()
     }
 
@@ -253,7 +251,7 @@ impl Pending {
     }
 
     /// The name of a sensor.
-    pub fn name(&self, id: SensorId) -> &str {
+    pub(crate) fn name(&self, id: SensorId) -> &str {
         self.state(id).map_or("", |s| &s.name)
     }
 
@@ -360,7 +358,7 @@ impl Pending {
     /// within [`Pending::set_early_ms`]), and, under
     /// `pressure`, the oldest others until half of memory is taken. Stale
     /// deadlines are dropped; due sensors beyond `max` wait for the next.
-    pub fn due(&mut self, now_ms: i64, pressure: bool, max: usize) -> Vec<SensorId> {
+    pub(crate) fn due(&mut self, now_ms: i64, pressure: bool, max: usize) -> Vec<SensorId> {
         let mut ready: Vec<SensorId> = std::mem::take(&mut self.ready)
             .into_iter()
             .filter(|id| {
@@ -408,7 +406,7 @@ impl Pending {
 
     /// Whether a flush at `now_ms` may find a sensor due (a cheap look that
     /// may say yes for a deadline that turns out stale).
-    pub fn may_be_due(&self, now_ms: i64) -> bool {
+    pub(crate) fn may_be_due(&self, now_ms: i64) -> bool {
         !self.ready.is_empty()
             || self
                 .deadlines
@@ -418,7 +416,7 @@ impl Pending {
 
     /// When the oldest pending sensor may be taken (it may be stale): its
     /// deadline, less the early margin.
-    pub fn next_due_ms(&self) -> Option<i64> {
+    pub(crate) fn next_due_ms(&self) -> Option<i64> {
         (self.deadlines.front()).map(|d| self.due_ms(d).saturating_sub(self.early_ms))
     }
 
@@ -433,7 +431,7 @@ impl Pending {
 
     /// The sensors holding a sample of a window that ends at or before
     /// `cutoff_ms` (the closer is about to seal it).
-    pub fn holding_windows_ending_by(&self, cutoff_ms: i64) -> Vec<SensorId> {
+    pub(crate) fn holding_windows_ending_by(&self, cutoff_ms: i64) -> Vec<SensorId> {
         let window = self.shape.window_ms;
         self.names
             .values()
@@ -449,7 +447,7 @@ impl Pending {
     }
 
     /// (lsn, ts) of the uncertain samples of a sensor.
-    pub fn uncertain(&self, id: SensorId) -> Vec<(u64, i64)> {
+    pub(crate) fn uncertain(&self, id: SensorId) -> Vec<(u64, i64)> {
         self.state(id)
             .map_or_else(Vec::new, |s| s.samples.keys().take(s.uncertain).collect())
     }
@@ -457,7 +455,7 @@ impl Pending {
     /// Settles the uncertain samples of a sensor: those in `applied` are in
     /// MongoDB and leave memory; the others are certainly not. Returns how
     /// many left.
-    pub fn resolve(&mut self, id: SensorId, applied: &HashSet<u64>) -> usize {
+    pub(crate) fn resolve(&mut self, id: SensorId, applied: &HashSet<u64>) -> usize {
         let Some(s) = self.state_mut(id) else {
             return 0;
         };
@@ -498,7 +496,11 @@ impl Pending {
     /// the rest after what was taken, due at once when the write is back),
     /// and sensors after it are left due at once. Returns whether anything
     /// was left.
-    pub fn take_within(&mut self, ids: &[SensorId], max_statements: usize) -> (Vec<Run>, bool) {
+    pub(crate) fn take_within(
+        &mut self,
+        ids: &[SensorId],
+        max_statements: usize,
+    ) -> (Vec<Run>, bool) {
         let mut runs = Vec::with_capacity(ids.len());
         let mut budget = max_statements;
         let mut left = false;
@@ -556,7 +558,7 @@ impl Pending {
     /// in MongoDB for sure (unknown or not sent), in LSN order, the first
     /// `uncertain` of them of unknown fate. They go before what arrived
     /// meanwhile, and are due at once.
-    pub fn put_back(&mut self, run: Run, back: Samples, uncertain: usize, now_ms: i64) {
+    pub(crate) fn put_back(&mut self, run: Run, back: Samples, uncertain: usize, now_ms: i64) {
         let id = self.id(&run.sensor);
         let Some(s) = self.slots.get_mut(id as usize).and_then(|s| s.as_mut()) else {
             return;
@@ -593,19 +595,19 @@ impl Pending {
     }
 
     /// The lowest LSN held, if any.
-    pub fn min_lsn(&self) -> Option<u64> {
+    pub(crate) fn min_lsn(&self) -> Option<u64> {
         self.firsts.first().map(|f| f.0)
     }
 
     /// When the sensor holding the lowest LSN began to hold it (about the
     /// arrival of the oldest sample held).
-    pub fn oldest_since_ms(&self) -> Option<i64> {
+    pub(crate) fn oldest_since_ms(&self) -> Option<i64> {
         let (_, id) = self.firsts.first()?;
         self.state(*id).map(|s| s.since_ms)
     }
 
     /// The smallest timestamp held (ms), if any (a scan: for the closer).
-    pub fn min_ts(&self) -> Option<i64> {
+    pub(crate) fn min_ts(&self) -> Option<i64> {
         self.slots
             .iter()
             .flatten()
@@ -615,7 +617,7 @@ impl Pending {
 
     /// The sensors holding the lowest LSNs, oldest first, until they hold
     /// `max_samples` (at least one sensor) or `max_sensors` of them.
-    pub fn oldest(&self, max_sensors: usize, max_samples: usize) -> Vec<SensorId> {
+    pub(crate) fn oldest(&self, max_sensors: usize, max_samples: usize) -> Vec<SensorId> {
         let mut out = Vec::new();
         let mut taken = 0;
         for &(_, id) in &self.firsts {
@@ -630,7 +632,7 @@ impl Pending {
 
     /// Lets go of every pending sample (none may be in flight); what
     /// palletd knows of open buckets stays. Returns how many were held.
-    pub fn evict(&mut self) -> usize {
+    pub(crate) fn evict(&mut self) -> usize {
         let n = self.count;
         for s in self.slots.iter_mut().flatten() {
             debug_assert!(!s.in_flight, "nothing in flight");
@@ -649,7 +651,7 @@ impl Pending {
     /// Forgets open-bucket memory of windows that started before `start_ms`
     /// and drops sensors with nothing pending, nothing remembered and
     /// nothing in flight, so memory follows the sensors that are active.
-    pub fn forget_before(&mut self, start_ms: i64) {
+    pub(crate) fn forget_before(&mut self, start_ms: i64) {
         let mut gone = Vec::new();
         for (id, slot) in self.slots.iter_mut().enumerate() {
             let Some(s) = slot else { continue };
@@ -675,7 +677,7 @@ impl Pending {
 impl Pending {
     /// Checks the bookkeeping against what is held (tests).
     #[cfg(test)]
-    pub fn check(&self, flushing: &[SensorId]) {
+    pub(crate) fn check(&self, flushing: &[SensorId]) {
         let states: Vec<&SensorState> = self.slots.iter().flatten().collect();
         assert_eq!(states.len(), self.names.len(), "one name per sensor");
         assert_eq!(

@@ -51,14 +51,14 @@
 use std::time::{Duration, Instant};
 
 /// Periods without a stretch before the delay may shrink.
-pub const CALM_PERIODS: u32 = 4;
+pub(crate) const CALM_PERIODS: u32 = 4;
 
 /// How long a backlog flush should take: live sensors falling due wait at
 /// most about this long behind one.
 const BACKLOG_FLUSH_TARGET: Duration = Duration::from_secs(1);
 
 /// Backlog flush sizes (samples), whatever the last one measured.
-pub const BACKLOG_FLUSH_MIN: usize = 1_000;
+pub(crate) const BACKLOG_FLUSH_MIN: usize = 1_000;
 const BACKLOG_FLUSH_MAX: usize = 100_000;
 
 /// Recent database time halves in this long (the backlog's share).
@@ -66,7 +66,7 @@ const SHARE_HALF_LIFE: Duration = Duration::from_secs(10);
 
 /// The samples the next backlog flush takes, after one stored `stored` in
 /// `took`: about [`BACKLOG_FLUSH_TARGET`]'s worth at that speed.
-pub fn backlog_batch(stored: u64, took: Duration) -> usize {
+pub(crate) fn backlog_batch(stored: u64, took: Duration) -> usize {
     let per_sec = stored as f64 / took.as_secs_f64().max(1e-3);
     ((per_sec * BACKLOG_FLUSH_TARGET.as_secs_f64()) as usize)
         .clamp(BACKLOG_FLUSH_MIN, BACKLOG_FLUSH_MAX)
@@ -76,7 +76,7 @@ pub fn backlog_batch(stored: u64, took: Duration) -> usize {
 /// [`SHARE_HALF_LIFE`]: while both have work, the backlog gets
 /// `flush.backfill_share` of it.
 #[derive(Debug)]
-pub struct Share {
+pub(crate) struct Share {
     live: f64,
     backlog: f64,
     at: Instant,
@@ -105,13 +105,13 @@ impl Share {
     }
 
     /// Whether the backlog had less than `share` of the recent time.
-    pub fn backlog_owed(&self, share: f64) -> bool {
+    pub(crate) fn backlog_owed(&self, share: f64) -> bool {
         self.backlog <= share * (self.live + self.backlog)
     }
 }
 
 #[derive(Debug)]
-pub struct FlushPolicy {
+pub(crate) struct FlushPolicy {
     tick: Duration,
     seal_every: Duration,
     next_flush: Instant,
@@ -138,7 +138,7 @@ pub struct FlushPolicy {
 
 /// How [`FlushPolicy::retune`] changed the delay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Retuned {
+pub(crate) enum Retuned {
     Stretched(Duration),
     Shrunk(Duration),
     /// It would have stretched, but memory is half full: the readings a
@@ -173,30 +173,30 @@ impl FlushPolicy {
 
     /// A live flush that wrote took `took` (not counted while the database
     /// met errors: an outage says nothing of a flush's time).
-    pub fn flush_took(&mut self, took: Duration) {
+    pub(crate) fn flush_took(&mut self, took: Duration) {
         self.flush_time = (self.flush_time * 3 + took) / 4;
     }
 
     /// How long before its deadline a sensor is taken: a tick (the next
     /// flush may be that far away) plus the time a flush takes lately, at
     /// most a quarter of the delay.
-    pub fn early(&self) -> Duration {
+    pub(crate) fn early(&self) -> Duration {
         self.tick + self.flush_time.min(self.delay / 4)
     }
 
     /// How long a sensor's oldest sample waits before it is due now.
-    pub fn delay(&self) -> Duration {
+    pub(crate) fn delay(&self) -> Duration {
         self.delay
     }
 
     /// A write met database errors (this period changes nothing).
-    pub fn met_errors(&mut self) {
+    pub(crate) fn met_errors(&mut self) {
         self.errors = true;
     }
 
     /// Whether the period is over at `now` (then call
     /// [`FlushPolicy::retune`]).
-    pub fn period_over(&self, now: Instant) -> bool {
+    pub(crate) fn period_over(&self, now: Instant) -> bool {
         now.saturating_duration_since(self.period_from) >= self.period()
     }
 
@@ -210,7 +210,7 @@ impl FlushPolicy {
     /// closer's hourly seal of every sensor's bucket can take seconds, and
     /// flushes wait for it); `memory_half_full`: stretching would only
     /// move readings to disk. Starts the next period.
-    pub fn retune(
+    pub(crate) fn retune(
         &mut self,
         now: Instant,
         late: Duration,
@@ -244,42 +244,42 @@ impl FlushPolicy {
     }
 
     /// A tenth of the delay, between 10 ms and 1 s.
-    pub fn tick_of(max_delay: Duration) -> Duration {
+    pub(crate) fn tick_of(max_delay: Duration) -> Duration {
         (max_delay / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
     }
 
     /// Whether a flush may start at `now` (`urgent`: memory is full, or
     /// shutdown).
-    pub fn may_flush(&self, now: Instant, urgent: bool) -> bool {
+    pub(crate) fn may_flush(&self, now: Instant, urgent: bool) -> bool {
         urgent || now >= self.next_flush
     }
 
     /// A flush started at `started`; `full`: it took as many sensors as a
     /// flush may, so more may be due right away.
-    pub fn flushed(&mut self, started: Instant, full: bool) {
+    pub(crate) fn flushed(&mut self, started: Instant, full: bool) {
         self.next_flush = if full { started } else { started + self.tick };
     }
 
     /// Whether a seal is due now.
-    pub fn seal_due(&self, now: Instant) -> bool {
+    pub(crate) fn seal_due(&self, now: Instant) -> bool {
         now >= self.next_seal
     }
 
     /// A seal begins at `now`.
-    pub fn seal_began(&mut self, now: Instant) {
+    pub(crate) fn seal_began(&mut self, now: Instant) {
         self.seal_began = Some(now);
     }
 
     /// A chunk of a seal ended at `now` and more are to follow (flushes
     /// may go in between).
-    pub fn seal_paused(&mut self, now: Instant) {
+    pub(crate) fn seal_paused(&mut self, now: Instant) {
         if let Some(began) = self.seal_began.take() {
             self.sealing += now.saturating_duration_since(began);
         }
     }
 
     /// A seal ran at `now` (successfully or not: the next one retries).
-    pub fn sealed(&mut self, now: Instant) {
+    pub(crate) fn sealed(&mut self, now: Instant) {
         self.seal_paused(now);
         let scheduled = self.next_seal + self.seal_every;
         self.next_seal = if scheduled < now {
@@ -292,7 +292,7 @@ impl FlushPolicy {
     /// When to be asked again at the latest, given when the oldest pending
     /// sensor falls due (and, while the delay is stretched, at the end of
     /// the period, so it shrinks back while nothing arrives).
-    pub fn deadline(&self, next_due: Option<Instant>) -> Instant {
+    pub(crate) fn deadline(&self, next_due: Option<Instant>) -> Instant {
         let flush = next_due.map(|d| d.max(self.next_flush));
         let at = flush.map_or(self.next_seal, |f| f.min(self.next_seal));
         match self.delay > self.base {

@@ -702,7 +702,7 @@ fn error_kind(e: &io::Error) -> &'static str {
 
 /// What a segment holds (before it is dropped to make room).
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Census {
+pub(crate) struct Census {
     pub records: u64,
     pub samples: u64,
     pub dead_letters: u64,

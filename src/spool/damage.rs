@@ -28,7 +28,7 @@ const SUFFIX: &str = "damaged";
 
 /// Records lost to damage in one stretch of one segment.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Damage {
+pub(crate) struct Damage {
     pub segment: PathBuf,
     /// Where the damage starts in the segment's (decompressed) bytes.
     pub offset: u64,
@@ -42,7 +42,7 @@ pub struct Damage {
 }
 
 impl Damage {
-    pub fn records(&self) -> u64 {
+    pub(crate) fn records(&self) -> u64 {
         self.last - self.first + 1
     }
 

@@ -56,10 +56,10 @@ impl<T: Read + Send> ReadFile for T {}
 
 /// The operating system's files.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Os;
+pub(crate) struct Os;
 
 /// The operating system's files, as a shared [`Storage`].
-pub fn os() -> Arc<dyn Storage> {
+pub(crate) fn os() -> Arc<dyn Storage> {
     Arc::new(Os)
 }
 
@@ -167,7 +167,7 @@ impl Storage for Os {
 }
 
 /// Writes all of `buf`, going on after short writes and interruptions.
-pub fn write_all(f: &mut dyn AppendFile, mut buf: &[u8]) -> io::Result<()> {
+pub(crate) fn write_all(f: &mut dyn AppendFile, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
         match f.write(buf) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -180,7 +180,7 @@ pub fn write_all(f: &mut dyn AppendFile, mut buf: &[u8]) -> io::Result<()> {
 }
 
 /// The whole content of a (small) file.
-pub fn read_all(storage: &dyn Storage, path: &Path) -> io::Result<Vec<u8>> {
+pub(crate) fn read_all(storage: &dyn Storage, path: &Path) -> io::Result<Vec<u8>> {
     let mut out = Vec::new();
     storage.open_read(path)?.read_to_end(&mut out)?;
     Ok(out)
@@ -189,7 +189,12 @@ pub fn read_all(storage: &dyn Storage, path: &Path) -> io::Result<Vec<u8>> {
 /// Puts `bytes` in place as `dir/name` crash-safely: a temporary file,
 /// written and synced, renamed over the old one, the directory synced. A
 /// crash leaves the old content or the new, never a mix.
-pub fn replace(storage: &dyn Storage, dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn replace(
+    storage: &dyn Storage,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> io::Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
     let written = (|| {
         // A leftover of an earlier attempt would be appended to.
@@ -210,7 +215,7 @@ pub fn replace(storage: &dyn Storage, dir: &Path, name: &str, bytes: &[u8]) -> i
 }
 
 /// Removes `path`; one that is already gone counts as removed.
-pub fn remove_if_there(storage: &dyn Storage, path: &Path) -> io::Result<()> {
+pub(crate) fn remove_if_there(storage: &dyn Storage, path: &Path) -> io::Result<()> {
     match storage.remove(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),

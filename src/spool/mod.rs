@@ -166,11 +166,11 @@ impl Shared {
 /// The appender has stopped: nothing more can be spooled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the spool's appender thread has stopped")]
-pub struct Stopped;
+pub(crate) struct Stopped;
 
 /// A handle on the spool; clones share the same log.
 #[derive(Clone)]
-pub struct Spool {
+pub(crate) struct Spool {
     storage: Arc<dyn Storage>,
     dir: PathBuf,
     max_size: u64,
@@ -181,7 +181,7 @@ pub struct Spool {
 }
 
 /// The appender thread; [`AppenderThread::finish`] syncs and stops it.
-pub struct AppenderThread {
+pub(crate) struct AppenderThread {
     tx: mpsc::Sender<Command>,
     shared: Arc<Shared>,
     handle: Option<std::thread::JoinHandle<()>>,
@@ -189,12 +189,12 @@ pub struct AppenderThread {
 
 /// Opens (or creates) the spool in `settings.dir` on the operating
 /// system's files, recovers what is there, and starts the appender.
-pub fn open(settings: &SpoolSettings) -> io::Result<(Spool, Recovery, AppenderThread)> {
+pub(crate) fn open(settings: &SpoolSettings) -> io::Result<(Spool, Recovery, AppenderThread)> {
     open_on(fs::os(), settings, &machine_fingerprint())
 }
 
 /// [`open`] on `storage`, for the box with fingerprint `machine`.
-pub fn open_on(
+pub(crate) fn open_on(
     storage: Arc<dyn Storage>,
     settings: &SpoolSettings,
     machine: &str,
@@ -293,7 +293,7 @@ impl AppenderThread {
     /// Syncs what was appended and stops the thread (appends after this
     /// fail with [`Stopped`]). Blocking. While writes fail it stops without
     /// waiting: what is not durable was not acknowledged.
-    pub fn finish(mut self) {
+    pub(crate) fn finish(mut self) {
         self.shared.closing.store(true, Ordering::Relaxed);
         let _ = self.tx.blocking_send(Command::Close);
         if let Some(t) = self.handle.take() {
@@ -306,7 +306,7 @@ impl Spool {
     /// Appends encoded records (in LSN order, `end` the LSN after the last);
     /// they become durable later, see [`Spool::durable`].
     /// Waits while the appender's queue holds `max_queued` bytes.
-    pub async fn append(&self, bytes: bytes::Bytes, end: u64) -> Result<(), Stopped> {
+    pub(crate) async fn append(&self, bytes: bytes::Bytes, end: u64) -> Result<(), Stopped> {
         self.shared.queued.room().await;
         self.shared.queued.add(bytes.len());
         self.tx
@@ -316,12 +316,12 @@ impl Spool {
     }
 
     /// Bytes appended and not yet written (the appender's queue).
-    pub fn queued(&self) -> usize {
+    pub(crate) fn queued(&self) -> usize {
         self.shared.queued.used()
     }
 
     /// Everything below this LSN is durable on local disk.
-    pub fn durable(&self) -> u64 {
+    pub(crate) fn durable(&self) -> u64 {
         *self.durable.borrow()
     }
 
@@ -329,7 +329,7 @@ impl Spool {
     /// beyond it): records from it on became durable after `at`. `None`
     /// when the history does not reach back that far (it keeps the last
     /// [`HISTORY_LEN`] moves).
-    pub fn durable_as_of(&self, at: Instant) -> Option<u64> {
+    pub(crate) fn durable_as_of(&self, at: Instant) -> Option<u64> {
         let h = self
             .shared
             .history
@@ -340,13 +340,13 @@ impl Spool {
     }
 
     /// Waits until the durable LSN moves; `Err` once the appender stopped.
-    pub async fn durable_changed(&mut self) -> Result<u64, Stopped> {
+    pub(crate) async fn durable_changed(&mut self) -> Result<u64, Stopped> {
         self.durable.changed().await.map_err(|_| Stopped)?;
         Ok(*self.durable.borrow_and_update())
     }
 
     /// Waits until everything below `lsn` is durable.
-    pub async fn wait_durable(&mut self, lsn: u64) -> Result<(), Stopped> {
+    pub(crate) async fn wait_durable(&mut self, lsn: u64) -> Result<(), Stopped> {
         while *self.durable.borrow_and_update() < lsn {
             self.durable.changed().await.map_err(|_| Stopped)?;
         }
@@ -356,7 +356,7 @@ impl Spool {
     /// Everything below `lsn` is in MongoDB: the appender stores the
     /// checkpoint and deletes what it confirms. Never blocks; a later call
     /// with a higher LSN supersedes this one.
-    pub fn checkpoint(&self, lsn: u64) {
+    pub(crate) fn checkpoint(&self, lsn: u64) {
         if self.shared.requested.fetch_max(lsn, Ordering::Relaxed) < lsn {
             // When the channel is full the appender is busy and takes the
             // request up after its current batch anyway.
@@ -370,14 +370,14 @@ impl Spool {
     /// replayed from its last snapshot's LSN
     /// ([`crate::admission::sparkplug`]), and thinning's held points are
     /// read back ([`crate::admission::thinning`]). Never blocks.
-    pub fn hold(&self, holder: Holder, lsn: u64) {
+    pub(crate) fn hold(&self, holder: Holder, lsn: u64) {
         if self.shared.holds[holder as usize].swap(lsn, Ordering::Relaxed) != lsn {
             let _ = self.tx.try_send(Command::Checkpoint);
         }
     }
 
     /// The stored checkpoint.
-    pub fn checkpointed(&self) -> u64 {
+    pub(crate) fn checkpointed(&self) -> u64 {
         self.shared.checkpoint.load(Ordering::Relaxed)
     }
 
@@ -386,17 +386,13 @@ impl Spool {
         self.shared.bytes.load(Ordering::Relaxed)
     }
 
-    pub fn max_size(&self) -> u64 {
+    pub(crate) fn max_size(&self) -> u64 {
         self.max_size
-    }
-
-    pub fn when_full(&self) -> WhenFull {
-        self.when_full
     }
 
     /// At `spool.max_size` (and, with `drop_oldest`, nothing left to
     /// drop): new messages must not be taken.
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         match self.when_full {
             WhenFull::Stop => self.bytes() + self.queued() as u64 >= self.max_size,
             WhenFull::DropOldest => self.shared.stuck.load(Ordering::Relaxed),
@@ -405,41 +401,41 @@ impl Spool {
 
     /// Writes or syncs of the spool are failing (a full or failing disk):
     /// nothing new becomes durable, so nothing new is acknowledged.
-    pub fn failing(&self) -> bool {
+    pub(crate) fn failing(&self) -> bool {
         self.shared.failing.load(Ordering::Relaxed)
     }
 
     /// Bytes free on the spool's filesystem, when known.
-    pub fn free_space(&self) -> Option<u64> {
+    pub(crate) fn free_space(&self) -> Option<u64> {
         self.storage.free_space(&self.dir)
     }
 
     /// fsync calls so far.
-    pub fn fsyncs(&self) -> u64 {
+    pub(crate) fn fsyncs(&self) -> u64 {
         self.shared.fsyncs.load(Ordering::Relaxed)
     }
 
     /// The broker can resend nothing more of the MQTT session with this
     /// key: its message identities are no longer kept. Never blocks.
-    pub fn forget_session(&self, key: u64) {
+    pub(crate) fn forget_session(&self, key: u64) {
         let _ = self.tx.try_send(Command::Forget(key));
     }
 
     /// The pipeline counted these sample LSNs (in order) as lost: readers
     /// no longer report them missing.
-    pub fn forget_lost(&self, lsns: &[u64]) -> io::Result<()> {
+    pub(crate) fn forget_lost(&self, lsns: &[u64]) -> io::Result<()> {
         tombstone::forget(self.storage.as_ref(), &self.dir, lsns)
     }
 
     /// A reader of the records from `lsn` on.
-    pub fn reader(&self, lsn: u64) -> Reader {
+    pub(crate) fn reader(&self, lsn: u64) -> Reader {
         Reader::new(self.storage.clone(), self.dir.clone(), lsn)
     }
 }
 
 /// Reads up to `max` records below `limit` on a blocking thread; hands the
 /// reader back to keep its position.
-pub async fn read(mut reader: Reader, max: usize, limit: u64) -> io::Result<(Reader, Read)> {
+pub(crate) async fn read(mut reader: Reader, max: usize, limit: u64) -> io::Result<(Reader, Read)> {
     let task = tokio::task::spawn_blocking(move || {
         let records = reader.read(max, limit);
         records.map(|r| (reader, r))

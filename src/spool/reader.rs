@@ -71,7 +71,7 @@ impl Reader {
     }
 
     /// The LSN the next read starts at.
-    pub fn next(&self) -> u64 {
+    pub(crate) fn next(&self) -> u64 {
         self.next
     }
 
@@ -79,12 +79,12 @@ impl Reader {
     /// `spool.when_full = "drop_oldest"` deleted them (see
     /// [`super::tombstone`]; reported again until
     /// [`super::Spool::forget_lost`]).
-    pub fn take_missing(&mut self) -> Vec<u64> {
+    pub(crate) fn take_missing(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.missing)
     }
 
     /// Up to `max` records with `next <= lsn < limit`, in order. Blocking.
-    pub fn read(&mut self, max: usize, limit: u64) -> io::Result<Read> {
+    pub(crate) fn read(&mut self, max: usize, limit: u64) -> io::Result<Read> {
         let start = self.next;
         let mut out = Read::default();
         let mut reached_limit = false;
@@ -167,7 +167,12 @@ impl Reader {
     }
 
     /// [`Reader::read`], parsed into owned records (tests, tools).
-    pub fn read_records(&mut self, max: usize, limit: u64) -> io::Result<Vec<super::Record>> {
+    #[cfg(test)]
+    pub(crate) fn read_records(
+        &mut self,
+        max: usize,
+        limit: u64,
+    ) -> io::Result<Vec<super::Record>> {
         let read = self.read(max, limit)?;
         Ok(super::parse(&read.bytes).map(|r| r.to_owned()).collect())
     }

@@ -75,7 +75,7 @@ pub struct Recovery {
 /// spool belongs to the box with fingerprint `machine`
 /// ([`identity::machine_fingerprint`]); the sessions' windows are kept
 /// as `redelivery` says.
-pub fn recover(
+pub(crate) fn recover(
     storage: &dyn Storage,
     dir: &Path,
     machine: &str,

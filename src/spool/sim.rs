@@ -28,7 +28,7 @@ const BLOCK: usize = 16;
 
 /// How often each fault strikes (0 to 1), per call.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Faults {
+pub(crate) struct Faults {
     /// A write, sync, truncate or directory call fails with EIO.
     pub eio: f64,
     /// A write writes only part of its buffer.
@@ -61,7 +61,7 @@ struct State {
 
 /// The simulated disk; clones share it.
 #[derive(Debug, Clone)]
-pub struct Sim(Arc<Mutex<State>>);
+pub(crate) struct Sim(Arc<Mutex<State>>);
 
 fn eio() -> io::Error {
     io::Error::from_raw_os_error(libc::EIO)
@@ -115,18 +115,18 @@ impl Sim {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn set_faults(&self, faults: Faults) {
+    pub(crate) fn set_faults(&self, faults: Faults) {
         self.state().faults = faults;
     }
 
-    pub fn set_capacity(&self, bytes: Option<u64>) {
+    pub(crate) fn set_capacity(&self, bytes: Option<u64>) {
         self.state().capacity = bytes;
     }
 
     /// A power cut: every file keeps its disk bytes plus a random subset of
     /// its dirty blocks (and, at random, the length it had); directory
     /// changes since the last directory sync are kept or lost together.
-    pub fn crash(&self) {
+    pub(crate) fn crash(&self) {
         let mut s = self.state();
         let s = &mut *s;
         s.generation += 1;
@@ -166,7 +166,7 @@ impl Sim {
 
     /// Flips one bit of `path` on the disk (and in the cache: the page was
     /// read back from a rotting card).
-    pub fn flip(&self, path: &Path, offset: usize, bit: u8) {
+    pub(crate) fn flip(&self, path: &Path, offset: usize, bit: u8) {
         let mut s = self.state();
         let inode = s.inode(path).expect("a file to rot");
         let f = s.files.get_mut(&inode).expect("its inode");
@@ -175,7 +175,7 @@ impl Sim {
     }
 
     /// The bytes of `path` as the system sees them.
-    pub fn contents(&self, path: &Path) -> Vec<u8> {
+    pub(crate) fn contents(&self, path: &Path) -> Vec<u8> {
         let s = self.state();
         s.inode(path)
             .ok()
@@ -185,7 +185,7 @@ impl Sim {
     }
 
     /// Every file's name and length.
-    pub fn files(&self) -> Vec<(PathBuf, usize)> {
+    pub(crate) fn files(&self) -> Vec<(PathBuf, usize)> {
         let s = self.state();
         s.names
             .iter()

@@ -17,11 +17,11 @@ use std::path::PathBuf;
 
 /// How far beyond what the current write needs the file is moved, so a
 /// busy pipeline rewrites it about once per this much time.
-pub const SLACK_MS: i64 = 2_000;
+pub(crate) const SLACK_MS: i64 = 2_000;
 
 /// The fence file of one spool.
 #[derive(Debug)]
-pub struct FenceFile {
+pub(crate) struct FenceFile {
     path: PathBuf,
     /// What the file holds (`i64::MIN` when it holds nothing valid).
     until_ms: i64,
@@ -29,7 +29,7 @@ pub struct FenceFile {
 
 impl FenceFile {
     /// Opens `path` (not created until the first write).
-    pub fn open(path: PathBuf) -> FenceFile {
+    pub(crate) fn open(path: PathBuf) -> FenceFile {
         // Only a whole line counts: a write torn by a crash leaves a prefix
         // of the number (or zeros), never its newline.
         let until_ms = std::fs::read_to_string(&path)
@@ -41,18 +41,18 @@ impl FenceFile {
 
     /// Until when (wall ms) a write of the run before may still run, if
     /// the file says.
-    pub fn stored(&self) -> Option<i64> {
+    pub(crate) fn stored(&self) -> Option<i64> {
         (self.until_ms != i64::MIN).then_some(self.until_ms)
     }
 
     /// Whether a write that may run until `end_ms` needs the file moved.
-    pub fn needs(&self, end_ms: i64) -> bool {
+    pub(crate) fn needs(&self, end_ms: i64) -> bool {
         self.until_ms < end_ms
     }
 
     /// Makes the file cover `end_ms` (plus [`SLACK_MS`]), durably. Blocking
     /// file I/O: call it off the async threads.
-    pub fn cover(&mut self, end_ms: i64) -> std::io::Result<()> {
+    pub(crate) fn cover(&mut self, end_ms: i64) -> std::io::Result<()> {
         use std::io::Write;
         let until = end_ms.saturating_add(SLACK_MS);
         let mut f = std::fs::File::create(&self.path)?;
@@ -67,7 +67,7 @@ impl FenceFile {
     /// After a failed [`FenceFile::cover`]: removes the file (best effort;
     /// a file `cover` truncated reads as nothing anyway) so no start trusts
     /// an old time, and stops moving it for this run.
-    pub fn forget(&mut self) {
+    pub(crate) fn forget(&mut self) {
         let _ = std::fs::remove_file(&self.path);
         self.until_ms = i64::MAX;
     }

@@ -39,7 +39,7 @@ use crate::flush::Batch;
 use crate::retry::Aborted;
 
 /// The latest-value collection.
-pub struct Latest {
+pub(crate) struct Latest {
     collection: String,
 }
 
@@ -48,12 +48,12 @@ impl Latest {
         Latest { collection }
     }
 
-    pub fn collection(&self) -> &str {
+    pub(crate) fn collection(&self) -> &str {
         &self.collection
     }
 
     /// The `{ts: 1}` index (the quietest sensors first).
-    pub async fn schema(&self, db: &Database) -> mongodb::error::Result<()> {
+    pub(crate) async fn schema(&self, db: &Database) -> mongodb::error::Result<()> {
         db.collection::<Document>(&self.collection)
             .create_index(IndexModel::builder().keys(doc! { "ts": 1 }).build())
             .await?;
@@ -63,7 +63,7 @@ impl Latest {
     /// Writes the newest sample of each sensor of `batch`, retried until
     /// the database answers (idempotent). A statement the database refuses
     /// is logged and left: the next flush of that sensor tries again.
-    pub async fn write(
+    pub(crate) async fn write(
         &self,
         mongo: &mut Mongo,
         batch: &Batch,
@@ -98,7 +98,7 @@ impl Latest {
 
 /// Each sensor's latest value (or `sensor`'s only), by sensor id, streamed
 /// to `emit(sensor, ts_ms, sample, updated_ms)`.
-pub async fn read(
+pub(crate) async fn read(
     db: &Database,
     collection: &str,
     sensor: Option<&str>,
@@ -126,7 +126,11 @@ pub async fn read(
 
 /// The first `limit` sensor ids by id (the index on `_id`, nothing else
 /// read).
-pub async fn ids(db: &Database, collection: &str, limit: u64) -> super::read::Result<Vec<String>> {
+pub(crate) async fn ids(
+    db: &Database,
+    collection: &str,
+    limit: u64,
+) -> super::read::Result<Vec<String>> {
     use futures_util::TryStreamExt;
     let mut cursor = db
         .collection::<Document>(collection)
@@ -155,7 +159,7 @@ fn newest<'a>(samples: impl Iterator<Item = SampleRef<'a>>) -> Option<SampleRef<
 
 /// The `n` sensors quiet the longest: the oldest `ts` first, on its index
 /// (for the status page), as (sensor id, ms).
-pub async fn quietest(
+pub(crate) async fn quietest(
     latest: &mongodb::Collection<bson::Document>,
     n: i64,
 ) -> mongodb::error::Result<Vec<(String, i64)>> {
@@ -183,7 +187,7 @@ const QUIET_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 /// Reads the sensors quiet the longest from `<collection>_latest` (the
 /// oldest `ts` first, on its index) for the status page, every
 /// [`QUIET_EVERY`]; a read that fails or takes over 2 s leaves the last.
-pub async fn watch_quietest(
+pub(crate) async fn watch_quietest(
     latest: Option<mongodb::Collection<bson::Document>>,
     health: &crate::telemetry::Health,
 ) {

@@ -45,7 +45,7 @@ use timeseries::Timeseries;
 
 /// Why the schema could not be put in place.
 #[derive(Debug, thiserror::Error)]
-pub enum SchemaError {
+pub(crate) enum SchemaError {
     #[error(transparent)]
     Database(#[from] mongodb::error::Error),
     /// The collection exists in a shape palletd must not write into.
@@ -57,13 +57,13 @@ pub enum SchemaError {
 /// many ms: in time series mode, whose documents are readings and carry no
 /// window's summaries (`bucket.window`); `None` in bucket mode, whose
 /// statements summarise every reading.
-pub fn left_out_window(settings: &Settings) -> Option<i64> {
+pub(crate) fn left_out_window(settings: &Settings) -> Option<i64> {
     (settings.storage.mode == crate::config::StorageMode::Timeseries)
         .then_some(settings.bucket.window.as_millis() as i64)
 }
 
 /// The storage mode.
-pub enum Mode {
+pub(crate) enum Mode {
     Buckets(Buckets),
     Timeseries(Timeseries),
 }
@@ -113,13 +113,13 @@ impl Store {
 
     /// Reports database attempts and retry waits to `health` (the
     /// watchdog tells a retrying flush from a stuck one).
-    pub fn observe(&mut self, health: Arc<crate::telemetry::Health>) {
+    pub(crate) fn observe(&mut self, health: Arc<crate::telemetry::Health>) {
         self.mongo.observe(health);
     }
 
     /// The spool whose samples this store writes and resolves (its id
     /// tells its statements from other instances' in a bucket).
-    pub fn set_spool(&mut self, tags: Tags) {
+    pub(crate) fn set_spool(&mut self, tags: Tags) {
         self.tags = tags.clone();
         match &mut self.mode {
             Mode::Buckets(b) => b.set_spool(tags),
@@ -129,24 +129,11 @@ impl Store {
 
     /// Runs the rollup passes on a task of their own (see
     /// [`rollup::Rollups::start_passes`]).
-    pub fn start_rollups(&mut self) {
+    pub(crate) fn start_rollups(&mut self) {
         let db = self.mongo.db.clone();
         if let Some(r) = &mut self.rollups {
             r.start_passes(db);
         }
-    }
-
-    pub fn mode(&mut self) -> &mut Mode {
-        &mut self.mode
-    }
-
-    pub fn db(&self) -> &Database {
-        &self.mongo.db
-    }
-
-    /// Failed database calls so far.
-    pub fn failures(&self) -> u64 {
-        self.mongo.failures()
     }
 
     /// One attempt at setting up the schema (idempotent); true once it is
@@ -195,7 +182,7 @@ impl Store {
     }
 
     /// Sets up the schema, retrying until it is in place.
-    pub async fn ensure_schema(&mut self, abort: &CancellationToken) -> Result<(), Aborted> {
+    pub(crate) async fn ensure_schema(&mut self, abort: &CancellationToken) -> Result<(), Aborted> {
         let mut backoff = Backoff::default();
         while !self.try_ensure_schema().await {
             self.mongo.wait(&mut backoff, abort).await?;
@@ -214,7 +201,7 @@ impl Store {
     /// database answers: stored by the mode's rule, or refused for good and
     /// dead-lettered (a refused statement dead-letters all its samples, and
     /// a replay must not store one whose dead letter is written).
-    pub async fn resolve(
+    pub(crate) async fn resolve(
         &mut self,
         req: &[Resolve],
         abort: &CancellationToken,
@@ -271,7 +258,7 @@ impl Store {
     /// its samples, setting each sample's outcome. Retries what certainly
     /// was not applied until it is; returns when every sample is applied,
     /// rejected, or of unknown fate.
-    pub async fn write(
+    pub(crate) async fn write(
         &mut self,
         batch: &mut Batch,
         abort: &CancellationToken,
@@ -307,7 +294,7 @@ impl Store {
 
     /// What to say when a write whose reply was lost turns out to have
     /// been applied (in part).
-    pub fn interrupted_and_applied(&self) -> &'static str {
+    pub(crate) fn interrupted_and_applied(&self) -> &'static str {
         match &self.mode {
             Mode::Buckets(_) => "An interrupted write had been applied; not sending it again.",
             Mode::Timeseries(_) => {
@@ -374,7 +361,7 @@ impl Store {
 
     /// The rollup a series of steps of `step_ms` is read from: of those
     /// whose interval divides the step, the longest.
-    pub fn rollup_for(&self, step_ms: i64) -> Option<&RollupSettings> {
+    pub(crate) fn rollup_for(&self, step_ms: i64) -> Option<&RollupSettings> {
         self.rollups
             .as_ref()?
             .specs()
@@ -385,7 +372,7 @@ impl Store {
 
     /// A sensor's settled rollups of `spec` over `range` (whole
     /// intervals), at most `max` ([`rollup::settled`]).
-    pub async fn settled_rollups(
+    pub(crate) async fn settled_rollups(
         &self,
         spec: &RollupSettings,
         sensor: &str,
@@ -396,14 +383,14 @@ impl Store {
     }
 
     /// Windows ending at or before this are sealed by a seal at `now_ms`.
-    pub fn seal_cutoff(&self, now_ms: i64) -> Option<i64> {
+    pub(crate) fn seal_cutoff(&self, now_ms: i64) -> Option<i64> {
         self.seal_grace()
             .map(|grace| now_ms - grace.as_millis() as i64)
     }
 
     /// How long after its end a window is sealed; `None` when the mode has
     /// no seal.
-    pub fn seal_grace(&self) -> Option<std::time::Duration> {
+    pub(crate) fn seal_grace(&self) -> Option<std::time::Duration> {
         match &self.mode {
             Mode::Buckets(m) => Some(m.grace()),
             Mode::Timeseries(_) => None,
@@ -411,7 +398,7 @@ impl Store {
     }
 
     /// One sensor's readings in time order, streamed to `emit`.
-    pub async fn readings(
+    pub(crate) async fn readings(
         &self,
         sensor: &str,
         range: Range,
@@ -432,7 +419,7 @@ impl Store {
     /// Per-window rollups of one sensor from at most `max` stored
     /// documents (buckets, or time series documents), else
     /// [`read::QueryError::TooMuch`].
-    pub async fn window_stats_within(
+    pub(crate) async fn window_stats_within(
         &self,
         sensor: &str,
         range: Range,
@@ -461,7 +448,7 @@ impl Store {
 
     /// Each sensor's latest value (`<collection>_latest`), or `sensor`'s;
     /// the first `limit` by id.
-    pub async fn latest(
+    pub(crate) async fn latest(
         &self,
         sensor: Option<&str>,
         limit: Option<u64>,
@@ -476,7 +463,7 @@ impl Store {
     }
 
     /// The first `limit` sensors of `<collection>_latest` by id.
-    pub async fn sensor_ids(&self, limit: u64) -> read::Result<Vec<String>> {
+    pub(crate) async fn sensor_ids(&self, limit: u64) -> read::Result<Vec<String>> {
         let Some(l) = &self.latest else {
             return Ok(Vec::new());
         };

@@ -52,25 +52,25 @@ const MAX_BATCH_BYTES: usize = 16 * 1024 * 1024 - 64 * 1024;
 
 /// Server error codes after which the same statement may simply be sent
 /// again (a write error; as a command's error they mean "retry part").
-pub const TRANSIENT_CODES: &[i32] = &[
+pub(crate) const TRANSIENT_CODES: &[i32] = &[
     6, 7, 24, 46, 50, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
 ];
 
 /// Command errors a server gives before it runs the command: it is not
 /// (or no longer) the primary. Nothing of the command was applied.
-pub const NOT_PRIMARY_CODES: &[i32] = &[10107, 13435, 13436];
+pub(crate) const NOT_PRIMARY_CODES: &[i32] = &[10107, 13435, 13436];
 
 /// E11000.
-pub const DUPLICATE_KEY: i32 = 11000;
+pub(crate) const DUPLICATE_KEY: i32 = 11000;
 
 /// Beyond `mongodb.write_time_limit`: the server checks the limit between
 /// statements, and clocks tick apart.
-pub const FENCE_MARGIN: Duration = Duration::from_secs(1);
+pub(crate) const FENCE_MARGIN: Duration = Duration::from_secs(1);
 
 /// What a failed write command means for what to do next (the whole
 /// command's part of [`Decision`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RetryAction {
+pub(crate) enum RetryAction {
     /// Nothing was applied: send the same command again after a backoff.
     Retry,
     /// Any part of it may have been applied: learn what MongoDB has before
@@ -80,7 +80,7 @@ pub enum RetryAction {
 
 /// A write's failure, as [`decide`] reads it.
 #[derive(Debug, Clone, Copy)]
-pub enum Failure<'a> {
+pub(crate) enum Failure<'a> {
     /// The whole command failed (the driver's error).
     Command(&'a mongodb::error::Error),
     /// The command was answered with a `writeConcernError`.
@@ -92,7 +92,7 @@ pub enum Failure<'a> {
 
 /// What palletd does about a [`Failure`] (see the module's doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Nothing was applied: the same command again after a backoff.
     Retry,
     /// Any part may have been applied: wait out the write's time limit,
@@ -107,7 +107,7 @@ pub enum Decision {
 }
 
 /// The one retry decision.
-pub fn decide(failure: Failure<'_>) -> Decision {
+pub(crate) fn decide(failure: Failure<'_>) -> Decision {
     match failure {
         Failure::Command(e) => match &*e.kind {
             // The command never left palletd.
@@ -133,13 +133,13 @@ pub fn decide(failure: Failure<'_>) -> Decision {
 /// Whether the server refused a command for good (a read it will refuse
 /// again: a command error whose code is not transient), rather than the
 /// link or a failing or stepping-down server.
-pub fn refused(e: &mongodb::error::Error) -> bool {
+pub(crate) fn refused(e: &mongodb::error::Error) -> bool {
     matches!(&*e.kind, ErrorKind::Command(c) if !TRANSIENT_CODES.contains(&c.code))
 }
 
 /// What a whole-command failure (the driver's error, or a write concern
 /// error) means for the command.
-pub fn classify(failure: Failure<'_>) -> RetryAction {
+pub(crate) fn classify(failure: Failure<'_>) -> RetryAction {
     match decide(failure) {
         Decision::Retry => RetryAction::Retry,
         _ => RetryAction::Ambiguous,
@@ -147,14 +147,14 @@ pub fn classify(failure: Failure<'_>) -> RetryAction {
 }
 
 /// What a statement's write error means ([`decide`]).
-pub fn statement_error(error: &WriteError, by_id: bool) -> Decision {
+pub(crate) fn statement_error(error: &WriteError, by_id: bool) -> Decision {
     decide(Failure::Statement { error, by_id })
 }
 
 impl Decision {
     /// The `kind` of `palletd_database_errors_total` a statement error of
     /// this decision counts under.
-    pub fn statement_label(self) -> &'static str {
+    pub(crate) fn statement_label(self) -> &'static str {
         match self {
             Decision::GiveUp => "statement_rejected",
             _ => "statement_transient",
@@ -163,7 +163,7 @@ impl Decision {
 }
 
 /// The server's error code of a failed command, if it is one.
-pub fn command_code(e: &mongodb::error::Error) -> Option<i32> {
+pub(crate) fn command_code(e: &mongodb::error::Error) -> Option<i32> {
     match &*e.kind {
         ErrorKind::Command(c) => Some(c.code),
         _ => None,
@@ -172,7 +172,7 @@ pub fn command_code(e: &mongodb::error::Error) -> Option<i32> {
 
 /// A bounded label for a driver error, for logs and metrics (one of
 /// [`crate::telemetry::DATABASE_ERROR_KINDS`]).
-pub fn error_kind(e: &mongodb::error::Error) -> &'static str {
+pub(crate) fn error_kind(e: &mongodb::error::Error) -> &'static str {
     match &*e.kind {
         ErrorKind::Io(_) => "network",
         ErrorKind::ServerSelection { .. } => "server_selection",
@@ -188,7 +188,7 @@ pub fn error_kind(e: &mongodb::error::Error) -> &'static str {
 
 /// One statement's write error.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WriteError {
+pub(crate) struct WriteError {
     pub index: usize,
     pub code: i32,
     pub msg: String,
@@ -220,7 +220,7 @@ impl WriteError {
 
 /// The parts of a write command's reply that matter here.
 #[derive(Debug, Default)]
-pub struct Reply {
+pub(crate) struct Reply {
     /// Indexes of the statements whose upsert inserted a document.
     pub upserted: Vec<usize>,
     /// Documents the command changed (`nModified` of an update).
@@ -261,17 +261,17 @@ impl Reply {
 }
 
 /// A message for a permanently rejected statement.
-pub fn rejection(code: i32, msg: &str) -> String {
+pub(crate) fn rejection(code: i32, msg: &str) -> String {
     format!("rejected by the database (code {code}): {msg}")
 }
 
 /// Counts a statement error by what it was decided to mean.
-pub fn count_statement_error(decision: Decision) {
+pub(crate) fn count_statement_error(decision: Decision) {
     metrics::counter!(telemetry::DATABASE_ERRORS, "kind" => decision.statement_label())
         .increment(1);
 }
 
-pub fn as_u64(b: &bson::Bson) -> Option<u64> {
+pub(crate) fn as_u64(b: &bson::Bson) -> Option<u64> {
     match b {
         bson::Bson::Int32(i) => u64::try_from(*i).ok(),
         bson::Bson::Int64(i) => u64::try_from(*i).ok(),
@@ -285,7 +285,7 @@ fn as_usize(b: &bson::Bson) -> Option<usize> {
 
 /// Takes a prefix of documents that fits one command; returns its length.
 /// Always takes at least one, so a single large document still goes out.
-pub fn build_batch(docs: impl Iterator<Item = RawDocumentBuf>) -> (usize, RawArrayBuf) {
+pub(crate) fn build_batch(docs: impl Iterator<Item = RawDocumentBuf>) -> (usize, RawArrayBuf) {
     let mut arr = RawArrayBuf::new();
     let mut n = 0;
     let mut bytes = 0;
@@ -303,7 +303,7 @@ pub fn build_batch(docs: impl Iterator<Item = RawDocumentBuf>) -> (usize, RawArr
 
 /// The database with the configured write concern, and what palletd knows
 /// of its state (is it failing, since when).
-pub struct Mongo {
+pub(crate) struct Mongo {
     pub db: Database,
     write_concern: RawDocumentBuf,
     /// Writes wait for a majority: reads that decide what an ambiguous
@@ -350,7 +350,7 @@ impl Mongo {
     /// Keeps the fence in `path` too: the wait at this start ends when the
     /// file says the run before's writes have ended, and every write is
     /// covered by it before it is sent.
-    pub fn with_fence_file(mut self, path: std::path::PathBuf) -> Mongo {
+    pub(crate) fn with_fence_file(mut self, path: std::path::PathBuf) -> Mongo {
         let file = FenceFile::open(path);
         if let Some(until) = file.stored() {
             let left = until.saturating_sub(crate::clock::now_ms()).max(0) as u64;
@@ -389,7 +389,7 @@ impl Mongo {
     /// (`mongodb.write_time_limit`). Reads that decide what such a write
     /// applied come after this; else the server could apply a statement of
     /// it after the read said it was not, and palletd would write it again.
-    pub async fn wait_for_fence(&self, abort: &CancellationToken) -> Result<(), Aborted> {
+    pub(crate) async fn wait_for_fence(&self, abort: &CancellationToken) -> Result<(), Aborted> {
         let left = self.fence.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Ok(());
@@ -412,14 +412,14 @@ impl Mongo {
     }
 
     /// Reports attempts and retry waits to `health`.
-    pub fn observe(&mut self, health: Arc<Health>) {
+    pub(crate) fn observe(&mut self, health: Arc<Health>) {
         self.health = Some(health);
     }
 
     /// Waits the next backoff delay, telling the watchdog when the next
     /// attempt is due (a retry that waits is progress, not a hang); cut
     /// short when the readiness probe finds the database back.
-    pub async fn wait(
+    pub(crate) async fn wait(
         &self,
         backoff: &mut Backoff,
         abort: &CancellationToken,
@@ -461,12 +461,12 @@ impl Mongo {
     }
 
     /// Failed database calls so far.
-    pub fn failures(&self) -> u64 {
+    pub(crate) fn failures(&self) -> u64 {
         self.failures
     }
 
     /// `{<name>: <collection>, <field>: batch, ordered, writeConcern}`.
-    pub fn command(
+    pub(crate) fn command(
         &self,
         name: &str,
         collection: &str,
@@ -484,7 +484,11 @@ impl Mongo {
 
     /// Sends a write command. A failure (logged) says what it means for
     /// the statements: a write concern error counts as ambiguous.
-    pub async fn write(&mut self, cmd: RawDocumentBuf, what: &str) -> Result<Reply, RetryAction> {
+    pub(crate) async fn write(
+        &mut self,
+        cmd: RawDocumentBuf,
+        what: &str,
+    ) -> Result<Reply, RetryAction> {
         self.cover().await;
         match self
             .attempt(self.db.run_raw_command(cmd).into_future())
@@ -520,7 +524,7 @@ impl Mongo {
     /// holds) until it gets a reply: one that certainly was not applied is
     /// built and sent again after a backoff. The reply is `None` when the
     /// command may or may not have been applied.
-    pub async fn write_until_answered(
+    pub(crate) async fn write_until_answered(
         &mut self,
         what: &str,
         backoff: &mut Backoff,
@@ -539,7 +543,7 @@ impl Mongo {
 
     /// `build_batch` of `docs` as a `name` command on `collection`: (the
     /// documents it holds, the command).
-    pub fn batch_command(
+    pub(crate) fn batch_command(
         &self,
         name: &str,
         collection: &str,
@@ -556,7 +560,7 @@ impl Mongo {
     /// after majority writes, majority (a write the primary applied and an
     /// election then rolls back must not look applied); else the server's
     /// default.
-    pub async fn read_retrying<T, F>(
+    pub(crate) async fn read_retrying<T, F>(
         &mut self,
         what: &str,
         abort: &CancellationToken,
@@ -590,7 +594,7 @@ impl Mongo {
     /// still replicating as missing (it would be sent twice) nor a doomed
     /// one as applied (it would be lost). A refusal (say the user may not
     /// write there) is logged once and the reads go on without it.
-    pub async fn settle(
+    pub(crate) async fn settle(
         &mut self,
         collection: &str,
         spool: &str,
@@ -636,7 +640,7 @@ impl Mongo {
     /// document the server refuses outright is logged at ERROR and dropped:
     /// it is already garbage. One that is already there (its `_id` comes
     /// from its LSN: an interrupted earlier attempt) is fine.
-    pub async fn insert_deadletters(
+    pub(crate) async fn insert_deadletters(
         &mut self,
         collection: &str,
         docs: &[DeadLetter],
@@ -667,7 +671,7 @@ impl Mongo {
     /// server's limits) until each part is answered; a part whose answer is
     /// lost is sent again, so the documents must be idempotent. Returns the
     /// write errors, indexed in `docs`.
-    pub async fn send_idempotent(
+    pub(crate) async fn send_idempotent(
         &mut self,
         what: &str,
         command: &str,
@@ -712,13 +716,13 @@ impl Mongo {
         Ok(refused)
     }
 
-    pub fn failed(&mut self, what: &str, e: &mongodb::error::Error) {
+    pub(crate) fn failed(&mut self, what: &str, e: &mongodb::error::Error) {
         let kind = error_kind(e);
         metrics::counter!(telemetry::DATABASE_ERRORS, "kind" => kind).increment(1);
         self.failed_msg(what, &format!("{kind}: {e}"));
     }
 
-    pub fn failed_msg(&mut self, what: &str, e: &str) {
+    pub(crate) fn failed_msg(&mut self, what: &str, e: &str) {
         self.failures += 1;
         if self.outage.is_none() {
             self.outage = Some(Instant::now());
@@ -728,7 +732,7 @@ impl Mongo {
         }
     }
 
-    pub fn recovered(&mut self) {
+    pub(crate) fn recovered(&mut self) {
         if let Some(since) = self.outage.take() {
             info!(
                 after = %humantime::format_duration(Duration::from_secs(since.elapsed().as_secs())),
@@ -742,7 +746,11 @@ impl Mongo {
 /// seal and published checkpoint, the rollup passes (each is tried again as
 /// a whole at its next run). Its reply parsed; a write concern error is an
 /// error (the server may not keep what it applied), like a failed command.
-pub async fn send_once(db: &Database, cmd: Document, what: &str) -> mongodb::error::Result<Reply> {
+pub(crate) async fn send_once(
+    db: &Database,
+    cmd: Document,
+    what: &str,
+) -> mongodb::error::Result<Reply> {
     let reply = Reply::parse(&db.run_command(cmd).await?);
     if let Some(wce) = &reply.write_concern_error {
         return Err(mongodb::error::Error::custom(format!("{what}: {wce}")));
@@ -753,7 +761,7 @@ pub async fn send_once(db: &Database, cmd: Document, what: &str) -> mongodb::err
 impl Reply {
     /// The first write error as an error (`what` rejected, with its code
     /// and message); `Ok` when there is none.
-    pub fn refusal(&self, what: &str) -> mongodb::error::Result<()> {
+    pub(crate) fn refusal(&self, what: &str) -> mongodb::error::Result<()> {
         match self.write_errors.first() {
             Some(e) => Err(mongodb::error::Error::custom(format!(
                 "{what} rejected (code {}): {}",
@@ -765,10 +773,10 @@ impl Reply {
 }
 
 /// Name of the TTL index on the dead letters' `receivedAt`.
-pub const DEADLETTER_TTL_INDEX: &str = "receivedAt_ttl";
+pub(crate) const DEADLETTER_TTL_INDEX: &str = "receivedAt_ttl";
 
 /// The `expireAfterSeconds` of the index `name`, if it exists.
-pub async fn ttl_of(
+pub(crate) async fn ttl_of(
     db: &Database,
     coll: &str,
     name: &str,
@@ -790,7 +798,7 @@ pub async fn ttl_of(
 /// Makes the TTL index `name` on `field` follow `want`: created when
 /// missing, changed in place with `collMod` (no rebuild) when it differs,
 /// dropped when retention is off.
-pub async fn sync_ttl(
+pub(crate) async fn sync_ttl(
     db: &Database,
     coll: &str,
     field: &str,
@@ -836,7 +844,7 @@ pub async fn sync_ttl(
 
 /// The LSNs of spool `tag` from `lo` to `hi` that have a dead letter (one
 /// range scan of `_id`, which is made of the tag and the LSN).
-pub async fn deadletter_lsns(
+pub(crate) async fn deadletter_lsns(
     coll: mongodb::Collection<bson::Document>,
     concern: Option<ReadConcern>,
     tag: u32,
@@ -866,7 +874,7 @@ pub async fn deadletter_lsns(
 /// (`checkpoint` on the document of each spool id, `s<id in hex>`): every
 /// record of that id below it is in MongoDB (or dead-lettered). Keyed by
 /// the documents' `_id`, which is also the id's `lsns.<...>` field name.
-pub async fn published_checkpoints(
+pub(crate) async fn published_checkpoints(
     coll: mongodb::Collection<bson::Document>,
     concern: Option<ReadConcern>,
 ) -> mongodb::error::Result<std::collections::HashMap<String, u64>> {

@@ -22,7 +22,7 @@ pub enum QueryError {
     TooMuch(String),
 }
 
-pub type Result<T> = std::result::Result<T, QueryError>;
+pub(crate) type Result<T> = std::result::Result<T, QueryError>;
 
 /// A time range `[from, to)` in ms since the epoch.
 #[derive(Debug, Clone, Copy, Default)]
@@ -32,13 +32,13 @@ pub struct Range {
 }
 
 impl Range {
-    pub fn contains(&self, ts: i64) -> bool {
+    pub(crate) fn contains(&self, ts: i64) -> bool {
         self.from.is_none_or(|f| ts >= f) && self.to.is_none_or(|t| ts < t)
     }
 }
 
 /// A reading's fields other than `ts`, in stored order.
-pub type Fields = Vec<(String, Bson)>;
+pub(crate) type Fields = Vec<(String, Bson)>;
 
 /// Per-window rollups of one sensor, merged across the window's buckets.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,7 +69,7 @@ impl WindowStats {
     /// in time series mode (shaped alike, see [`crate::bucket`]): the
     /// readings they represent ([`readings`]) and per field `sum`, `n`,
     /// `min`, `max`.
-    pub fn add_summaries(&mut self, b: &Document) {
+    pub(crate) fn add_summaries(&mut self, b: &Document) {
         self.count += readings(b);
         let empty = Document::new();
         let part = |name: &str| b.get_document(name).unwrap_or(&empty);
@@ -86,7 +86,7 @@ impl WindowStats {
     }
 
     /// Adds a partial rollup of `field`.
-    pub fn merge(&mut self, field: &str, sum: f64, n: i64, min: f64, max: f64) {
+    pub(crate) fn merge(&mut self, field: &str, sum: f64, n: i64, min: f64, max: f64) {
         let e = match self.fields.get_mut(field) {
             Some(e) => e,
             None => self.fields.entry(field.to_string()).or_insert((
@@ -114,7 +114,7 @@ pub struct Summary {
 }
 
 /// `{sensorId, <field>: {$gte: from, $lt: to}}` (either bound may be open).
-pub fn filter(sensor: &str, field: &str, range: Range) -> Document {
+pub(crate) fn filter(sensor: &str, field: &str, range: Range) -> Document {
     let mut bounds = Document::new();
     if let Some(from) = range.from {
         bounds.insert("$gte", bson::DateTime::from_millis(from));
@@ -130,7 +130,7 @@ pub fn filter(sensor: &str, field: &str, range: Range) -> Document {
 }
 
 /// A reading's fields other than `ts` (and those in `skip`).
-pub fn fields(reading: &Document, skip: &[&str]) -> Fields {
+pub(crate) fn fields(reading: &Document, skip: &[&str]) -> Fields {
     reading
         .iter()
         .filter(|(k, _)| k.as_str() != "ts" && !skip.contains(&k.as_str()))
@@ -140,7 +140,7 @@ pub fn fields(reading: &Document, skip: &[&str]) -> Fields {
 
 /// `n` documents read so far, at most `max`: else [`QueryError::TooMuch`]
 /// (a bounded cursor asks for one more than `max`, to tell).
-pub fn within(n: u64, max: Option<u64>) -> Result<()> {
+pub(crate) fn within(n: u64, max: Option<u64>) -> Result<()> {
     match max {
         Some(max) if n > max => Err(QueryError::TooMuch(format!(
             "more than {max} stored documents in the range"
@@ -151,13 +151,13 @@ pub fn within(n: u64, max: Option<u64>) -> Result<()> {
 
 /// The readings a bucket represents: its samples, and those thinning
 /// left out of them (`thinned`, see [`crate::bucket`]).
-pub fn readings(bucket: &bson::Document) -> i64 {
+pub(crate) fn readings(bucket: &bson::Document) -> i64 {
     let n = |k: &str| number(bucket.get(k)).unwrap_or(0.0) as i64;
     n("count") + n("thinned")
 }
 
 /// A number stored as double, int32 or int64.
-pub fn number(b: Option<&Bson>) -> Option<f64> {
+pub(crate) fn number(b: Option<&Bson>) -> Option<f64> {
     match b? {
         Bson::Double(x) => Some(*x),
         Bson::Int32(x) => Some(*x as f64),

@@ -52,7 +52,7 @@ use crate::retry::{Aborted, Backoff};
 use crate::spool_ids::Tags;
 
 /// The time series collection.
-pub struct Timeseries {
+pub(crate) struct Timeseries {
     pub(super) collection: String,
     granularity: &'static str,
     expire_after: Option<Duration>,
@@ -78,7 +78,7 @@ impl Timeseries {
     }
 
     /// The spool whose readings this writes and looks up.
-    pub fn set_spool(&mut self, tags: Tags) {
+    pub(crate) fn set_spool(&mut self, tags: Tags) {
         self.tags = tags;
     }
 
@@ -361,11 +361,11 @@ impl Timeseries {
 
 /// The fields of a time series document that palletd writes besides the
 /// reading's own (and `ts`); `_archive` marks a point thinning stored late.
-pub const OWN_FIELDS: &[&str] = &["sensorId", "lsn", SPOOL, ARCHIVE];
+pub(crate) const OWN_FIELDS: &[&str] = &["sensorId", "lsn", SPOOL, ARCHIVE];
 
 /// The spool's id, `s<8 hex>` (a name no payload's field maps to: it
 /// starts with `_`).
-pub const SPOOL: &str = "_spool";
+pub(crate) const SPOOL: &str = "_spool";
 
 fn spool_id(tag: u32) -> String {
     format!("s{tag:08x}")
@@ -373,7 +373,7 @@ fn spool_id(tag: u32) -> String {
 
 /// A reading as a time series document: `{ts, sensorId, lsn, _spool,
 /// <fields>}`; `tag`: the id of the spool it came through.
-pub fn reading_doc(sensor: &str, sample: SampleRef<'_>, tag: u32) -> RawDocumentBuf {
+pub(crate) fn reading_doc(sensor: &str, sample: SampleRef<'_>, tag: u32) -> RawDocumentBuf {
     let mut d = RawDocumentBuf::new();
     d.append("ts", bson::DateTime::from_millis(sample.ts_ms));
     d.append("sensorId", sensor);

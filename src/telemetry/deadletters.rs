@@ -21,7 +21,7 @@ pub struct Reporter {
 
 impl Reporter {
     /// Counts `n` readings dead-lettered for `cause` and maybe logs it.
-    pub fn report(&mut self, cause: &'static str, subject: &str, error: &str, n: u64) {
+    pub(crate) fn report(&mut self, cause: &'static str, subject: &str, error: &str, n: u64) {
         debug_assert!(
             crate::deadletter::CAUSES.contains(&cause),
             "{cause} is not in CAUSES"
@@ -52,7 +52,7 @@ impl Reporter {
 
     /// Counts a field left out of a stored reading (the reading is kept)
     /// and logs its cause at most once a minute.
-    pub fn dropped(&mut self, cause: &'static str, subject: &str, error: &str) {
+    pub(crate) fn dropped(&mut self, cause: &'static str, subject: &str, error: &str) {
         metrics::counter!(super::FIELDS_DROPPED, "cause" => cause).increment(1);
         let now = Instant::now();
         match self.dropped.get_mut(cause) {

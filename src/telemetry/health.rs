@@ -76,20 +76,20 @@ fn set_bit(bits: &AtomicU64, k: usize, on: bool) {
 /// A database call running longer than this counts as stuck (the driver
 /// gives up selecting a server within seconds; a large command over a slow
 /// link may take a minute or two).
-pub const ATTEMPT_BOUND: Duration = Duration::from_secs(300);
+pub(crate) const ATTEMPT_BOUND: Duration = Duration::from_secs(300);
 
 impl Health {
-    pub fn set_deadletter_bytes_written(&self, bytes: u64) {
+    pub(crate) fn set_deadletter_bytes_written(&self, bytes: u64) {
         self.deadletter_bytes_written
             .store(bytes, Ordering::Relaxed);
     }
 
-    pub fn deadletter_bytes_written(&self) -> u64 {
+    pub(crate) fn deadletter_bytes_written(&self) -> u64 {
         self.deadletter_bytes_written.load(Ordering::Relaxed)
     }
 
     /// palletd keeps `n` MQTT connections open (indexes 0..n).
-    pub fn set_connections(&self, n: usize) {
+    pub(crate) fn set_connections(&self, n: usize) {
         let all = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
         self.connections.store(all, Ordering::Relaxed);
         self.gauge_connected();
@@ -97,13 +97,13 @@ impl Health {
 
     /// Connection `k` is no longer kept (the broker has no shared
     /// subscriptions: the first connection alone goes on).
-    pub fn drop_connection(&self, k: usize) {
+    pub(crate) fn drop_connection(&self, k: usize) {
         self.connections.fetch_and(!bit(k), Ordering::Relaxed);
         self.gauge_connected();
     }
 
     /// Connection `k` went up or down (down: not subscribed either).
-    pub fn set_broker_connected(&self, k: usize, up: bool) {
+    pub(crate) fn set_broker_connected(&self, k: usize, up: bool) {
         set_bit(&self.broker_connected, k, up);
         if !up {
             set_bit(&self.subscribed, k, false);
@@ -125,30 +125,21 @@ impl Health {
     }
 
     /// Every connection kept is up.
-    pub fn broker_connected(&self) -> bool {
+    pub(crate) fn broker_connected(&self) -> bool {
         let all = self.connections.load(Ordering::Relaxed);
         all != 0 && self.broker_connected.load(Ordering::Relaxed) & all == all
     }
 
-    /// (Up, kept): the connections, for a message.
-    pub fn connections_up(&self) -> (u32, u32) {
-        let all = self.connections.load(Ordering::Relaxed);
-        (
-            (self.broker_connected.load(Ordering::Relaxed) & all).count_ones(),
-            all.count_ones(),
-        )
-    }
-
     /// The broker acknowledged connection `k`'s subscriptions (a
     /// persistent session that the broker kept counts as subscribed).
-    pub fn set_subscribed(&self, k: usize, yes: bool) {
+    pub(crate) fn set_subscribed(&self, k: usize, yes: bool) {
         set_bit(&self.subscribed, k, yes);
     }
 
     /// Whether the broker delivers through shared subscriptions, as seen
     /// so far; `own_group`: the group is palletd's own (without one it
     /// goes on unshared), else `mqtt.share_group`.
-    pub fn set_shared(&self, verdict: Verdict, own_group: bool) {
+    pub(crate) fn set_shared(&self, verdict: Verdict, own_group: bool) {
         let at = VERDICTS.iter().position(|v| *v == verdict).unwrap_or(0);
         self.shared.store(at as u8, Ordering::Relaxed);
         self.shared_own.store(own_group, Ordering::Relaxed);
@@ -162,7 +153,7 @@ impl Health {
     }
 
     /// (Verdict, own group).
-    pub fn shared(&self) -> (Verdict, bool) {
+    pub(crate) fn shared(&self) -> (Verdict, bool) {
         let at = self.shared.load(Ordering::Relaxed) as usize;
         (
             VERDICTS.get(at).copied().unwrap_or(Verdict::Unneeded),
@@ -172,7 +163,7 @@ impl Health {
 
     /// What the status page says of shared subscriptions, if anything,
     /// and whether that is well.
-    pub fn shared_note(&self) -> Option<(&'static str, bool)> {
+    pub(crate) fn shared_note(&self) -> Option<(&'static str, bool)> {
         match self.shared() {
             (Verdict::Unneeded, _) => None,
             (Verdict::Pending, _) => {
@@ -191,12 +182,12 @@ impl Health {
     }
 
     /// Every connection kept is subscribed.
-    pub fn subscribed(&self) -> bool {
+    pub(crate) fn subscribed(&self) -> bool {
         let all = self.connections.load(Ordering::Relaxed);
         all != 0 && self.subscribed.load(Ordering::Relaxed) & all == all
     }
 
-    pub fn set_database_reachable(&self, up: bool) {
+    pub(crate) fn set_database_reachable(&self, up: bool) {
         let was = self.database_reachable.swap(up, Ordering::Relaxed);
         if up && !was {
             self.database_back.notify_waiters();
@@ -205,46 +196,46 @@ impl Health {
 
     /// Resolves when the database answers again (a retry waiting out an
     /// outage goes at once, instead of at the end of its backoff).
-    pub async fn database_back(&self) {
+    pub(crate) async fn database_back(&self) {
         self.database_back.notified().await;
     }
 
-    pub fn database_reachable(&self) -> bool {
+    pub(crate) fn database_reachable(&self) -> bool {
         self.database_reachable.load(Ordering::Relaxed)
     }
 
-    pub fn ingest_beat(&self) {
+    pub(crate) fn ingest_beat(&self) {
         self.ingest_beat_ms.store(now_ms(), Ordering::Relaxed);
     }
 
-    pub fn flush_started(&self) {
+    pub(crate) fn flush_started(&self) {
         self.flush_started_ms.store(now_ms(), Ordering::Relaxed);
     }
 
-    pub fn flush_finished(&self, stored: u64) {
+    pub(crate) fn flush_finished(&self, stored: u64) {
         self.flush_started_ms.store(0, Ordering::Relaxed);
         self.stored.fetch_add(stored, Ordering::Relaxed);
     }
 
     /// Samples stored since start.
-    pub fn stored(&self) -> u64 {
+    pub(crate) fn stored(&self) -> u64 {
         self.stored.load(Ordering::Relaxed)
     }
 
     /// A database call began (`true`) or ended.
-    pub fn db_attempt(&self, running: bool) {
+    pub(crate) fn db_attempt(&self, running: bool) {
         let v = if running { now_ms() } else { 0 };
         self.db_attempt_ms.store(v, Ordering::Relaxed);
     }
 
     /// A failed call is retried after `delay`.
-    pub fn db_retry_in(&self, delay: Duration) {
+    pub(crate) fn db_retry_in(&self, delay: Duration) {
         self.db_retry_at_ms
             .store(now_ms() + delay.as_millis() as i64, Ordering::Relaxed);
     }
 
     /// The retry's wait is over.
-    pub fn db_retried(&self) {
+    pub(crate) fn db_retried(&self) {
         self.db_retry_at_ms.store(0, Ordering::Relaxed);
     }
 
@@ -252,7 +243,7 @@ impl Health {
     /// the flush in progress is attempting a database call (for less than
     /// [`ATTEMPT_BOUND`]), waiting for its next retry (not overdue), or
     /// between the two. A database that is down is not a hang.
-    pub fn flush_alive(&self, now_ms: i64) -> bool {
+    pub(crate) fn flush_alive(&self, now_ms: i64) -> bool {
         if self.flush_running_for(now_ms).is_zero() {
             return true;
         }
@@ -268,7 +259,7 @@ impl Health {
     }
 
     /// How long the flush in progress has been running.
-    pub fn flush_running_for(&self, now_ms: i64) -> Duration {
+    pub(crate) fn flush_running_for(&self, now_ms: i64) -> Duration {
         let started = self.flush_started_ms.load(Ordering::Relaxed);
         if started == 0 {
             return Duration::ZERO;
@@ -276,43 +267,43 @@ impl Health {
         Duration::from_millis((now_ms - started).max(0) as u64)
     }
 
-    pub fn ingest_silent_for(&self, now_ms: i64) -> Duration {
+    pub(crate) fn ingest_silent_for(&self, now_ms: i64) -> Duration {
         let beat = self.ingest_beat_ms.load(Ordering::Relaxed);
         Duration::from_millis((now_ms - beat).max(0) as u64)
     }
 
-    pub fn set_backlog(&self, readings: u64, eta_secs: Option<u64>) {
+    pub(crate) fn set_backlog(&self, readings: u64, eta_secs: Option<u64>) {
         self.backlog_readings.store(readings, Ordering::Relaxed);
         self.backlog_eta_secs
             .store(eta_secs.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
-    pub fn set_spool_failing(&self, failing: bool) {
+    pub(crate) fn set_spool_failing(&self, failing: bool) {
         self.spool_failing.store(failing, Ordering::Relaxed);
     }
 
-    pub fn spool_failing(&self) -> bool {
+    pub(crate) fn spool_failing(&self) -> bool {
         self.spool_failing.load(Ordering::Relaxed)
     }
 
-    pub fn set_quiet(&self, quiet: Vec<(String, i64)>) {
+    pub(crate) fn set_quiet(&self, quiet: Vec<(String, i64)>) {
         *self.quiet.lock().unwrap_or_else(|e| e.into_inner()) = quiet;
     }
 
-    pub fn quiet(&self) -> Vec<(String, i64)> {
+    pub(crate) fn quiet(&self) -> Vec<(String, i64)> {
         self.quiet.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// "draining a backlog of N readings, about T left", while one drains.
     /// The flush delay in force, if the policy stretched it beyond
     /// `flush.max_delay`.
-    pub fn set_stretched_delay(&self, delay: Option<Duration>) {
+    pub(crate) fn set_stretched_delay(&self, delay: Option<Duration>) {
         let ms = delay.map_or(0, |d| d.as_millis() as u64);
         self.stretched_delay_ms.store(ms, Ordering::Relaxed);
     }
 
     /// For the STATUS line: the delay, while stretched.
-    pub fn delay_note(&self) -> Option<String> {
+    pub(crate) fn delay_note(&self) -> Option<String> {
         match self.stretched_delay_ms.load(Ordering::Relaxed) {
             0 => None,
             ms => Some(format!(
@@ -322,7 +313,7 @@ impl Health {
         }
     }
 
-    pub fn backlog_note(&self) -> Option<String> {
+    pub(crate) fn backlog_note(&self) -> Option<String> {
         let readings = self.backlog_readings.load(Ordering::Relaxed);
         if readings == 0 {
             return None;
@@ -340,7 +331,7 @@ impl Health {
     /// Ready: the spool takes writes, connected and subscribed to the
     /// broker, the database answers, and no flush has been stuck for longer
     /// than `flush_bound`.
-    pub fn ready(&self, flush_bound: Duration) -> Result<(), &'static str> {
+    pub(crate) fn ready(&self, flush_bound: Duration) -> Result<(), &'static str> {
         if self.spool_failing() {
             return Err("spool writes failing (disk full or failing): nothing new is acknowledged");
         }

@@ -30,28 +30,28 @@ pub const SAMPLES_DECODED: &str = "palletd_samples_decoded_total";
 /// outcome: `received`, `stored` (in `samples`; the summaries take every
 /// one received), and `unordered` (stored as received: it came too far
 /// out of order for its rule to place it).
-pub const THINNING_POINTS: &str = "palletd_thinning_points_total";
+pub(crate) const THINNING_POINTS: &str = "palletd_thinning_points_total";
 /// Sensors whose thinning runs were ended early to keep the runs within
 /// thinning's share of `limits.max_memory`.
-pub const THINNING_ENDED: &str = "palletd_thinning_sensors_ended_total";
+pub(crate) const THINNING_ENDED: &str = "palletd_thinning_sensors_ended_total";
 /// Messages passed over, by reason: a `$` metadata topic, or a retained
 /// message on a subscription with `retained = "skip"`.
-pub const MESSAGES_SKIPPED: &str = "palletd_messages_skipped_total";
+pub(crate) const MESSAGES_SKIPPED: &str = "palletd_messages_skipped_total";
 pub const SAMPLES_STORED: &str = "palletd_samples_stored_total";
 /// Readings or messages dead-lettered, by `cause` (includes
 /// `time_out_of_range`, the samples rejected for lateness or future time).
 pub const DEAD_LETTERS: &str = "palletd_dead_letters_total";
 /// Why a field is left out of a stored reading.
-pub const FIELD_CAUSES: &[&str] = &["bad_field", "field_name_too_long", "string_too_long"];
+pub(crate) const FIELD_CAUSES: &[&str] = &["bad_field", "field_name_too_long", "string_too_long"];
 /// Fields left out of readings that were stored (a value palletd cannot
 /// take), by `cause`.
-pub const FIELDS_DROPPED: &str = "palletd_fields_dropped_total";
+pub(crate) const FIELDS_DROPPED: &str = "palletd_fields_dropped_total";
 pub const FLUSHES: &str = "palletd_flushes_total";
 pub const STATEMENTS: &str = "palletd_statements_total";
 /// The most statements one flush applied since start (bounded by
 /// `MAX_STATEMENTS_PER_FLUSH`, about).
 pub const FLUSH_STATEMENTS_MAX: &str = "palletd_flush_statements_max";
-pub const BUCKETS_CREATED: &str = "palletd_buckets_created_total";
+pub(crate) const BUCKETS_CREATED: &str = "palletd_buckets_created_total";
 /// Upserts whose bucket (`_id`) was there but full or sealed beyond what
 /// palletd knew: sent again to the next bucket of the window.
 pub const BUCKET_COLLISIONS: &str = "palletd_bucket_id_collisions_total";
@@ -64,38 +64,38 @@ pub const FILL_LOOKUPS: &str = "palletd_bucket_fill_lookups_total";
 pub const BYTES_REWRITTEN: &str = "palletd_bucket_bytes_rewritten_total";
 /// Samples written into a window the closer had already sealed (they start a
 /// second bucket of that window).
-pub const SAMPLES_LATE_INTO_SEALED: &str = "palletd_samples_late_into_sealed_window_total";
+pub(crate) const SAMPLES_LATE_INTO_SEALED: &str = "palletd_samples_late_into_sealed_window_total";
 pub const FLUSH_SECONDS: &str = "palletd_flush_duration_seconds";
 /// Age of each sample (now minus its own timestamp) when it became durable
 /// in MongoDB.
 pub const SAMPLE_AGE_SECONDS: &str = "palletd_sample_age_at_write_seconds";
-pub const PENDING_SAMPLES: &str = "palletd_pending_samples";
+pub(crate) const PENDING_SAMPLES: &str = "palletd_pending_samples";
 /// The delay a sensor's oldest reading waits before it is written now:
 /// `flush.max_delay`, or stretched up to `flush.max_delay_limit` while the
 /// database cannot keep up.
 pub const FLUSH_DELAY_SECONDS: &str = "palletd_flush_delay_seconds";
-pub const OLDEST_UNACKED_SECONDS: &str = "palletd_oldest_unacked_age_seconds";
-pub const BROKER_RECONNECTS: &str = "palletd_broker_reconnects_total";
-pub const BROKER_CONNECTED: &str = "palletd_broker_connected";
-pub const BROKER_CONNECTIONS_UP: &str = "palletd_broker_connections_up";
+pub(crate) const OLDEST_UNACKED_SECONDS: &str = "palletd_oldest_unacked_age_seconds";
+pub(crate) const BROKER_RECONNECTS: &str = "palletd_broker_reconnects_total";
+pub(crate) const BROKER_CONNECTED: &str = "palletd_broker_connected";
+pub(crate) const BROKER_CONNECTIONS_UP: &str = "palletd_broker_connections_up";
 /// 1 for the state shared subscriptions are in: `unused`, `verifying`,
 /// `delivered`, `not_delivered` (then one connection, unshared).
-pub const BROKER_SHARED: &str = "palletd_broker_shared_subscriptions";
+pub(crate) const BROKER_SHARED: &str = "palletd_broker_shared_subscriptions";
 /// 1 while `/readyz` answers 200.
-pub const READY: &str = "palletd_ready";
+pub(crate) const READY: &str = "palletd_ready";
 /// HTTP connections closed as accepted: the endpoint had its most open.
-pub const HTTP_REFUSED: &str = "palletd_http_connections_refused_total";
+pub(crate) const HTTP_REFUSED: &str = "palletd_http_connections_refused_total";
 /// Requests for `/` or `/metrics` refused for missing or wrong credentials.
-pub const HTTP_UNAUTHORIZED: &str = "palletd_http_unauthorized_total";
+pub(crate) const HTTP_UNAUTHORIZED: &str = "palletd_http_unauthorized_total";
 /// `spool.max_size`, for an alert on the spool filling up.
-pub const SPOOL_MAX_BYTES: &str = "palletd_spool_max_bytes";
-pub const DATABASE_ERRORS: &str = "palletd_database_errors_total";
-pub const SPOOL_BYTES: &str = "palletd_spool_bytes";
+pub(crate) const SPOOL_MAX_BYTES: &str = "palletd_spool_max_bytes";
+pub(crate) const DATABASE_ERRORS: &str = "palletd_database_errors_total";
+pub(crate) const SPOOL_BYTES: &str = "palletd_spool_bytes";
 /// Spool LSNs between the checkpoint and the durable end (records not yet
 /// confirmed in MongoDB, plus gaps).
-pub const SPOOL_UNCONFIRMED: &str = "palletd_spool_unconfirmed_records";
-pub const SPOOL_OLDEST_SECONDS: &str = "palletd_spool_oldest_record_age_seconds";
-pub const SPOOL_REPLAYED: &str = "palletd_spool_replayed_records_total";
+pub(crate) const SPOOL_UNCONFIRMED: &str = "palletd_spool_unconfirmed_records";
+pub(crate) const SPOOL_OLDEST_SECONDS: &str = "palletd_spool_oldest_record_age_seconds";
+pub(crate) const SPOOL_REPLAYED: &str = "palletd_spool_replayed_records_total";
 /// Readings behind: what the live lane gave up on (after an outage, or
 /// when it fell behind) and what a restart left, not yet in MongoDB.
 pub const BACKLOG_READINGS: &str = "palletd_backlog_readings";
@@ -105,58 +105,58 @@ pub const ROLLUP_STATEMENTS: &str = "palletd_rollup_statements_total";
 pub const DEAD_LETTERS_DROPPED: &str = "palletd_dead_letters_dropped_total";
 /// Dead letters whose payload was cut to its first 256 bytes: they came
 /// faster than `limits.max_deadletter_rate`.
-pub const DEAD_LETTER_PAYLOADS_CUT: &str = "palletd_dead_letter_payloads_cut_total";
+pub(crate) const DEAD_LETTER_PAYLOADS_CUT: &str = "palletd_dead_letter_payloads_cut_total";
 /// Bytes of the dead letters in the spool not yet confirmed in MongoDB
 /// (at most a tenth of `spool.max_size`).
 pub const SPOOL_DEADLETTER_BYTES: &str = "palletd_spool_deadletter_bytes";
 /// Spooled batches not offered to the pipeline's memory (its feed's byte
 /// budget spent): read back from the spool instead.
-pub const FEED_SKIPPED: &str = "palletd_feed_skipped_batches_total";
+pub(crate) const FEED_SKIPPED: &str = "palletd_feed_skipped_batches_total";
 /// Bytes held in a memory budget, by part (`limits.max_memory`).
 pub const MEMORY_BYTES: &str = "palletd_memory_bytes";
 /// Rollup keys set aside because their rollup could not be written.
-pub const ROLLUP_KEYS_PARKED: &str = "palletd_rollup_keys_parked_total";
+pub(crate) const ROLLUP_KEYS_PARKED: &str = "palletd_rollup_keys_parked_total";
 pub const CLOSER_SECONDS: &str = "palletd_closer_seconds";
 pub const ROLLUP_PASS_SECONDS: &str = "palletd_rollup_pass_seconds";
-pub const BACKLOG_STORED: &str = "palletd_backlog_samples_stored_total";
+pub(crate) const BACKLOG_STORED: &str = "palletd_backlog_samples_stored_total";
 pub const BACKLOG_DRAIN_RATE: &str = "palletd_backlog_drain_readings_per_second";
-pub const BACKLOG_ETA_SECONDS: &str = "palletd_backlog_drain_eta_seconds";
+pub(crate) const BACKLOG_ETA_SECONDS: &str = "palletd_backlog_drain_eta_seconds";
 pub const SPOOL_FSYNCS: &str = "palletd_spool_fsyncs_total";
-pub const SPOOL_DROPPED: &str = "palletd_spool_dropped_readings_total";
+pub(crate) const SPOOL_DROPPED: &str = "palletd_spool_dropped_readings_total";
 /// Spool records lost to damage (bit rot, a failing disk), by kind.
-pub const SPOOL_DAMAGED: &str = "palletd_spool_damaged_records_total";
+pub(crate) const SPOOL_DAMAGED: &str = "palletd_spool_damaged_records_total";
 /// Failed spool writes and syncs, by kind (each retried).
-pub const SPOOL_WRITE_ERRORS: &str = "palletd_spool_write_errors_total";
+pub(crate) const SPOOL_WRITE_ERRORS: &str = "palletd_spool_write_errors_total";
 /// 1 while spool writes fail (nothing new is acknowledged).
-pub const SPOOL_FAILING: &str = "palletd_spool_failing";
+pub(crate) const SPOOL_FAILING: &str = "palletd_spool_failing";
 /// Bytes free on the spool's filesystem.
-pub const SPOOL_FREE_BYTES: &str = "palletd_spool_disk_free_bytes";
-pub const CLOCK_SYNCHRONIZED: &str = "palletd_clock_synchronized";
-pub const REDELIVERIES_SKIPPED: &str = "palletd_redeliveries_skipped_total";
+pub(crate) const SPOOL_FREE_BYTES: &str = "palletd_spool_disk_free_bytes";
+pub(crate) const CLOCK_SYNCHRONIZED: &str = "palletd_clock_synchronized";
+pub(crate) const REDELIVERIES_SKIPPED: &str = "palletd_redeliveries_skipped_total";
 /// Sparkplug B messages decoded, by `type` (NBIRTH, DDATA, NCMD, STATE, ...).
 pub const SPARKPLUG_MESSAGES: &str = "palletd_sparkplug_messages_total";
 /// Sparkplug B sequence numbers that skipped ahead (messages lost or not
 /// yet arrived), and that arrived behind the last one (late).
-pub const SPARKPLUG_SEQ_GAPS: &str = "palletd_sparkplug_seq_gaps_total";
-pub const SPARKPLUG_OUT_OF_ORDER: &str = "palletd_sparkplug_out_of_order_total";
+pub(crate) const SPARKPLUG_SEQ_GAPS: &str = "palletd_sparkplug_seq_gaps_total";
+pub(crate) const SPARKPLUG_OUT_OF_ORDER: &str = "palletd_sparkplug_out_of_order_total";
 /// Sparkplug B metrics of types palletd does not store, by `datatype`.
-pub const SPARKPLUG_SKIPPED: &str = "palletd_sparkplug_metrics_skipped_total";
+pub(crate) const SPARKPLUG_SKIPPED: &str = "palletd_sparkplug_metrics_skipped_total";
 /// NDEATHs whose bdSeq is not the node's current one (a stale will).
-pub const SPARKPLUG_STALE_DEATHS: &str = "palletd_sparkplug_stale_deaths_total";
+pub(crate) const SPARKPLUG_STALE_DEATHS: &str = "palletd_sparkplug_stale_deaths_total";
 /// Rebirth requests (NCMD) published, and not published for a full queue.
-pub const SPARKPLUG_REBIRTHS: &str = "palletd_sparkplug_rebirth_requests_total";
+pub(crate) const SPARKPLUG_REBIRTHS: &str = "palletd_sparkplug_rebirth_requests_total";
 /// Edge nodes forgotten to make room in the Sparkplug B state (the
 /// longest-silent first).
 pub const SPARKPLUG_EVICTED: &str = "palletd_sparkplug_nodes_evicted_total";
 /// Snapshots of the Sparkplug B state (sparkplug.json) written.
 pub const SPARKPLUG_STATE_SAVES: &str = "palletd_sparkplug_state_saves_total";
 /// Snapshots of the Sparkplug B state (sparkplug.json) that failed.
-pub const SPARKPLUG_SAVE_ERRORS: &str = "palletd_sparkplug_state_save_errors_total";
+pub(crate) const SPARKPLUG_SAVE_ERRORS: &str = "palletd_sparkplug_state_save_errors_total";
 
 /// Every `kind` of `palletd_database_errors_total`: [`crate::store::mongo::error_kind`]'s,
 /// the statements' ([`crate::store::mongo::Decision::statement_label`]) and a write concern error's; each
 /// registered at 0 at start.
-pub const DATABASE_ERROR_KINDS: &[&str] = &[
+pub(crate) const DATABASE_ERROR_KINDS: &[&str] = &[
     "network",
     "server_selection",
     "pool_cleared",
@@ -250,7 +250,7 @@ const DESCRIPTIONS: &[(&str, Kind, Option<Unit>, &str)] = &[
 ];
 
 /// Registers the descriptions shown in `/metrics`.
-pub fn describe() {
+pub(crate) fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
     for &(name, kind, unit, text) in DESCRIPTIONS {
         match (kind, unit) {

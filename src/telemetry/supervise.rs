@@ -54,7 +54,7 @@ async fn watch_clock() {
 /// Probes the database every second (readiness), keeps the metrics
 /// upkeep going, watches the clock and talks to systemd. Runs until
 /// `stop`.
-pub async fn supervise(
+pub(crate) async fn supervise(
     db: mongodb::Database,
     health: Arc<Health>,
     metrics: Option<PrometheusHandle>,

@@ -39,7 +39,7 @@ use crate::query::{self, QueryError, SeriesSource};
 use crate::store::Store;
 
 /// Sensors one `/api/sensors` answer lists at most.
-pub const MAX_SENSORS: usize = 10_000;
+pub(crate) const MAX_SENSORS: usize = 10_000;
 
 /// What the API reads from.
 pub struct Api {
@@ -65,12 +65,12 @@ impl Api {
 }
 
 #[derive(Deserialize)]
-pub struct SensorsParams {
+pub(crate) struct SensorsParams {
     limit: Option<usize>,
 }
 
 /// Sensors the status page's chooser lists (the first by id).
-pub const CHOOSER_SENSORS: usize = 1000;
+pub(crate) const CHOOSER_SENSORS: usize = 1000;
 
 /// How long the status page waits for the database for a sensor's charts.
 const CHARTS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -82,7 +82,7 @@ const IDS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// the same parameters; in steps of whole windows when the samples are
 /// more than the API reads). While the database is unreachable nothing is
 /// read (the page must not wait on it): the charts say so.
-pub async fn sensor_view(
+pub(crate) async fn sensor_view(
     api: &Api,
     sensor: Option<String>,
     range: ChartRange,
@@ -161,7 +161,10 @@ fn source_name(source: &SeriesSource) -> String {
 }
 
 /// `GET /api/sensors`.
-pub async fn sensors(State(api): State<Arc<Api>>, Query(p): Query<SensorsParams>) -> Response {
+pub(crate) async fn sensors(
+    State(api): State<Arc<Api>>,
+    Query(p): Query<SensorsParams>,
+) -> Response {
     if let Some(down) = api.unreachable() {
         return down;
     }
@@ -184,14 +187,14 @@ pub async fn sensors(State(api): State<Arc<Api>>, Query(p): Query<SensorsParams>
 }
 
 #[derive(Deserialize)]
-pub struct FieldsParams {
+pub(crate) struct FieldsParams {
     sensor: Option<String>,
 }
 
 /// `GET /api/fields?sensor=ID`: the numeric fields of the sensor's latest
 /// reading, `[{field, value, time}]` (what a dashboard repeats a panel
 /// by); 404 for a sensor without one.
-pub async fn fields(State(api): State<Arc<Api>>, Query(p): Query<FieldsParams>) -> Response {
+pub(crate) async fn fields(State(api): State<Arc<Api>>, Query(p): Query<FieldsParams>) -> Response {
     if let Some(down) = api.unreachable() {
         return down;
     }
@@ -251,7 +254,7 @@ async fn latest(
 }
 
 #[derive(Deserialize)]
-pub struct SeriesParams {
+pub(crate) struct SeriesParams {
     sensor: Option<String>,
     field: Option<String>,
     from: Option<String>,
@@ -262,7 +265,7 @@ pub struct SeriesParams {
 }
 
 /// `GET /api/series`.
-pub async fn series(State(api): State<Arc<Api>>, Query(p): Query<SeriesParams>) -> Response {
+pub(crate) async fn series(State(api): State<Arc<Api>>, Query(p): Query<SeriesParams>) -> Response {
     if let Some(down) = api.unreachable() {
         return down;
     }
@@ -351,7 +354,7 @@ fn json(rows: &[serde_json::Value]) -> Response {
 /// holds [`WINDOWS_FOR_SUMMARIES`] windows or more, in steps of whole
 /// windows (read from the rollups or the windows' summaries, whatever the
 /// rate of the sensor; then fewer steps when that is under 500).
-pub fn default_step(span_ms: i64, window_ms: i64) -> i64 {
+pub(crate) fn default_step(span_ms: i64, window_ms: i64) -> i64 {
     let step = (span_ms / 500).max(1000);
     if window_ms > 0 && span_ms >= WINDOWS_FOR_SUMMARIES * window_ms {
         step.div_euclid(window_ms).max(1) * window_ms
@@ -362,7 +365,7 @@ pub fn default_step(span_ms: i64, window_ms: i64) -> i64 {
 
 /// From this many windows in the range on, the default step is whole
 /// windows.
-pub const WINDOWS_FOR_SUMMARIES: i64 = 100;
+pub(crate) const WINDOWS_FOR_SUMMARIES: i64 = 100;
 
 /// A read that failed: 400 for a bound (with what to change), 503 for the
 /// database.

@@ -44,13 +44,13 @@ use crate::config::HttpAuth;
 use crate::telemetry::Health;
 
 /// Connections served at once; a scraper and a few browsers need a handful.
-pub const MAX_CONNECTIONS: usize = 64;
+pub(crate) const MAX_CONNECTIONS: usize = 64;
 /// How long a connection may take to send a request's headers, from when
 /// it opened or the previous response went out.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a connection may stay open in all (a client that does not
 /// read the page it asked for).
-pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+pub(crate) const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 
 /// What the endpoint serves from.
 #[derive(Clone)]

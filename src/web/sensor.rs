@@ -12,7 +12,7 @@ use crate::clock::iso;
 
 /// The spans a sensor's charts show, each in steps of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ChartRange {
+pub(crate) enum ChartRange {
     Hour,
     #[default]
     Day,
@@ -26,7 +26,7 @@ impl ChartRange {
         ChartRange::ALL.into_iter().find(|r| r.name() == text)
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             ChartRange::Hour => "hour",
             ChartRange::Day => "day",
@@ -34,7 +34,7 @@ impl ChartRange {
         }
     }
 
-    pub fn span_ms(self) -> i64 {
+    pub(crate) fn span_ms(self) -> i64 {
         match self {
             ChartRange::Hour => 3_600_000,
             ChartRange::Day => 86_400_000,
@@ -44,7 +44,7 @@ impl ChartRange {
 
     /// A point a minute, a quarter of an hour, an hour: 60, 96 and 168
     /// points.
-    pub fn step_ms(self) -> i64 {
+    pub(crate) fn step_ms(self) -> i64 {
         match self {
             ChartRange::Hour => 60_000,
             ChartRange::Day => 900_000,
@@ -56,7 +56,7 @@ impl ChartRange {
 /// A sensor's series as the charts draw it: what `/api/series` answers
 /// for `sensor`, `from`, `to` and `step` (each chart links to that).
 #[derive(Debug, Clone)]
-pub struct SeriesRead {
+pub(crate) struct SeriesRead {
     pub from_ms: i64,
     pub to_ms: i64,
     pub step_ms: i64,
@@ -69,7 +69,7 @@ pub struct SeriesRead {
 /// of `<collection>_latest`; more may be typed), and the chosen one's
 /// series, or why it could not be read.
 #[derive(Debug, Clone, Default)]
-pub struct SensorView {
+pub(crate) struct SensorView {
     pub ids: Vec<String>,
     pub more: bool,
     pub chosen: Option<(String, ChartRange, Result<SeriesRead, String>)>,

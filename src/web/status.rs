@@ -38,12 +38,12 @@ use super::sensor::*;
 use crate::clock::{iso, now_ms};
 
 /// How often [`History`] keeps a snapshot, and how long it keeps them.
-pub const SNAPSHOT_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const SNAPSHOT_EVERY: Duration = Duration::from_secs(10);
 const KEEP: Duration = Duration::from_secs(3600);
 
 /// A parsed `/metrics` page: series (name with labels, as printed) to value.
 #[derive(Debug, Default, Clone)]
-pub struct Figures(BTreeMap<String, f64>);
+pub(crate) struct Figures(BTreeMap<String, f64>);
 
 impl Figures {
     /// Parses Prometheus text format (comments and histogram series too).
@@ -60,12 +60,12 @@ impl Figures {
     }
 
     /// A series' value; 0 when the registry has not seen it yet.
-    pub fn get(&self, series: &str) -> f64 {
+    pub(crate) fn get(&self, series: &str) -> f64 {
         self.0.get(series).copied().unwrap_or(0.0)
     }
 
     /// `label value -> value` of every series of `name` with one label.
-    pub fn by_label(&self, name: &str) -> BTreeMap<String, f64> {
+    pub(crate) fn by_label(&self, name: &str) -> BTreeMap<String, f64> {
         let prefix = format!("{name}{{");
         self.0
             .iter()
@@ -80,7 +80,7 @@ impl Figures {
 
 impl Figures {
     /// The series of `name` with their labels: (`{label: value}`, value).
-    pub fn labelled(&self, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+    pub(crate) fn labelled(&self, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
         let prefix = format!("{name}{{");
         self.0
             .iter()
@@ -137,7 +137,7 @@ fn thinning_section(now: &Figures) -> String {
 
 /// What the page needs of `/metrics` at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub at_ms: i64,
     pub stored: f64,
     pub backlog: f64,
@@ -151,7 +151,7 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn of(at_ms: i64, f: &Figures) -> Snapshot {
+    pub(crate) fn of(at_ms: i64, f: &Figures) -> Snapshot {
         let prefix = format!("{}_bucket{{", crate::telemetry::SAMPLE_AGE_SECONDS);
         let mut age: Vec<(f64, f64)> =
             f.0.iter()
@@ -233,7 +233,7 @@ fn age_quantile(before: &Snapshot, after: &Snapshot, q: f64) -> Option<f64> {
 pub struct History(Mutex<VecDeque<Snapshot>>);
 
 impl History {
-    pub fn record(&self, snapshot: Snapshot) {
+    pub(crate) fn record(&self, snapshot: Snapshot) {
         let at_ms = snapshot.at_ms;
         let mut h = self.0.lock().unwrap_or_else(|e| e.into_inner());
         h.push_back(snapshot);
@@ -370,7 +370,7 @@ pub(super) fn short(v: f64) -> String {
 }
 
 /// What the page shows besides `/metrics`.
-pub struct Facts<'a> {
+pub(crate) struct Facts<'a> {
     pub version: &'a str,
     /// `Ok` when ready, else why not.
     pub ready: Result<Option<String>, &'static str>,
@@ -507,7 +507,7 @@ fn quiet_section(facts: &Facts, charts: bool, now_ms: i64) -> String {
 
 /// Renders the page at `now_ms`, with the sensor charts of `sensors`
 /// when palletd reads the database for them.
-pub fn render(
+pub(crate) fn render(
     facts: &Facts,
     now: &Figures,
     history: &History,
@@ -625,7 +625,7 @@ figure {{ margin: 0; }} figcaption {{ font-size: .9em; }} .note {{ color: #666; 
 }
 
 /// Keeps a [`History`] snapshot every [`SNAPSHOT_EVERY`].
-pub async fn keep_history(
+pub(crate) async fn keep_history(
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     history: std::sync::Arc<History>,
 ) {

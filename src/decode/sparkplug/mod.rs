@@ -77,18 +77,18 @@ pub mod proto {
 use proto::metric::Value;
 
 /// The topic namespace of Sparkplug B.
-pub const NAMESPACE: &str = "spBv1.0";
+pub(crate) const NAMESPACE: &str = "spBv1.0";
 
 /// Field names palletd writes itself; a metric name never maps to them.
-pub const HISTORICAL: &str = "_historical";
-pub const STATE: &str = "_state";
-pub const BD_SEQ: &str = "_bdSeq";
+pub(crate) const HISTORICAL: &str = "_historical";
+pub(crate) const STATE: &str = "_state";
+pub(crate) const BD_SEQ: &str = "_bdSeq";
 /// Metric names become field names the way every format's names do
 /// ([`super::field_name`]); [`metric_name`] reverses it.
 pub use super::{field_name, original_name as metric_name, RESERVED};
 
 /// The metric an NCMD names to ask an edge node for a rebirth.
-pub const REBIRTH_METRIC: &str = "Node Control/Rebirth";
+pub(crate) const REBIRTH_METRIC: &str = "Node Control/Rebirth";
 
 /// What a BIRTH said of one metric.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -98,7 +98,7 @@ pub struct Def {
 }
 
 /// An alias map: alias -> metric.
-pub type Aliases = BTreeMap<u64, Def>;
+pub(crate) type Aliases = BTreeMap<u64, Def>;
 
 /// One change of the durable part of [`State`]: what a BIRTH, a DEATH or
 /// an eviction did. The admission spools each as a record of its own with
@@ -217,7 +217,7 @@ const MAX_UNBORN: usize = 10_000;
 
 impl State {
     /// Edge nodes and devices known, and aliases in all.
-    pub fn size(&self) -> (usize, usize, usize) {
+    pub(crate) fn size(&self) -> (usize, usize, usize) {
         let devices = self.nodes.values().map(|n| n.devices.len()).sum();
         let aliases = self
             .nodes
@@ -235,7 +235,7 @@ impl State {
 
     /// Recounts aliases and bytes and indexes the nodes as not heard from
     /// since the start (after a load and a replay).
-    pub fn recount(&mut self) {
+    pub(crate) fn recount(&mut self) {
         self.aliases = self.size().2;
         self.silence.clear();
         self.bytes = 0;
@@ -287,7 +287,7 @@ impl State {
     /// Applies a change (as the message that made it did; at start, one
     /// replayed from the spool), keeping the counts. A birth takes on a
     /// node not known yet, heard from at `now_ms`.
-    pub fn apply(&mut self, change: &Change, now_ms: i64) {
+    pub(crate) fn apply(&mut self, change: &Change, now_ms: i64) {
         match change {
             Change::NodeBirth {
                 key,
@@ -394,7 +394,7 @@ pub struct Effects {
 }
 
 /// The payload of an NCMD asking for a rebirth, stamped `now_ms`.
-pub fn rebirth_payload(now_ms: i64) -> Vec<u8> {
+pub(crate) fn rebirth_payload(now_ms: i64) -> Vec<u8> {
     proto::Payload {
         timestamp: Some(now_ms.max(0) as u64),
         metrics: vec![proto::Metric {

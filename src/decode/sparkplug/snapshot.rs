@@ -36,7 +36,7 @@ pub struct SnapshotAt {
 }
 
 /// The first line of a snapshot whose replay starts at `lsn`.
-pub fn snapshot_header(lsn: u64) -> Vec<u8> {
+pub(crate) fn snapshot_header(lsn: u64) -> Vec<u8> {
     let mut out = serde_json::to_vec(&Header {
         palletd_sparkplug_snapshot: 1,
         lsn,
@@ -128,7 +128,8 @@ impl State {
 }
 
 /// The whole state as a snapshot whose replay starts at `lsn` (tests).
-pub fn snapshot(state: &State, lsn: u64) -> Vec<u8> {
+#[cfg(test)]
+pub(crate) fn snapshot(state: &State, lsn: u64) -> Vec<u8> {
     let mut out = snapshot_header(lsn);
     state.snapshot_lines(None, &mut out, usize::MAX);
     out

@@ -14,7 +14,7 @@ use crate::record::{parse, EntryRef};
 impl Core {
     /// Records the admission appended: taken into the live lane if they
     /// continue it and fit; else they stay on disk.
-    pub fn feed(&mut self, f: Feed, now: Instant, now_ms: i64) {
+    pub(crate) fn feed(&mut self, f: Feed, now: Instant, now_ms: i64) {
         if f.first != self.cursor
             || f.records > self.live_room()
             || !self.fits_bytes(f.bytes.len() + SLOT_BYTES * f.records)
@@ -33,7 +33,7 @@ impl Core {
     /// "drop_oldest"` deleted. Returns those of them that were still needed,
     /// in order: lost (the spool is to forget them, see
     /// [`crate::spool::Spool::forget_lost`]).
-    pub fn records(
+    pub(crate) fn records(
         &mut self,
         bytes: &[u8],
         n: usize,
@@ -59,7 +59,7 @@ impl Core {
     }
 
     /// A read failed: nothing changes, it is asked again.
-    pub fn read_failed(&mut self) {
+    pub(crate) fn read_failed(&mut self) {
         self.busy = None;
     }
 

@@ -78,7 +78,7 @@ mod outcome;
 mod poll;
 
 /// Records read from the spool per read step.
-pub const CATCH_UP_BATCH: usize = 50_000;
+pub(crate) const CATCH_UP_BATCH: usize = 50_000;
 
 /// Flushes of the sensors holding windows a seal closes, before the seal
 /// goes ahead anyway (samples for those windows keep arriving late).
@@ -94,7 +94,7 @@ const SEAL_WAIT: u32 = 7;
 /// Sensors one flush takes at most (its command stays small enough to be
 /// quick, and the sensors it wrote start their next delay early; the rest
 /// go in the next flush, at once).
-pub const MAX_SENSORS_PER_FLUSH: usize = 1000;
+pub(crate) const MAX_SENSORS_PER_FLUSH: usize = 1000;
 
 /// Statements one flush sends at most (about: [`Samples::front_within`](crate::bucket::Samples::front_within)
 /// counts a statement per window run and full bucket): a sensor with a
@@ -156,7 +156,7 @@ impl Config {
     /// `replay_records` records to replay from `checkpoint` on and appends
     /// from `next_lsn`; `seal_grace_ms` as the storage mode seals (`None`:
     /// it has no seal).
-    pub fn from_settings(
+    pub(crate) fn from_settings(
         s: &crate::config::Settings,
         tags: Tags,
         checkpoint: u64,
@@ -189,21 +189,21 @@ impl Config {
 
     /// `behind` for a `max_delay`: three delays (at least 1 s), so a
     /// reading that waited its delay and a slow flush or two is not behind.
-    pub fn behind_for(max_delay: Duration) -> Duration {
+    pub(crate) fn behind_for(max_delay: Duration) -> Duration {
         (max_delay * 3).max(Duration::from_secs(1))
     }
 }
 
 /// Which memory a flush or read is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lane {
+pub(crate) enum Lane {
     Live,
     Backlog,
 }
 
 /// What the task should do next.
 #[derive(Debug)]
-pub enum Action {
+pub(crate) enum Action {
     /// Store this checkpoint (everything below is in MongoDB).
     Checkpoint(u64),
     /// Read up to `max` records from `from` on, below `limit`, and hand
@@ -240,7 +240,7 @@ pub enum Action {
 /// What a finished flush did, for the task to record as metrics and logs
 /// (the core names no metric).
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Flushed {
+pub(crate) struct Flushed {
     /// The lane it wrote.
     pub lane: Option<Lane>,
     /// The age (now minus its timestamp, seconds) of each sample stored.
@@ -270,7 +270,7 @@ pub struct Leftover {
 
 /// What is behind, for metrics, `/readyz` and the STATUS line.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
-pub struct BacklogStatus {
+pub(crate) struct BacklogStatus {
     /// Readings not yet in MongoDB that the live lane gave up on or a
     /// restart left: in memory, plus an estimate of those on disk.
     pub readings: u64,
@@ -433,28 +433,29 @@ impl Core {
     }
 
     /// Samples held in memory.
-    pub fn pending(&self) -> usize {
+    pub(crate) fn pending(&self) -> usize {
         self.live.count() + self.backlog.count()
     }
 
     /// Samples in memory not yet in MongoDB, the flush in flight included.
-    pub fn unwritten(&self) -> usize {
+    pub(crate) fn unwritten(&self) -> usize {
         self.leftover().samples
     }
 
     /// The live lane's first LSN not in memory.
-    pub fn cursor(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn cursor(&self) -> u64 {
         self.cursor
     }
 
     /// Records on disk that memory does not hold yet.
-    pub fn backlog(&self) -> u64 {
+    pub(crate) fn backlog(&self) -> u64 {
         self.range.unread() + self.durable.saturating_sub(self.cursor)
     }
 
     /// What the backlog lane holds and has yet to read (a scan of memory:
     /// call it about once a second).
-    pub fn backlog_status(&self) -> BacklogStatus {
+    pub(crate) fn backlog_status(&self) -> BacklogStatus {
         let unread = self.range.unread() as f64;
         BacklogStatus {
             readings: self.backlog.count() as u64 + (unread * self.samples_per_record) as u64,
@@ -468,7 +469,7 @@ impl Core {
 
     /// Bytes memory holds: each sample's document and its slot, and the
     /// dead letters.
-    pub fn held_bytes(&self) -> usize {
+    pub(crate) fn held_bytes(&self) -> usize {
         self.live.bytes()
             + self.backlog.bytes()
             + SLOT_BYTES * self.pending()
@@ -476,7 +477,7 @@ impl Core {
     }
 
     /// Bytes of spooled dead letters written to MongoDB since the start.
-    pub fn deadletter_bytes_written(&self) -> u64 {
+    pub(crate) fn deadletter_bytes_written(&self) -> u64 {
         self.deadletter_bytes_written
     }
 
@@ -501,23 +502,23 @@ impl Core {
 
     /// How long the live lane's oldest sample waits before it is behind:
     /// `behind`, or three delays while the policy stretched the delay.
-    pub fn behind(&self) -> Duration {
+    pub(crate) fn behind(&self) -> Duration {
         self.config.behind.max(self.policy.delay() * 3)
     }
 
     /// The durable end as it was [`Core::behind`] ago (`None`: unknown).
-    pub fn set_recent_from(&mut self, lsn: Option<u64>) {
+    pub(crate) fn set_recent_from(&mut self, lsn: Option<u64>) {
         self.recent_from = lsn;
     }
 
     /// How long a sensor's oldest reading waits now (`flush.max_delay`, or
     /// stretched by the policy).
-    pub fn delay(&self) -> Duration {
+    pub(crate) fn delay(&self) -> Duration {
         self.policy.delay()
     }
 
     /// The delay, if the policy stretched it beyond `flush.max_delay`.
-    pub fn stretched_delay(&self) -> Option<Duration> {
+    pub(crate) fn stretched_delay(&self) -> Option<Duration> {
         let d = self.policy.delay();
         (d > self.config.max_delay).then_some(d)
     }
@@ -525,7 +526,7 @@ impl Core {
     /// The samples refused since the last call (dead-lettered here: too
     /// large for a bucket, or refused by the database), for the task to
     /// count and log.
-    pub fn take_refusals(&mut self) -> Vec<Refusal> {
+    pub(crate) fn take_refusals(&mut self) -> Vec<Refusal> {
         std::mem::take(&mut self.refusals)
     }
 
@@ -588,17 +589,17 @@ impl Core {
     }
 
     /// The spool is durable below `lsn`.
-    pub fn set_durable(&mut self, lsn: u64) {
+    pub(crate) fn set_durable(&mut self, lsn: u64) {
         self.durable = self.durable.max(lsn);
     }
 
     /// A flush waits until the spool is durable up to this LSN.
-    pub fn needs_durable(&self) -> Option<u64> {
+    pub(crate) fn needs_durable(&self) -> Option<u64> {
         self.blocked.then_some(self.cursor)
     }
 
     /// When to call [`Core::poll`] again if nothing else happens.
-    pub fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         let mono_now = self.mono(self.now);
         let due = [
             self.live.next_due_ms(),
@@ -616,12 +617,12 @@ impl Core {
     }
 
     /// Whether shutdown began.
-    pub fn stopping(&self) -> bool {
+    pub(crate) fn stopping(&self) -> bool {
         self.stopping
     }
 
     /// Shutdown: flush what memory holds, read nothing more, seal nothing.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         self.stopping = true;
     }
 }

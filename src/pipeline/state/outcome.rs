@@ -12,7 +12,7 @@ use crate::pipeline::policy::{self};
 impl Core {
     /// The store's answer to an [`Action::Resolve`]; returns how many
     /// samples MongoDB already had.
-    pub fn resolved(&mut self, resolution: Resolution) -> usize {
+    pub(crate) fn resolved(&mut self, resolution: Resolution) -> usize {
         self.busy = None;
         self.outage |= resolution.met_errors;
         let mut dropped = 0;
@@ -29,7 +29,7 @@ impl Core {
 
     /// The store's report of an [`Action::Write`]: `batch` is handed back
     /// with its outcomes.
-    pub fn written(
+    pub(crate) fn written(
         &mut self,
         batch: Batch,
         written: Written,
@@ -135,7 +135,7 @@ impl Core {
     /// none), or, with `more`, a chunk of them and the next is to follow.
     /// Once a seal is over, open-bucket memory that no write can need
     /// again is forgotten, and with it the sensors that hold nothing.
-    pub fn sealed(&mut self, now: Instant, now_ms: i64, cutoff: Option<i64>, more: bool) {
+    pub(crate) fn sealed(&mut self, now: Instant, now_ms: i64, cutoff: Option<i64>, more: bool) {
         let began = match self.busy.take() {
             Some(Busy::Seal(began)) => began,
             _ => now,
@@ -187,7 +187,7 @@ impl Core {
 
     /// Checks the bookkeeping of memory (tests).
     #[cfg(test)]
-    pub fn check(&self) {
+    pub(crate) fn check(&self) {
         let flushing = |lane| match &self.flushing {
             Some((l, ids)) if *l == lane => ids.as_slice(),
             _ => &[],
@@ -197,7 +197,7 @@ impl Core {
     }
 
     /// What is left if shutdown gives up now.
-    pub fn leftover(&self) -> Leftover {
+    pub(crate) fn leftover(&self) -> Leftover {
         let (samples, deadletters) = match self.busy {
             Some(Busy::Write {
                 samples,

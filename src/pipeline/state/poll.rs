@@ -10,7 +10,7 @@ use crate::pipeline::pending::SensorId;
 impl Core {
     /// What to do now, if anything; `None`: wait for an event or the
     /// [`Core::deadline`].
-    pub fn poll(&mut self, now: Instant, now_ms: i64) -> Option<Action> {
+    pub(crate) fn poll(&mut self, now: Instant, now_ms: i64) -> Option<Action> {
         self.now = now;
         self.blocked = false;
         if self.busy.is_some() {

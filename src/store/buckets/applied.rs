@@ -99,7 +99,7 @@ pub(super) async fn collect_applied(
 /// beyond the pairs asked for, and the query's size, stay bounded however
 /// many windows a flush spans (a backfill of a year of hourly windows is
 /// 8,760 per sensor).
-pub const MAX_LOOKUP_PAIRS: usize = 2048;
+pub(crate) const MAX_LOOKUP_PAIRS: usize = 2048;
 
 /// One lookup of buckets on `{sensorId, startTs}`: its sensors times its
 /// window starts, and which of those pairs were asked for.

@@ -53,10 +53,8 @@ mod read_back;
 mod seal;
 mod write;
 
-pub use applied::*;
-
 /// Name of the TTL index on the buckets' `endTs`.
-pub const TTL_INDEX: &str = "endTs_ttl";
+pub(crate) const TTL_INDEX: &str = "endTs_ttl";
 
 /// Buckets of one window a statement tries before its samples are
 /// refused (dead-lettered): a bound on the walk to the next bucket (a
@@ -69,14 +67,14 @@ const MAX_SEQ: u32 = 1_000_000;
 /// time to take about [`SEAL_CHUNK_TIME`], between [`SEAL_CHUNK_MIN`] and
 /// [`SEAL_CHUNK_MAX`] buckets (SecantusDB took about 1.3 ms per bucket of
 /// 200 samples, so about 200 buckets).
-pub const SEAL_CHUNK: usize = 100;
-pub const SEAL_CHUNK_MIN: usize = 10;
-pub const SEAL_CHUNK_MAX: usize = 1000;
-pub const SEAL_CHUNK_TIME: std::time::Duration = std::time::Duration::from_millis(250);
+pub(crate) const SEAL_CHUNK: usize = 100;
+pub(crate) const SEAL_CHUNK_MIN: usize = 10;
+pub(crate) const SEAL_CHUNK_MAX: usize = 1000;
+pub(crate) const SEAL_CHUNK_TIME: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Full buckets whose `_id`s are held for an early seal; beyond, a full
 /// bucket waits for its window's end like the others (8 MB of ids at most).
-pub const FULL_HELD: usize = 100_000;
+pub(crate) const FULL_HELD: usize = 100_000;
 
 /// What one [`Buckets::seal`] call did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -145,7 +143,7 @@ impl Buckets {
     }
 
     /// The spool whose samples this store writes and resolves.
-    pub fn set_spool(&mut self, tags: Tags) {
+    pub(crate) fn set_spool(&mut self, tags: Tags) {
         self.tags = tags;
     }
 
@@ -221,19 +219,19 @@ impl Buckets {
     }
 
     /// Buckets whose `endTs` is at or before this are sealed at `now_ms`.
-    pub fn cutoff(&self, now_ms: i64) -> i64 {
+    pub(crate) fn cutoff(&self, now_ms: i64) -> i64 {
         now_ms - self.grace_ms
     }
 
     /// How long after its end a window is sealed (`closer.grace`).
-    pub fn grace(&self) -> std::time::Duration {
+    pub(crate) fn grace(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.grace_ms.max(0) as u64)
     }
 }
 
 /// The flat view's pipeline: each sample of each bucket as a document of
 /// its own, with its bucket's sensor.
-pub fn flat_pipeline() -> Vec<Document> {
+pub(crate) fn flat_pipeline() -> Vec<Document> {
     vec![
         doc! { "$unwind": "$samples" },
         doc! { "$replaceWith": { "$mergeObjects": [{ "sensorId": "$sensorId" }, "$samples"] } },

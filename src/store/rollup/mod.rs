@@ -98,7 +98,7 @@ enum Source {
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Pass {
+pub(crate) struct Pass {
     /// Rollup documents written (final and partial).
     pub written: u64,
     /// Write statements sent (rollup upserts and queue deletes).
@@ -109,7 +109,7 @@ pub struct Pass {
     pub more: bool,
 }
 
-pub struct Rollups {
+pub(crate) struct Rollups {
     specs: Vec<RollupSettings>,
     /// `<collection>_rollup_due`.
     queue: String,
@@ -178,7 +178,7 @@ impl Rollups {
     /// as long as the pass took): a backfill's rollups follow it within a
     /// closer interval and a few passes, and the flushes keep the rest of
     /// the database's time.
-    pub fn start_passes(&mut self, db: Database) {
+    pub(crate) fn start_passes(&mut self, db: Database) {
         let (wake, mut woken) = tokio::sync::watch::channel(i64::MIN);
         let passes = self.passes.clone();
         let pause = (1.0 - self.share) / self.share;
@@ -200,7 +200,7 @@ impl Rollups {
 
     /// The closer ran at `now_ms` (its time, held back while a backlog
     /// drains): the pass task computes what is due by then.
-    pub async fn closer_ran(&mut self, db: &Database, now_ms: i64) {
+    pub(crate) async fn closer_ran(&mut self, db: &Database, now_ms: i64) {
         match &self.wake {
             Some(wake) => {
                 let _ = wake.send(now_ms);
@@ -212,18 +212,18 @@ impl Rollups {
     }
 
     /// The rollups configured.
-    pub fn specs(&self) -> &[RollupSettings] {
+    pub(crate) fn specs(&self) -> &[RollupSettings] {
         &self.specs
     }
 
     /// The collection of a rollup (`<collection>_<interval>`).
-    pub fn collection_of(base: &str, spec: &RollupSettings) -> String {
+    pub(crate) fn collection_of(base: &str, spec: &RollupSettings) -> String {
         format!("{base}_{}", spec.name)
     }
 
     /// Indexes: `{sensorId, start}` (unique; what a dashboard reads), the
     /// TTL on `start` per rollup, and `due` on the queue.
-    pub async fn schema(&self, db: &Database) -> mongodb::error::Result<()> {
+    pub(crate) async fn schema(&self, db: &Database) -> mongodb::error::Result<()> {
         for spec in &self.specs {
             let coll = Rollups::collection_of(&self.passes.base, spec);
             let index = IndexModel::builder()
@@ -266,7 +266,7 @@ impl Rollups {
     /// that this run has not recorded, and those due within the hold
     /// ([`Rollups::hold_ms`]; late data), due no sooner than the hold's
     /// end. Returns the keys, for [`Rollups::after_write`].
-    pub async fn before_write(
+    pub(crate) async fn before_write(
         &mut self,
         m: &mut Mongo,
         batch: &Batch,
@@ -300,7 +300,7 @@ impl Rollups {
     /// at most [`mongo::FENCE_MARGIN`] sent every attempt within the hold
     /// `before_write` gave its keys; after a longer one (retried), the keys
     /// due within a hold from now are recorded again.
-    pub async fn after_write(
+    pub(crate) async fn after_write(
         &mut self,
         m: &mut Mongo,
         keys: &[Key],
