@@ -379,10 +379,10 @@ impl DecodeError {
 /// A field name MongoDB cannot take as part of a path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("field name {0:?} is not allowed: it must be non-empty, must not contain '.' or NUL, must not start with '$'")]
-pub(crate) struct BadFieldName(pub String);
+pub struct BadFieldName(pub String);
 
 /// Checks a field name: `sum.<name>` must be a valid MongoDB path.
-pub(crate) fn check_field_name(name: &str) -> Result<(), BadFieldName> {
+pub fn check_field_name(name: &str) -> Result<(), BadFieldName> {
     if name.is_empty() || name.contains('.') || name.starts_with('$') || name.contains('\0') {
         return Err(BadFieldName(name.to_string()));
     }

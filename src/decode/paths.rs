@@ -79,7 +79,7 @@ impl Path {
     }
 
     /// A plain key (`Time`) as the path `/Time`; a pointer as itself.
-    pub(crate) fn key_or_pointer(text: &str) -> Result<Path, String> {
+    pub fn key_or_pointer(text: &str) -> Result<Path, String> {
         if text.starts_with('/') {
             Path::parse(text, false)
         } else if text.is_empty() {

@@ -98,7 +98,7 @@ impl TopicPattern {
     }
 
     /// The MQTT subscription filter: placeholders become `+`.
-    pub(crate) fn filter(&self) -> String {
+    pub fn filter(&self) -> String {
         let mut parts: Vec<&str> = self
             .levels
             .iter()
@@ -114,7 +114,7 @@ impl TopicPattern {
     }
 
     /// Matches a concrete topic, returning the captures.
-    pub(crate) fn matches<'a>(&self, topic: &'a str) -> Option<TopicMatch<'a>> {
+    pub fn matches<'a>(&self, topic: &'a str) -> Option<TopicMatch<'a>> {
         let mut out = TopicMatch {
             sensor: None,
             field: None,

@@ -127,9 +127,9 @@ impl State {
     }
 }
 
-/// The whole state as a snapshot whose replay starts at `lsn` (tests).
-#[cfg(test)]
-pub(crate) fn snapshot(state: &State, lsn: u64) -> Vec<u8> {
+/// The whole state as a snapshot whose replay starts at `lsn` (the tests
+/// and the fuzz target).
+pub fn snapshot(state: &State, lsn: u64) -> Vec<u8> {
     let mut out = snapshot_header(lsn);
     state.snapshot_lines(None, &mut out, usize::MAX);
     out
