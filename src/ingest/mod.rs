@@ -318,17 +318,29 @@ impl Connections {
         for c in self.list {
             let seen = recovered.of(session_key(&c.plan.client_id));
             let probing = c.plan.index == 0 && self.probe.is_some();
-            let session = Session::new(c.plan, self.probe.clone(), self.window, &seen, verdict);
+            let (session, verdicts) = follow_verdicts(&shared.verdict, |v| {
+                Session::new(c.plan, self.probe.clone(), self.window, &seen, v)
+            });
             let conn = conn::Conn::new(session, c.plain_probe_match, probing);
-            // Subscribed here, with the verdict the session starts from:
-            // a receiver made when its task first runs would take a
-            // verdict decided meanwhile (connection 0's probe back before
-            // this task ran, on a busy box) as seen, and the session
-            // would wait for it for ever (never subscribed, never ready).
-            let verdicts = shared.verdict.subscribe();
             tracker.spawn(run(conn, c.client, c.eventloop, shared.clone(), verdicts));
         }
     }
+}
+
+/// A session made by `new` and the receiver of the verdicts it follows:
+/// the session starts from the verdict the receiver has seen, so every
+/// later one reaches it. (A session made from the verdict at start and a
+/// receiver made after the probe came back, the spawning thread preempted
+/// for a few milliseconds on a busy box, took Pending as its verdict and
+/// Delivered as seen: it never subscribed its data and palletd never became
+/// ready.)
+fn follow_verdicts(
+    verdicts: &tokio::sync::watch::Sender<Verdict>,
+    new: impl FnOnce(Verdict) -> Session,
+) -> (Session, tokio::sync::watch::Receiver<Verdict>) {
+    let mut rx = verdicts.subscribe();
+    let now = *rx.borrow_and_update();
+    (new(now), rx)
 }
 
 /// One connection's event loop, until `done` or `abort`.
@@ -491,5 +503,36 @@ fn qos(q: u8) -> QoS {
         0 => QoS::AtMostOnce,
         2 => QoS::ExactlyOnce,
         _ => QoS::AtLeastOnce,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::front::plan::{plan, probe, tests as p, Subscribed};
+    use crate::front::session::Action;
+
+    /// Connection 1's session, made after the probe already came back
+    /// (connection 0's, while the thread that spawns the connections was
+    /// preempted): once connected, its data is subscribed, or a verdict is
+    /// still on its way to it.
+    #[test]
+    fn a_session_made_after_the_verdict_subscribes_its_data() {
+        let m = p::settings(2);
+        let pr = probe(&m, &p::subs());
+        let planned = plan(&m, &p::subs(), &Subscribed::new());
+        let verdicts = tokio::sync::watch::Sender::new(Verdict::initial(pr.as_ref()));
+        verdicts.send_replace(Verdict::Delivered);
+        let (mut session, rx) = follow_verdicts(&verdicts, |v| {
+            Session::new(planned[1].clone(), pr.clone(), 20, &[], v)
+        });
+        let actions = session.connected(true, std::time::Instant::now());
+        let data = actions.iter().any(|a| {
+            matches!(a, Action::Subscribe(f) if f.iter().any(|(f, _)| f == "$share/box/s/+/data"))
+        });
+        assert!(
+            data || rx.has_changed().unwrap(),
+            "the session waits for a verdict that never comes: {actions:?}"
+        );
     }
 }
