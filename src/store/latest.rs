@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::mongo::Mongo;
+use super::statements::{Ids, Lost, Unordered};
 use crate::bucket::SampleRef;
 use crate::flush::Batch;
 use crate::retry::Aborted;
@@ -74,16 +75,18 @@ impl Latest {
             .iter()
             .filter_map(|r| newest(r.samples.iter()).map(|s| statement(&r.sensor, s)))
             .collect();
+        let w = Unordered {
+            what: "write latest values",
+            command: "update",
+            collection: &self.collection,
+            field: "updates",
+            ids: Ids::Upserted,
+            lost: Lost::Resend,
+        };
         let refused = mongo
-            .send_idempotent(
-                "write latest values",
-                "update",
-                &self.collection,
-                "updates",
-                &statements,
-                abort,
-            )
-            .await?;
+            .send_unordered(w, statements.len(), |i| statements[i].clone(), abort)
+            .await?
+            .refused;
         if let Some(first) = refused.first() {
             warn!(
                 statements = refused.len(),

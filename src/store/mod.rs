@@ -5,6 +5,8 @@
 //! - [`timeseries`]: a MongoDB native time series collection.
 //! - [`mongo`]: running commands, reading replies, the typed retry
 //!   decision, outage logging, dead letters, TTL indexes.
+//! - [`statements`]: the statement driver every write goes through
+//!   (unordered with its partial success, ordered, or once).
 //! - [`read`]: what the readers return to `palletd query`.
 //! - [`rollup`]: `[[rollup]]` summaries per sensor and interval, kept by
 //!   the closer in every mode.
@@ -25,6 +27,7 @@ pub mod latest;
 pub(crate) mod mongo;
 pub(crate) mod read;
 pub(crate) mod rollup;
+pub(crate) mod statements;
 pub(crate) mod timeseries;
 
 use std::io::Write;
@@ -512,6 +515,6 @@ async fn publish_checkpoint(
         "ordered": false,
         "writeConcern": { "w": "majority" },
     };
-    mongo::send_once(db, cmd, what).await?.refusal(what)?;
+    statements::send_once(db, cmd, what).await?.refusal(what)?;
     mongo::published_checkpoints(db.collection(spools), None).await
 }

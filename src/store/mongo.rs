@@ -1,7 +1,9 @@
 //! MongoDB plumbing every storage mode shares: building and running a write
 //! command with the configured write concern, reading its reply, deciding
 //! what a failure means ([`decide`]), retrying reads, logging an outage
-//! once, writing dead letters, and the retention (TTL) indexes.
+//! once, writing dead letters, and the retention (TTL) indexes. How each
+//! write is sent again and what its partial success means is
+//! [`super::statements`]'s.
 //!
 //! [`decide`] is the one place that decides what is retriable; every
 //! write's failure goes through it ([`Failure`] -> [`Decision`]):
@@ -40,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
 use super::fence::FenceFile;
+use super::statements::{Ids, Lost, Unordered};
 use crate::config::{MongoSettings, WriteConcern};
 use crate::deadletter::DeadLetter;
 use crate::retry::{Aborted, Backoff};
@@ -520,27 +523,6 @@ impl Mongo {
         }
     }
 
-    /// Sends the write command `build` makes (with how many statements it
-    /// holds) until it gets a reply: one that certainly was not applied is
-    /// built and sent again after a backoff. The reply is `None` when the
-    /// command may or may not have been applied.
-    pub(crate) async fn write_until_answered(
-        &mut self,
-        what: &str,
-        backoff: &mut Backoff,
-        abort: &CancellationToken,
-        build: impl Fn(&Mongo) -> (usize, RawDocumentBuf),
-    ) -> Result<(usize, Option<Reply>), Aborted> {
-        loop {
-            let (len, cmd) = build(self);
-            match self.write(cmd, what).await {
-                Ok(reply) => return Ok((len, Some(reply))),
-                Err(RetryAction::Retry) => self.wait(backoff, abort).await?,
-                Err(RetryAction::Ambiguous) => return Ok((len, None)),
-            }
-        }
-    }
-
     /// `build_batch` of `docs` as a `name` command on `collection`: (the
     /// documents it holds, the command).
     pub(crate) fn batch_command(
@@ -603,117 +585,56 @@ impl Mongo {
         if !self.majority {
             return Ok(());
         }
-        let mut backoff = Backoff::default();
-        loop {
-            let statement = rawdoc! {
+        let w = Unordered {
+            what: "settle before reading what was applied",
+            command: "update",
+            collection,
+            field: "updates",
+            ids: Ids::Upserted,
+            lost: Lost::Resend,
+        };
+        let statement = |_| {
+            rawdoc! {
                 "q": { "_id": spool },
                 "u": { "$set": { "settledAt": bson::DateTime::now() } },
                 "upsert": true,
-            };
-            let (_, batch) = build_batch(std::iter::once(statement));
-            let cmd = self.command("update", collection, "updates", batch, true);
-            match self
-                .write(cmd, "settle before reading what was applied")
-                .await
-            {
-                Ok(reply) => {
-                    if let Some(error) = reply.write_errors.first() {
-                        if decide(Failure::Statement { error, by_id: true }) != Decision::GiveUp {
-                            // A write conflict, a race to the `_id`: again.
-                            self.wait(&mut backoff, abort).await?;
-                            continue;
-                        }
-                        let WriteError { code, msg, .. } = error;
-                        if !self.settle_refused {
-                            tracing::warn!(code, error = %msg, collection, "Cannot write palletd's spool document; deciding what interrupted writes did without waiting for them to be majority-committed.");
-                            self.settle_refused = true;
-                        }
-                    }
-                    return Ok(());
-                }
-                Err(_) => self.wait(&mut backoff, abort).await?,
+            }
+        };
+        let sent = self.send_unordered(w, 1, statement, abort).await?;
+        if let Some(WriteError { code, msg, .. }) = sent.refused.first() {
+            if !self.settle_refused {
+                tracing::warn!(code, error = %msg, collection, "Cannot write palletd's spool document; deciding what interrupted writes did without waiting for them to be majority-committed.");
+                self.settle_refused = true;
             }
         }
+        Ok(())
     }
 
     /// Inserts dead-letter documents, retrying until they are in. A
     /// document the server refuses outright is logged at ERROR and dropped:
     /// it is already garbage. One that is already there (its `_id` comes
-    /// from its LSN: an interrupted earlier attempt) is fine.
+    /// from its LSN: an interrupted earlier attempt) is in.
     pub(crate) async fn insert_deadletters(
         &mut self,
         collection: &str,
         docs: &[DeadLetter],
         abort: &CancellationToken,
     ) -> Result<(), Aborted> {
-        let docs: Vec<RawDocumentBuf> = docs.iter().map(|d| d.1.clone()).collect();
-        let refused = self
-            .send_idempotent(
-                "write dead letters",
-                "insert",
-                collection,
-                "documents",
-                &docs,
-                abort,
-            )
+        let w = Unordered {
+            what: "write dead letters",
+            command: "insert",
+            collection,
+            field: "documents",
+            ids: Ids::Inserted,
+            lost: Lost::Resend,
+        };
+        let sent = self
+            .send_unordered(w, docs.len(), |i| docs[i].1.clone(), abort)
             .await?;
-        // A duplicate `_id` is one already there (its `_id` comes from its
-        // LSN: an interrupted earlier attempt); a duplicate on an index of
-        // the operator's is a refusal like any other.
-        let already_there = |e: &WriteError| e.code == DUPLICATE_KEY && e.duplicate_on_id;
-        for e in refused.into_iter().filter(|e| !already_there(e)) {
+        for e in sent.refused {
             error!(index = e.index, code = e.code, error = %e.msg, "Dead letter refused by the database; dropped.");
         }
         Ok(())
-    }
-
-    /// Sends `docs` as `command`s on `collection` (unordered, split at the
-    /// server's limits) until each part is answered; a part whose answer is
-    /// lost is sent again, so the documents must be idempotent. Returns the
-    /// write errors, indexed in `docs`.
-    pub(crate) async fn send_idempotent(
-        &mut self,
-        what: &str,
-        command: &str,
-        collection: &str,
-        field: &str,
-        docs: &[RawDocumentBuf],
-        abort: &CancellationToken,
-    ) -> Result<Vec<WriteError>, Aborted> {
-        let mut backoff = Backoff::default();
-        let mut refused = Vec::new();
-        // Indexes in `docs` still to send; a statement refused for now (a
-        // write conflict) is sent again after a backoff.
-        let mut todo: Vec<usize> = (0..docs.len()).collect();
-        while !todo.is_empty() {
-            let (batch_len, reply) = self
-                .write_until_answered(what, &mut backoff, abort, |m| {
-                    let rest = todo.iter().map(|&i| docs[i].clone());
-                    m.batch_command(command, collection, field, rest, false)
-                })
-                .await?;
-            let Some(reply) = reply else {
-                self.wait(&mut backoff, abort).await?;
-                continue;
-            };
-            let mut again = Vec::new();
-            for e in reply.write_errors {
-                let index = todo[e.index];
-                match statement_error(&e, true) {
-                    Decision::RetryStatement => again.push(index),
-                    _ => refused.push(WriteError { index, ..e }),
-                }
-            }
-            let transient = !again.is_empty();
-            again.extend_from_slice(&todo[batch_len..]);
-            todo = again;
-            match transient {
-                true => self.wait(&mut backoff, abort).await?,
-                false => backoff.reset(),
-            }
-        }
-        refused.sort_by_key(|e| e.index);
-        Ok(refused)
     }
 
     pub(crate) fn failed(&mut self, what: &str, e: &mongodb::error::Error) {
@@ -740,22 +661,6 @@ impl Mongo {
             );
         }
     }
-}
-
-/// Sends one write command outside the writer's retries: the closer's
-/// seal and published checkpoint, the rollup passes (each is tried again as
-/// a whole at its next run). Its reply parsed; a write concern error is an
-/// error (the server may not keep what it applied), like a failed command.
-pub(crate) async fn send_once(
-    db: &Database,
-    cmd: Document,
-    what: &str,
-) -> mongodb::error::Result<Reply> {
-    let reply = Reply::parse(&db.run_command(cmd).await?);
-    if let Some(wce) = &reply.write_concern_error {
-        return Err(mongodb::error::Error::custom(format!("{what}: {wce}")));
-    }
-    Ok(reply)
 }
 
 impl Reply {

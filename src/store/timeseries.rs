@@ -40,15 +40,16 @@ use futures_util::TryStreamExt;
 use mongodb::options::ReadConcern;
 use mongodb::{Collection, Database, IndexModel};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::info;
 
-use super::mongo::{self, count_statement_error, rejection, Decision, Mongo};
+use super::mongo::{self, rejection, Mongo};
 use super::read::{self, Fields, Range, Summary, WindowStats};
+use super::statements::{Ids, Lost, Unordered};
 use super::SchemaError;
 use crate::bucket::{SampleRef, ARCHIVE, LEFT_OUT};
 use crate::config::Settings;
 use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
-use crate::retry::{Aborted, Backoff};
+use crate::retry::Aborted;
 use crate::spool_ids::Tags;
 
 /// The time series collection.
@@ -209,54 +210,47 @@ impl Timeseries {
                 }
             }
         }
-        let mut backoff = Backoff::default();
-        while !todo.is_empty() {
-            let runs = &batch.runs;
-            let tags = &self.tags;
-            let (batch_len, reply) = mongo
-                .write_until_answered("write readings", &mut backoff, abort, |m| {
-                    let docs = todo.iter().map(|&(r, s)| {
-                        let sample = runs[r].samples.get(s);
-                        reading_doc(&runs[r].sensor, sample, tags.of(sample.lsn))
-                    });
-                    m.batch_command("insert", &self.collection, "documents", docs, false)
-                })
-                .await?;
-            let Some(reply) = reply else {
-                // Any subset of the insert may be in MongoDB.
-                for &(r, s) in &todo[..batch_len] {
-                    batch.runs[r].outcomes[s] = Outcome::Unknown;
-                }
-                return Ok(written);
-            };
-            let mut retry = Vec::new();
-            let mut errors = reply.write_errors.iter().peekable();
-            for (k, &(r, s)) in todo[..batch_len].iter().enumerate() {
-                let outcome = &mut batch.runs[r].outcomes[s];
-                let Some(error) = errors.next_if(|e| e.index == k) else {
-                    *outcome = Outcome::Applied;
-                    written.statements += 1;
-                    continue;
-                };
-                // Inserts carry no `_id` of palletd's: a duplicate key is
-                // an index of the operator's, refusing it for good.
-                let decision = mongo::statement_error(error, false);
-                count_statement_error(decision);
-                match decision {
-                    Decision::RetryStatement => retry.push((r, s)),
-                    _ => *outcome = Outcome::Rejected(rejection(error.code, &error.msg)),
-                }
-            }
-            let transient = !retry.is_empty();
-            retry.extend_from_slice(&todo[batch_len..]);
-            todo = retry;
-            if transient {
-                debug!("Transient insert errors; sending those readings again.");
-                mongo.wait(&mut backoff, abort).await?;
-            } else {
-                backoff.reset();
-            }
+        let w = Unordered {
+            what: "write readings",
+            command: "insert",
+            collection: &self.collection,
+            field: "documents",
+            // Inserts carry no `_id` of palletd's: a duplicate key is an
+            // index of the operator's, refusing it for good.
+            ids: Ids::Server,
+            // Any subset of the insert may be in MongoDB.
+            lost: Lost::HandBack,
+        };
+        let runs = &batch.runs;
+        let sent = mongo
+            .send_unordered(
+                w,
+                todo.len(),
+                |i| {
+                    let (r, s) = todo[i];
+                    let sample = runs[r].samples.get(s);
+                    reading_doc(&runs[r].sensor, sample, self.tags.of(sample.lsn))
+                },
+                abort,
+            )
+            .await?;
+        for &(r, s) in &todo {
+            batch.runs[r].outcomes[s] = Outcome::Applied;
         }
+        for e in &sent.refused {
+            let (r, s) = todo[e.index];
+            batch.runs[r].outcomes[s] = Outcome::Rejected(rejection(e.code, &e.msg));
+        }
+        for &i in &sent.unknown {
+            let (r, s) = todo[i];
+            batch.runs[r].outcomes[s] = Outcome::Unknown;
+        }
+        for &i in &sent.unsent {
+            let (r, s) = todo[i];
+            batch.runs[r].outcomes[s] = Outcome::NotSent;
+        }
+        written.statements =
+            todo.len() - sent.refused.len() - sent.unknown.len() - sent.unsent.len();
         Ok(written)
     }
 

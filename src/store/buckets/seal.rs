@@ -8,7 +8,7 @@ use bson::{doc, Bson, Document};
 use futures_util::TryStreamExt;
 use mongodb::Database;
 
-use super::mongo::{self};
+use crate::store::statements;
 
 pub(super) fn open_and_ended(cutoff: bson::DateTime) -> Document {
     doc! { "closed": false, "endTs": { "$lte": cutoff } }
@@ -216,7 +216,7 @@ impl Buckets {
             "ordered": true,
             "writeConcern": { "w": "majority" },
         };
-        let reply = mongo::send_once(db, cmd, "seal").await?;
+        let reply = statements::send_once(db, cmd, "seal").await?;
         reply.refusal("seal")?;
         if more && !self.seal_chunk_fixed {
             self.seal_chunk = next_seal_chunk(self.seal_chunk, started.elapsed());

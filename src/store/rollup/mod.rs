@@ -60,11 +60,12 @@ use mongodb::options::IndexOptions;
 use mongodb::{Database, IndexModel};
 use tokio_util::sync::CancellationToken;
 
-use super::mongo::{self, Decision, Mongo};
+use super::mongo::{self, Mongo};
 use super::read;
+use super::statements::{Ids, Lost, Unordered};
 use crate::config::{RollupSettings, Settings, StorageMode};
 use crate::flush::Batch;
-use crate::retry::{Aborted, Backoff};
+use crate::retry::Aborted;
 use crate::telemetry;
 
 mod merge;
@@ -358,63 +359,41 @@ impl Rollups {
         abort: &CancellationToken,
     ) -> Result<(), Aborted> {
         let blocks = self.blocks(keys, not_before_ms);
-        let mut backoff = Backoff::default();
-        // Blocks still to record; a statement refused for now (a write
-        // conflict, an upsert that raced another to its `_id`) goes again.
-        let mut rest: Vec<&Block> = blocks.iter().collect();
-        while !rest.is_empty() {
-            let (len, reply) = m
-                .write_until_answered("record rollups to compute", &mut backoff, abort, |m| {
-                    let statements = rest.iter().map(|b| {
-                        let mut latest =
-                            rawdoc! { "until": bson::DateTime::from_millis(b.last_due) };
-                        if b.held {
-                            latest.append("hold", bson::DateTime::from_millis(not_before_ms));
-                        }
-                        let name = self.specs[b.rollup].name.as_str();
-                        rawdoc! {
-                            "q": { "_id": format!("{name}|b{}|{}", b.start, b.sensor) },
-                            "u": {
-                                "$bit": { "m": { "or": b.mask as i64 } },
-                                "$min": { "due": bson::DateTime::from_millis(b.first_due) },
-                                "$max": latest,
-                                "$set": {
-                                    "r": name,
-                                    "s": b.sensor.as_str(),
-                                    "t": bson::DateTime::from_millis(b.start),
-                                },
-                                "$inc": { "v": 1_i64 },
-                            },
-                            "upsert": true,
-                        }
-                    });
-                    m.batch_command("update", &self.queue, "updates", statements, false)
-                })
-                .await?;
-            match reply {
-                Some(reply) => {
-                    let mut again = Vec::new();
-                    for e in reply.write_errors {
-                        match mongo::statement_error(&e, true) {
-                            Decision::RetryStatement | Decision::NextBucket => {
-                                again.push(rest[e.index])
-                            }
-                            _ => {
-                                tracing::error!(index = e.index, code = e.code, error = %e.msg, "The database refused a rollup key; that interval's rollup may be missing.")
-                            }
-                        }
-                    }
-                    metrics::counter!(telemetry::ROLLUP_STATEMENTS).increment(len as u64);
-                    let retry = !again.is_empty();
-                    again.extend_from_slice(&rest[len..]);
-                    rest = again;
-                    match retry {
-                        true => m.wait(&mut backoff, abort).await?,
-                        false => backoff.reset(),
-                    }
-                }
-                None => m.wait(&mut backoff, abort).await?,
+        let w = Unordered {
+            what: "record rollups to compute",
+            command: "update",
+            collection: &self.queue,
+            field: "updates",
+            ids: Ids::Upserted,
+            lost: Lost::Resend,
+        };
+        let statement = |i: usize| {
+            let b = &blocks[i];
+            let mut latest = rawdoc! { "until": bson::DateTime::from_millis(b.last_due) };
+            if b.held {
+                latest.append("hold", bson::DateTime::from_millis(not_before_ms));
             }
+            let name = self.specs[b.rollup].name.as_str();
+            rawdoc! {
+                "q": { "_id": format!("{name}|b{}|{}", b.start, b.sensor) },
+                "u": {
+                    "$bit": { "m": { "or": b.mask as i64 } },
+                    "$min": { "due": bson::DateTime::from_millis(b.first_due) },
+                    "$max": latest,
+                    "$set": {
+                        "r": name,
+                        "s": b.sensor.as_str(),
+                        "t": bson::DateTime::from_millis(b.start),
+                    },
+                    "$inc": { "v": 1_i64 },
+                },
+                "upsert": true,
+            }
+        };
+        let sent = m.send_unordered(w, blocks.len(), statement, abort).await?;
+        metrics::counter!(telemetry::ROLLUP_STATEMENTS).increment(sent.answered);
+        for e in sent.refused {
+            tracing::error!(index = e.index, code = e.code, error = %e.msg, "The database refused a rollup key; that interval's rollup may be missing.");
         }
         Ok(())
     }

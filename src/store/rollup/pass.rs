@@ -15,6 +15,7 @@ use crate::bucket::{ARCHIVE, LEFT_OUT};
 use crate::config::RollupSettings;
 use crate::store::mongo::{self, Decision};
 use crate::store::read;
+use crate::store::statements;
 use crate::telemetry;
 
 /// Summaries of one rollup query at most: buckets it may read, counted
@@ -613,7 +614,7 @@ async fn write(
     statements: Vec<Document>,
 ) -> mongodb::error::Result<Vec<(usize, String)>> {
     let cmd = doc! { name: coll, field: statements, "ordered": false };
-    let errors = mongo::send_once(db, cmd, &format!("rollup {name}"))
+    let errors = statements::send_once(db, cmd, &format!("rollup {name}"))
         .await?
         .write_errors;
     if let Some(e) = errors
