@@ -102,6 +102,11 @@ const GAUGE_EVERY: Duration = Duration::from_millis(100);
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// How often the quietest sensors are told to the status page.
 const QUIET_EVERY: Duration = Duration::from_secs(2);
+/// How often PUBACKs that did not fit into a client's request channel are
+/// offered again. A wait for room, not a retry after a failure (no
+/// [`crate::retry::Backoff`]): rumqttc's channel says nothing when it has
+/// room, and its event loop empties it at every poll.
+const ACK_ROOM_EVERY: Duration = Duration::from_millis(2);
 
 /// A message waiting for its acknowledgement.
 struct Unacked {
@@ -318,7 +323,7 @@ impl Admission {
                 // While full, look again shortly: checkpoints free segments.
                 _ = tokio::time::sleep(Duration::from_millis(200)), if full => {}
                 // PUBACKs that did not fit into the client's queue.
-                _ = tokio::time::sleep(Duration::from_millis(2)), if self.acker.waiting() > 0 => {
+                _ = tokio::time::sleep(ACK_ROOM_EVERY), if self.acker.waiting() > 0 => {
                     self.acker.retry();
                 }
                 // A snapshot of the Sparkplug B state: begun when due, made
@@ -375,7 +380,7 @@ impl Admission {
         // Hand every due PUBACK to the client before ingest disconnects.
         while !self.acker.retry() {
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(2)) => {}
+                _ = tokio::time::sleep(ACK_ROOM_EVERY) => {}
                 _ = abort.cancelled() => return Err(acks.len() + self.acker.waiting()),
             }
         }

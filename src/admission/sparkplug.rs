@@ -37,6 +37,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{error, info, warn};
 
 use crate::decode::sparkplug::{self as sp, Change, State};
+use crate::retry::Backoff;
 use crate::spool::{EntryRef, Spool};
 use crate::telemetry;
 
@@ -51,8 +52,10 @@ pub(crate) const SNAPSHOT_EVERY: Duration = Duration::from_secs(30);
 pub(crate) const SNAPSHOT_CHANGE_BYTES: usize = 1 << 20;
 /// Bytes of a snapshot made at a time on the admission task.
 pub const CHUNK_BYTES: usize = 64 << 10;
-/// A failed snapshot is tried again this much later.
-const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// A failed snapshot is tried again after a backoff from this...
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// ...to this (a disk that stays full is not written every second).
+const RETRY_CAP: Duration = Duration::from_secs(60);
 /// Records read at a time when a start replays the changes.
 const REPLAY_RECORDS: usize = 8192;
 
@@ -100,6 +103,8 @@ pub(crate) struct StateFile {
     writing: Option<Writing>,
     /// No snapshot begins before this (after a failure).
     not_before: Option<Instant>,
+    /// The wait after a failure.
+    retry: Backoff,
     /// When evictions were last said (at most once a minute).
     evictions_said: Option<Instant>,
     /// Evictions since.
@@ -118,6 +123,7 @@ impl StateFile {
             pending: None,
             writing: None,
             not_before: None,
+            retry: Backoff::new(RETRY_FIRST, RETRY_CAP),
             evictions_said: None,
             evictions_unsaid: 0,
         };
@@ -309,12 +315,13 @@ impl StateFile {
             Ok(()) => {
                 metrics::counter!(telemetry::SPARKPLUG_STATE_SAVES).increment(1);
                 self.not_before = None;
+                self.retry.reset();
                 self.spool.hold(crate::spool::Holder::Sparkplug, lsn);
             }
             Err(e) => {
                 metrics::counter!(telemetry::SPARKPLUG_SAVE_ERRORS).increment(1);
                 self.pending = Pending::merge(self.pending, takes);
-                self.not_before = Some(Instant::now() + RETRY_AFTER);
+                self.not_before = Some(Instant::now() + self.retry.next_delay());
                 if self.spool.is_full() || self.spool.failing() {
                     // The records a replay needs must not keep the spool
                     // from freeing room: after a crash every node is asked
