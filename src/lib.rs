@@ -40,10 +40,11 @@
 //!   sensors, or Sparkplug B edge nodes) and `palletd query` to read back
 //!   what was stored.
 //! - [`shutdown`]: signals and the shutdown order.
-//! - `netem`: a TCP proxy in front of the database that behaves like a
-//!   slow, flaky link or injects a replica set's failures into commands
-//!   (tests and the benchmark only: built with the `testkit` feature,
-//!   which the tests turn on, never into the daemon).
+//! - `testkit`: the services the tests and the benchmark run palletd
+//!   against (Mosquitto, aedes, SecantusDB on free ports) and `netem`, a
+//!   TCP proxy that behaves like a slow, flaky link or injects a replica
+//!   set's failures into commands (built with the `testkit` feature, which
+//!   the tests, benches and examples turn on, never into the daemon).
 //!
 //! The core (sans-IO, no tokio):
 //! - [`config`]: the TOML file -> validated [`config::Settings`].
@@ -99,9 +100,6 @@ pub mod decode;
 pub(crate) mod flush;
 pub mod front;
 pub mod ingest;
-#[doc(hidden)]
-#[cfg(feature = "testkit")]
-pub mod netem;
 pub mod pipeline;
 pub mod query;
 pub(crate) mod record;
@@ -112,6 +110,9 @@ pub mod spool;
 pub mod spool_ids;
 pub mod store;
 pub mod telemetry;
+#[doc(hidden)]
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod thin;
 pub mod web;
 

@@ -152,7 +152,7 @@ pub(crate) fn density(args: DensityArgs) -> anyhow::Result<()> {
             );
             let svc = Services::start(&args.run)?;
             let uri = svc.mongodb_uri();
-            let db_dir = svc.dir.path().join("db");
+            let db_dir = svc.db.data_dir();
             rt.block_on(data_bytes(&uri, &db_dir))?;
             let before = table_bytes(&db_dir);
             let started = Instant::now();

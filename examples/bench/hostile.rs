@@ -240,7 +240,7 @@ pub(crate) fn hostile(args: HostileArgs) -> anyhow::Result<()> {
     // Not `step`: a backlog that grows is the point here. The simulator
     // runs through the outage and 60 s past it; then everything published
     // must become durable.
-    let db_pid = svc._db.0.id().to_string();
+    let db_pid = svc.db_pid();
     let signal = |sig: &str| Command::new("kill").args([sig, &db_pid]).status();
     let before = sink.scrape()?;
     let cpu_before = sink.cpu();

@@ -563,11 +563,6 @@ struct RunArgs {
     /// The palletd binary (release build).
     #[arg(long, default_value = "target/release/palletd")]
     palletd: PathBuf,
-    #[arg(long, default_value = "/usr/sbin/mosquitto")]
-    mosquitto: PathBuf,
-    /// The SecantusDB server (scripts/bench passes the installed one).
-    #[arg(long, default_value = "secantusd-rs")]
-    secantusd: PathBuf,
 }
 
 #[derive(clap::Args)]

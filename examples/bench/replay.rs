@@ -39,7 +39,7 @@ pub(crate) fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             )
         };
         let mut sink = start(&svc)?;
-        let db_pid = svc._db.0.id().to_string();
+        let db_pid = svc.db_pid();
         let signal = |sig: &str, pid: &str| Command::new("kill").args([sig, pid]).status();
         signal("-STOP", &db_pid)?;
         // Every reading published and acknowledged (so spooled).

@@ -143,7 +143,7 @@ pub(crate) fn scenario(
     } else {
         // Everything this database holds came through this sink.
         let total = sink.scrape()?.stored.max(1.0);
-        let bytes = rt.block_on(data_bytes(&svc.mongodb_uri(), &svc.dir.path().join("db")))?;
+        let bytes = rt.block_on(data_bytes(&svc.mongodb_uri(), &svc.db.data_dir()))?;
         Some(bytes as f64 / total)
     };
     drop(sink);

@@ -1,13 +1,7 @@
 //! The services of a benchmark: Mosquitto, SecantusDB and a sink (palletd or another), on free ports.
 
 use crate::*;
-
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+use palletd::testkit::{free_port, Broker, Database};
 
 /// A child process killed when dropped.
 pub(crate) struct Proc(pub(crate) Child);
@@ -54,91 +48,47 @@ pub(crate) fn wait_for_line(child: &mut Child, needle: &str, log: PathBuf) -> an
         .map_err(|_| anyhow::anyhow!("process never printed {needle:?}"))
 }
 
+/// The broker and the database of a run (the test kit's, as the tests
+/// run them), and a directory for the sinks' spools and logs.
 pub(crate) struct Services {
     pub(crate) dir: tempfile::TempDir,
     pub(crate) broker_port: u16,
     pub(crate) db_port: u16,
-    pub(crate) _broker: Proc,
-    pub(crate) _db: Proc,
+    pub(crate) _broker: Broker,
+    pub(crate) db: Database,
 }
 
 impl Services {
     pub(crate) fn start(args: &RunArgs) -> anyhow::Result<Services> {
-        // BENCH_KEEP: keep the services' directory (logs, spool, data).
+        // BENCH_KEEP: keep the sinks' directory (logs, spool).
         let keep = std::env::var_os("BENCH_KEEP").is_some();
         let dir = tempfile::Builder::new().disable_cleanup(keep).tempdir()?;
         if keep {
             eprintln!("keeping {}", dir.path().display());
         }
-        let broker_port = free_port();
-        let conf = dir.path().join("mosquitto.conf");
         // Same broker settings for every scenario (every sink's in-flight
         // window matches the broker's).
-        std::fs::write(
-            &conf,
-            format!(
-                "listener {broker_port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
-                 max_inflight_messages {}\nmax_queued_messages {}\nlog_dest stdout\n",
-                args.inflight, args.queued
-            ),
-        )?;
-        let broker = Proc(
-            Command::new(&args.mosquitto)
-                .arg("-c")
-                .arg(&conf)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "{}: {e} (run scripts/install-test-services)",
-                        args.mosquitto.display()
-                    )
-                })?,
-        );
-        // Its output is block-buffered in a pipe: wait for the port instead.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", broker_port)).is_err() {
-            anyhow::ensure!(Instant::now() < deadline, "mosquitto did not listen");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let db_port = free_port();
-        let data = dir.path().join("db");
-        std::fs::create_dir_all(&data)?;
-        let mut db = Command::new(&args.secantusd)
-            .args([
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &db_port.to_string(),
-                "--storage-path",
-            ])
-            .arg(&data)
-            .args(["--cache-size", "256M", "--log-level", "WARNING"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "{}: {e} (run scripts/install-test-services)",
-                    args.secantusd.display()
-                )
-            })?;
-        wait_for_line(&mut db, "listening on", dir.path().join("secantusd.log"))?;
+        let broker = Broker::start_with(&format!(
+            "max_inflight_messages {}\nmax_queued_messages {}\n",
+            args.inflight, args.queued
+        ));
+        let db = Database::start();
         Ok(Services {
             dir,
-            broker_port,
-            db_port,
+            broker_port: broker.port,
+            db_port: db.port,
             _broker: broker,
-            _db: Proc(db),
+            db,
         })
     }
 
     pub(crate) fn mongodb_uri(&self) -> String {
-        format!(
-            "mongodb://127.0.0.1:{}/?directConnection=true",
-            self.db_port
-        )
+        self.db.uri()
+    }
+
+    /// The database server's process id.
+    pub(crate) fn db_pid(&self) -> String {
+        self.db.pid().expect("the database runs").to_string()
     }
 }
 

@@ -3,7 +3,7 @@
 use crate::*;
 
 pub(crate) fn wan(args: WanArgs) -> anyhow::Result<()> {
-    use palletd::netem::{Link, Proxy};
+    use palletd::testkit::netem::{Link, Proxy};
     let svc = Services::start(&args.run)?;
     let rt = tokio::runtime::Runtime::new()?;
     let link = Link {

@@ -9,7 +9,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::*;
-use palletd::netem::{Link, Proxy};
+use palletd::testkit::netem::{Link, Proxy};
 
 /// Messages each of the first `n` connections received.
 fn per_connection(p: &Palletd, n: usize) -> Vec<f64> {

@@ -1,7 +1,7 @@
 //! The database's own failures, as a replica set replies them (a primary
 //! stepping down before or while it runs a write, a write concern timeout,
 //! duplicate keys, time limits, lost and late replies, a message over the
-//! limits), injected by palletd's fault proxy (`palletd::netem::faults`)
+//! limits), injected by palletd's fault proxy (`palletd::testkit::netem::faults`)
 //! between palletd and a real SecantusDB. Each fault alone in both storage
 //! modes, then a random mix of all of them during a sustained backfill with
 //! the closer, a rollup and two instances. Each ends by comparing what was
@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use bson::Document;
 use common::*;
-use palletd::netem::faults::{Fault, Plan, Rule};
-use palletd::netem::Proxy;
+use palletd::testkit::netem::faults::{Fault, Plan, Rule};
+use palletd::testkit::netem::Proxy;
 
 /// The driver learns a stepped-down primary is writable again at its next
 /// check (10 s by default; 500 ms is the least it takes).

@@ -10,7 +10,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::*;
-use palletd::netem::{Link, Proxy};
+use palletd::testkit::netem::{Link, Proxy};
 
 /// A proxy in front of `broker` that carries everything until told to
 /// lose one direction.

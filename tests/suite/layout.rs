@@ -36,6 +36,7 @@ const EDGES: &[&str] = &[
     "simulate",
     "query",
     "shutdown",
+    "testkit",
     "netem",
     "task",
 ];

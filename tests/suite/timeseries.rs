@@ -260,10 +260,10 @@ async fn an_insert_applied_without_a_reply_is_not_applied_twice() {
 /// faults with two instances sharing a backfill.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_spools_reading_with_the_same_lsn_does_not_pass_for_a_lost_insert() {
-    use palletd::netem::faults::{Fault, Plan, Rule};
+    use palletd::testkit::netem::faults::{Fault, Plan, Rule};
     let db = Database::start();
     let plan = Plan::new(1, Duration::from_secs(1));
-    let proxy = palletd::netem::Proxy::faults(db.port, plan.clone())
+    let proxy = palletd::testkit::netem::Proxy::faults(db.port, plan.clone())
         .await
         .unwrap();
     let mut stack = Stack::on(Broker::start(), db, "tsotherspool", |c| {

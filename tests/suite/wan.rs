@@ -1,5 +1,5 @@
 //! palletd writing to a remote MongoDB over a slow, flaky link: a proxy
-//! that delays, throttles and cuts the connection (`palletd::netem`).
+//! that delays, throttles and cuts the connection (`palletd::testkit::netem`).
 //! After a cut, live readings are stored with their normal lag while the
 //! backlog drains behind them, and every reading is stored exactly once,
 //! through SIGKILLs and a lost reply during the drain.
@@ -9,7 +9,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::*;
-use palletd::netem::{Link, Proxy};
+use palletd::testkit::netem::{Link, Proxy};
 
 /// Readings of one sensor, one every `every`, with these sequence numbers.
 async fn publish_every(

@@ -15,22 +15,20 @@ mod disk;
 mod process;
 mod proxy;
 mod publisher;
-mod services;
 mod stack;
 
 pub use checks::*;
 pub use config::*;
 pub use data::*;
 pub use disk::*;
+pub use palletd::testkit::*;
 pub use process::*;
 pub use proxy::*;
 pub use publisher::*;
-pub use services::*;
 pub use stack::*;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -39,56 +37,10 @@ use bson::{doc, Bson, Document};
 use futures_util::TryStreamExt;
 use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
 
-pub const INSTALL_HINT: &str = "run `scripts/install-test-services` (installs Mosquitto, libfiu's fiu-utils, Chromium, promtool, lintian and Node.js from Debian, aedes, @grafana/schema and TypeScript from npm, statsmodels' datasets from PyPI and SecantusDB from crates.io)";
-
 pub const HOUR_MS: i64 = 3_600_000;
 
 pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
-}
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free local port")
-}
-
-pub fn find_binary(env: &str, names: &[&str], extra: &[PathBuf]) -> PathBuf {
-    if let Some(p) = std::env::var_os(env) {
-        return PathBuf::from(p);
-    }
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
-    dirs.extend(extra.iter().cloned());
-    for d in &dirs {
-        for n in names {
-            let p = d.join(n);
-            if p.is_file() {
-                return p;
-            }
-        }
-    }
-    panic!("{} not found (set {env} or {INSTALL_HINT})", names[0]);
-}
-
-fn wait_for_port(port: u16, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not start listening on port {port}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn kill_and_wait(child: &mut Child, signal: &str) {
-    let _ = Command::new("kill")
-        .args([signal, &child.id().to_string()])
-        .status();
-    let _ = child.wait();
 }
 
 /// Polls until `f` returns true, or panics with `what` after `within`.

@@ -1,12 +1,12 @@
 //! A proxy in front of the database that loses the reply to one write
 //! after the server applied it (an ambiguous write): palletd's fault
-//! injector ([`palletd::netem::faults`]) with one rule, armed by the test.
+//! injector ([`palletd::testkit::netem::faults`]) with one rule, armed by the test.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use palletd::netem::faults::{Fault, Plan, Rule};
-use palletd::netem::Proxy;
+use palletd::testkit::netem::faults::{Fault, Plan, Rule};
+use palletd::testkit::netem::Proxy;
 
 pub struct CutProxy {
     proxy: Proxy,

@@ -1,7 +1,65 @@
-//! The services every test runs against: a real Mosquitto and a real
-//! SecantusDB server, each on a free port with its own directory.
+//! Mosquitto, aedes and SecantusDB, each on a free port with its own
+//! directory, killed when dropped.
 
-use super::*;
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bson::doc;
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+
+/// What a missing service binary's panic says to run.
+pub const INSTALL_HINT: &str = "run `scripts/install-test-services` (installs Mosquitto, libfiu's fiu-utils, Chromium, promtool, lintian and Node.js from Debian, aedes, @grafana/schema and TypeScript from npm, statsmodels' datasets from PyPI and SecantusDB from crates.io)";
+
+/// A free local TCP port.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free local port")
+}
+
+/// `env` if set, else the first of `names` on the PATH or in `extra`.
+pub fn find_binary(env: &str, names: &[&str], extra: &[PathBuf]) -> PathBuf {
+    if let Some(p) = std::env::var_os(env) {
+        return PathBuf::from(p);
+    }
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    dirs.extend(extra.iter().cloned());
+    for d in &dirs {
+        for n in names {
+            let p = d.join(n);
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    panic!("{} not found (set {env} or {INSTALL_HINT})", names[0]);
+}
+
+/// Waits (up to 20 s) until something listens on `port`; `what` names it.
+pub fn wait_for_port(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not start listening on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends `signal` (`-TERM`, `-KILL`) to `child` and waits for it to exit.
+pub fn kill_and_wait(child: &mut Child, signal: &str) {
+    let _ = Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
 
 /// A Mosquitto broker on a free port.
 pub struct Broker {
@@ -228,7 +286,7 @@ impl Database {
         let mut child = Command::new(bin)
             .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
             .arg("--storage-path")
-            .arg(self.dir.path().join("data"))
+            .arg(self.data_dir())
             .args(["--cache-size", "256M", "--log-level", "WARNING"])
             .args(&self.args)
             .stdout(Stdio::piped())
@@ -275,6 +333,16 @@ impl Database {
 
     pub fn uri(&self) -> String {
         format!("mongodb://127.0.0.1:{}/?directConnection=true", self.port)
+    }
+
+    /// Where it keeps its data.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Its process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub async fn client(&self) -> mongodb::Client {
