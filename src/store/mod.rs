@@ -324,11 +324,12 @@ impl Store {
             return Err("the schema is not in place".into());
         }
         let db = self.mongo.db.clone();
+        let concern = &self.mongo.concern;
         let sealed = match &mut self.mode {
             Mode::Buckets(m) => {
                 let published = match self.sealing.take() {
                     Some(p) if !first => p,
-                    _ => publish_checkpoint(&db, &self.spools, &self.tags, checkpoint)
+                    _ => publish_checkpoint(&db, concern, &self.spools, &self.tags, checkpoint)
                         .await
                         .map_err(|e| e.to_string())?,
                 };
@@ -499,6 +500,7 @@ impl Store {
 /// else waits for it.
 async fn publish_checkpoint(
     db: &Database,
+    concern: &bson::Document,
     spools: &str,
     tags: &Tags,
     checkpoint: u64,
@@ -513,8 +515,9 @@ async fn publish_checkpoint(
         "update": spools,
         "updates": updates,
         "ordered": false,
-        "writeConcern": { "w": "majority" },
     };
-    statements::send_once(db, cmd, what).await?.refusal(what)?;
+    statements::send_once(db, concern, cmd, what)
+        .await?
+        .refusal(what)?;
     mongo::published_checkpoints(db.collection(spools), None).await
 }

@@ -309,6 +309,8 @@ pub(crate) fn build_batch(docs: impl Iterator<Item = RawDocumentBuf>) -> (usize,
 pub(crate) struct Mongo {
     pub db: Database,
     write_concern: RawDocumentBuf,
+    /// The same, for the commands sent once ([`super::statements::send_once`]).
+    pub concern: Document,
     /// Writes wait for a majority: reads that decide what an ambiguous
     /// write did read at majority too ([`Mongo::read_retrying`]).
     majority: bool,
@@ -328,15 +330,23 @@ pub(crate) struct Mongo {
     fence_file: Option<Arc<std::sync::Mutex<FenceFile>>>,
 }
 
+/// The configured write concern (`mongodb.write_concern`,
+/// `mongodb.journal`): every write palletd sends carries it.
+pub(crate) fn write_concern(settings: &MongoSettings) -> Document {
+    let w = match settings.write_concern {
+        WriteConcern::Majority => bson::Bson::String("majority".into()),
+        WriteConcern::Nodes(n) => bson::Bson::Int32(n as i32),
+    };
+    doc! { "w": w, "j": settings.journal }
+}
+
 impl Mongo {
     pub fn new(db: Database, settings: &MongoSettings) -> Mongo {
-        let w = match settings.write_concern {
-            WriteConcern::Majority => bson::RawBson::String("majority".into()),
-            WriteConcern::Nodes(n) => bson::RawBson::Int32(n as i32),
-        };
+        let concern = write_concern(settings);
         Mongo {
             db,
-            write_concern: rawdoc! { "w": w, "j": settings.journal },
+            write_concern: RawDocumentBuf::from_document(&concern).expect("a write concern"),
+            concern,
             majority: settings.write_concern == WriteConcern::Majority,
             outage: None,
             failures: 0,

@@ -10,10 +10,11 @@
 //!   answer is lost is the caller's ([`Lost`]). The readings of time
 //!   series mode, the dead letters, the latest values and the rollups'
 //!   queue entries.
-//! - **Ordered** ([`Mongo::write_until_answered`] and the caller's loop):
-//!   the buckets' upserts, where what an ordered command applied is a
-//!   prefix per sensor and the statements after a collision are planned
-//!   anew (`buckets/write.rs`).
+//! - **Ordered** ([`Mongo::send_ordered`]): the buckets' upserts, where
+//!   what an ordered command applied is a prefix per sensor; the caller
+//!   goes on from the refused statement (again after a backoff, into the
+//!   window's next bucket with the statements after it planned anew, or
+//!   given up: `buckets/write.rs`).
 //! - **Once** ([`send_once`]): the seal, the published checkpoint and the
 //!   rollup passes, each tried again as a whole at its next run.
 
@@ -27,6 +28,21 @@ use super::mongo::{
     DUPLICATE_KEY,
 };
 use crate::retry::{Aborted, Backoff};
+
+/// What an ordered command did ([`Mongo::send_ordered`]).
+#[derive(Debug)]
+pub(crate) enum Ordered {
+    /// No answer: any prefix of its `len` statements may be applied.
+    Lost { len: usize },
+    /// Its first `applied` statements were applied (`upserted`: those of
+    /// them whose upsert inserted a document); `refused`: the statement
+    /// after them, with what its error means.
+    Answered {
+        applied: usize,
+        upserted: Vec<usize>,
+        refused: Option<(WriteError, Decision)>,
+    },
+}
 
 /// What a command whose answer was lost means for its statements (the
 /// server may have applied any of them).
@@ -109,7 +125,7 @@ impl Mongo {
     /// holds) until it gets a reply: one that certainly was not applied is
     /// built and sent again after a backoff. The reply is `None` when the
     /// command may or may not have been applied.
-    pub(crate) async fn write_until_answered(
+    async fn write_until_answered(
         &mut self,
         what: &str,
         backoff: &mut Backoff,
@@ -124,6 +140,40 @@ impl Mongo {
                 Err(RetryAction::Ambiguous) => return Ok((len, None)),
             }
         }
+    }
+
+    /// Sends the ordered write command `build` makes until it is answered
+    /// and reads the answer: what an ordered command applied is a prefix.
+    /// The caller goes on from the refused statement as its [`Decision`]
+    /// says (`by_id`: the statements upsert documents by their `_id`).
+    pub(crate) async fn send_ordered(
+        &mut self,
+        what: &str,
+        by_id: bool,
+        backoff: &mut Backoff,
+        abort: &CancellationToken,
+        build: impl Fn(&Mongo) -> (usize, RawDocumentBuf),
+    ) -> Result<Ordered, Aborted> {
+        let (len, reply) = self
+            .write_until_answered(what, backoff, abort, build)
+            .await?;
+        let Some(reply) = reply else {
+            return Ok(Ordered::Lost { len });
+        };
+        let refused = reply.write_errors.into_iter().next();
+        let applied = refused.as_ref().map_or(len, |e| e.index);
+        let refused = refused.map(|error| {
+            let decision = decide(Failure::Statement {
+                error: &error,
+                by_id,
+            });
+            (error, decision)
+        });
+        Ok(Ordered::Answered {
+            applied,
+            upserted: reply.upserted,
+            refused,
+        })
     }
 
     /// Sends statements `0..len` (`statement(i)` builds the i-th, again
@@ -187,15 +237,19 @@ impl Mongo {
     }
 }
 
-/// Sends one write command outside the writer's retries: the closer's
-/// seal and published checkpoint, the rollup passes (each is tried again as
-/// a whole at its next run). Its reply parsed; a write concern error is an
-/// error (the server may not keep what it applied), like a failed command.
+/// Sends one write command outside the writer's retries, with the
+/// configured write `concern` ([`super::mongo::write_concern`]): the
+/// closer's seal and published checkpoint, the rollup passes (each is
+/// tried again as a whole at its next run). Its reply parsed; a write
+/// concern error is an error (the server may not keep what it applied),
+/// like a failed command.
 pub(crate) async fn send_once(
     db: &Database,
-    cmd: bson::Document,
+    concern: &bson::Document,
+    mut cmd: bson::Document,
     what: &str,
 ) -> mongodb::error::Result<Reply> {
+    cmd.insert("writeConcern", concern.clone());
     let reply = Reply::parse(&db.run_command(cmd).await?);
     if let Some(wce) = &reply.write_concern_error {
         return Err(mongodb::error::Error::custom(format!("{what}: {wce}")));

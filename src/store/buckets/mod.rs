@@ -111,6 +111,9 @@ pub struct Buckets {
     /// The spool ids this spool's records were written under (each
     /// statement records its LSNs under its own, [`bucket::lsns_field`]).
     tags: Tags,
+    /// The configured write concern, which the seal carries
+    /// ([`mongo::write_concern`]).
+    concern: Document,
 }
 
 /// The indexes the buckets need: range reads (and what a replay applied),
@@ -139,6 +142,7 @@ impl Buckets {
             full: Vec::new(),
             routed: std::sync::OnceLock::new(),
             tags: Tags::new(0),
+            concern: mongo::write_concern(&settings.mongodb),
         }
     }
 

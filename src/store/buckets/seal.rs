@@ -214,9 +214,8 @@ impl Buckets {
             "update": &self.collection,
             "updates": updates,
             "ordered": true,
-            "writeConcern": { "w": "majority" },
         };
-        let reply = statements::send_once(db, cmd, "seal").await?;
+        let reply = statements::send_once(db, &self.concern, cmd, "seal").await?;
         reply.refusal("seal")?;
         if more && !self.seal_chunk_fixed {
             self.seal_chunk = next_seal_chunk(self.seal_chunk, started.elapsed());

@@ -10,10 +10,11 @@ use mongodb::Collection;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::mongo::{self, count_statement_error, rejection, Decision, Mongo, WriteError};
+use super::mongo::{count_statement_error, rejection, Decision, Mongo, WriteError};
 use crate::bucket::{self, Fill};
 use crate::flush::{Batch, Outcome, Written};
 use crate::retry::{Aborted, Backoff};
+use crate::store::statements::Ordered;
 
 /// Records what the database did with a statement: `Some(inserted)` when
 /// it was applied (the fill it now has), `None` when it was not (unknown).
@@ -153,38 +154,41 @@ impl Buckets {
         let mut relearned = false;
         while next < order.len() {
             let runs = &batch.runs;
-            let (batch_len, reply) = mongo
-                .write_until_answered("write buckets", &mut backoff, abort, |m| {
+            let sent = mongo
+                .send_ordered("write buckets", true, &mut backoff, abort, |m| {
                     let statements = order[next..].iter().map(|&(r, s)| {
                         plans[r][s].to_bson(&runs[r].sensor, &runs[r].samples, &shape, shard_key)
                     });
                     m.batch_command("update", &self.collection, "updates", statements, true)
                 })
                 .await?;
-            let Some(reply) = reply else {
-                // Unknown what the command applied; the pipeline learns it
-                // before sending these samples again.
-                for &(r, s) in &order[next..next + batch_len] {
-                    let st = &plans[r][s];
-                    batch.runs[r].outcomes[st.range.clone()].fill(Outcome::Unknown);
+            let (applied, upserted, refused) = match sent {
+                Ordered::Answered {
+                    applied,
+                    upserted,
+                    refused,
+                } => (applied, upserted, refused),
+                Ordered::Lost { len } => {
+                    // Unknown what the command applied; the pipeline learns
+                    // it before sending these samples again.
+                    for &(r, s) in &order[next..next + len] {
+                        let st = &plans[r][s];
+                        batch.runs[r].outcomes[st.range.clone()].fill(Outcome::Unknown);
+                    }
+                    break;
                 }
-                break;
             };
-            // Ordered: everything before the first error was applied.
-            let first_error = reply.write_errors.first().cloned();
-            let applied = first_error.as_ref().map_or(batch_len, |e| e.index);
             for i in 0..applied {
                 let (r, s) = order[next + i];
                 let st = &plans[r][s];
-                let inserted = reply.upserted.contains(&i);
+                let inserted = upserted.contains(&i);
                 self.applied(&mut batch.runs[r], st, inserted, &mut written);
             }
             next += applied;
-            let Some(error) = first_error else {
+            let Some((error, decision)) = refused else {
                 backoff.reset();
                 continue;
             };
-            let decision = mongo::statement_error(&error, true);
             let (r, s) = order[next];
             match decision {
                 // Its bucket is there and it does not fit (full or sealed,

@@ -139,6 +139,8 @@ struct Passes {
     window_ms: i64,
     /// `closer.grace` in ms.
     grace_ms: i64,
+    /// The configured write concern ([`mongo::write_concern`]).
+    concern: Document,
 }
 
 impl Rollups {
@@ -165,6 +167,7 @@ impl Rollups {
                 },
                 window_ms: settings.bucket.window.as_millis() as i64,
                 grace_ms: settings.closer.grace.as_millis() as i64,
+                concern: mongo::write_concern(&settings.mongodb),
             },
             wake: None,
         })

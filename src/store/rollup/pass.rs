@@ -244,7 +244,7 @@ impl Passes {
                 .collect();
             out.statements += updates.len() as u64;
             let coll = Rollups::collection_of(&self.base, spec);
-            let errors = write(db, &coll, "update", "updates", updates).await?;
+            let errors = write(db, &self.concern, &coll, "update", "updates", updates).await?;
             out.written += (keys_of.len() - errors.len()) as u64;
             for (i, error) in errors {
                 let (sensor, start) = &keys_of[i];
@@ -296,7 +296,7 @@ impl Passes {
         self.delete(db, gone.into_iter(), out).await?;
         out.statements += updates.len() as u64;
         if !updates.is_empty() {
-            write(db, &self.queue, "update", "updates", updates).await?;
+            write(db, &self.concern, &self.queue, "update", "updates", updates).await?;
         }
         Ok(())
     }
@@ -314,7 +314,7 @@ impl Passes {
             .collect();
         out.statements += deletes.len() as u64;
         if !deletes.is_empty() {
-            write(db, &self.queue, "delete", "deletes", deletes).await?;
+            write(db, &self.concern, &self.queue, "delete", "deletes", deletes).await?;
         }
         Ok(())
     }
@@ -352,7 +352,7 @@ impl Passes {
             again = ?PARKED_FOR,
             "Rollups that cannot be written are set aside (the others go on); tried again later."
         );
-        write(db, &self.queue, "update", "updates", updates).await?;
+        write(db, &self.concern, &self.queue, "update", "updates", updates).await?;
         Ok(())
     }
 
@@ -608,13 +608,14 @@ fn key_of(d: &Document) -> (String, i64) {
 /// idempotent), rather than setting its key aside for [`PARKED_FOR`].
 async fn write(
     db: &Database,
+    concern: &Document,
     coll: &str,
     name: &str,
     field: &str,
     statements: Vec<Document>,
 ) -> mongodb::error::Result<Vec<(usize, String)>> {
     let cmd = doc! { name: coll, field: statements, "ordered": false };
-    let errors = statements::send_once(db, cmd, &format!("rollup {name}"))
+    let errors = statements::send_once(db, concern, cmd, &format!("rollup {name}"))
         .await?
         .write_errors;
     if let Some(e) = errors
