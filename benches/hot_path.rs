@@ -9,7 +9,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use palletd::bucket::{self, Sample, Shape};
 use palletd::decode::Decoder;
-use palletd::pipeline::pending::Pending;
+use palletd::internals::Pending;
 
 const NOW: i64 = 1_796_000_000_000;
 
@@ -290,7 +290,7 @@ fn statements(c: &mut Criterion) {
                         &run.samples,
                         &mut run.fills,
                         &shape,
-                        &palletd::spool_ids::Tags::new(1),
+                        &palletd::internals::Tags::new(1),
                     ) {
                         bytes += st
                             .to_bson(&run.sensor, &run.samples, &shape, false)

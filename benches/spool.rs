@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use palletd::spool::{bench_append, bench_read, Fsync};
+use palletd::internals::{bench_append, bench_read, Fsync};
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");

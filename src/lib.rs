@@ -89,31 +89,59 @@ pub const VERSION: &str = concat!(
     ")"
 );
 
-pub mod admission;
+// The interface: the modules the command line (`main.rs`) is built on,
+// and the test kit.
 pub mod bucket;
-pub(crate) mod budget;
 pub mod clock;
 pub mod config;
-mod daemon;
-pub mod deadletter;
 pub mod decode;
-pub(crate) mod flush;
-pub mod front;
-pub mod ingest;
-pub mod pipeline;
 pub mod query;
-pub(crate) mod record;
-pub(crate) mod retry;
 pub mod shutdown;
 pub mod simulate;
-pub mod spool;
-pub mod spool_ids;
-pub mod store;
 pub mod telemetry;
 #[doc(hidden)]
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod thin;
-pub mod web;
+
+// The crate's own: the tasks and what they share. What the command line
+// uses of them is re-exported below, and what the tests and benchmarks
+// reach inside for is in [`internals`].
+mod admission;
+mod budget;
+mod daemon;
+mod deadletter;
+mod flush;
+mod front;
+mod ingest;
+mod pipeline;
+mod record;
+mod retry;
+mod spool;
+mod spool_ids;
+mod store;
+mod web;
 
 pub use daemon::{mongo_client, run, start, RunError, Running, READY_FLUSH_BOUND};
+/// The MQTT sessions a configuration opens (`palletd config check` prints
+/// them).
+pub use front::plan::plan as plan_sessions;
+/// Where readings go in MongoDB (`palletd query` reads through it).
+pub use store::Store;
+
+/// What the tests and the benchmarks reach inside the crate for (a thing
+/// each measures or checks against), named as inside; not palletd's
+/// interface.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::admission::sparkplug::CHUNK_BYTES as SPARKPLUG_SNAPSHOT_CHUNK_BYTES;
+    pub use crate::admission::thinning::Thinning;
+    pub use crate::deadletter::CAUSES as DEAD_LETTER_CAUSES;
+    pub use crate::ingest::tls::client_config as mqtt_tls_client_config;
+    pub use crate::pipeline::pending::Pending;
+    pub use crate::spool::{bench_append, bench_read, Fsync};
+    pub use crate::spool_ids::Tags;
+    pub use crate::store::buckets::{indexes as bucket_indexes, Buckets};
+    pub use crate::store::latest::statement as latest_statement;
+    pub use crate::web::{serve, Pages};
+}

@@ -316,7 +316,7 @@ fn check_config(settings: &palletd::config::Settings) {
     // What each MQTT session subscribes (a Sparkplug B
     // subscription stays on the first).
     let sessions =
-        palletd::front::plan::plan(&settings.mqtt, &settings.subscriptions, &Default::default());
+        palletd::plan_sessions(&settings.mqtt, &settings.subscriptions, &Default::default());
     println!(
         "MQTT: {} connection(s) (mqtt.connections = {})",
         sessions.len(),
@@ -485,8 +485,7 @@ fn query(args: &QueryArgs, settings: &palletd::config::Settings) -> anyhow::Resu
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async {
         let client = palletd::mongo_client(settings).await?;
-        let store =
-            palletd::store::Store::new(settings, client.database(&settings.mongodb.database));
+        let store = palletd::Store::new(settings, client.database(&settings.mongodb.database));
         let stdout = std::io::stdout();
         let mut out = std::io::BufWriter::new(stdout.lock());
         if args.summary {

@@ -41,7 +41,9 @@ pub enum SessionId {
     Index(u8),
 }
 
-/// What one record holds.
+/// What one record holds, owned (the tests build records from it; palletd
+/// itself writes [`EntryRef`]s).
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Entry {
     Sample {
@@ -61,7 +63,8 @@ pub enum Entry {
     },
 }
 
-/// A record, owned.
+/// A record, owned (tests).
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
     pub lsn: u64,
@@ -182,7 +185,7 @@ impl RecordRef<'_> {
     }
 
     #[cfg(test)]
-    pub fn to_owned(&self) -> Record {
+    pub fn into_record(self) -> Record {
         Record {
             lsn: self.lsn,
             received_ms: self.received_ms,
@@ -209,6 +212,7 @@ impl RecordRef<'_> {
     }
 }
 
+#[cfg(test)]
 impl Record {
     pub fn as_ref(&self) -> RecordRef<'_> {
         RecordRef {
@@ -449,7 +453,7 @@ pub(crate) mod tests {
             assert_eq!(frame(&bytes[..bytes.len() - 1]), Frame::Short);
             assert!(plausible(bytes, &(r.lsn..r.lsn + 1)));
             assert!(!plausible(bytes, &(r.lsn + 1..r.lsn + 2)));
-            let back: Vec<Record> = parse(bytes).map(|x| x.to_owned()).collect();
+            let back: Vec<Record> = parse(bytes).map(|x| x.into_record()).collect();
             assert_eq!(back, vec![r.clone()]);
             let ids: Vec<_> = identities(bytes).collect();
             match r.entry {

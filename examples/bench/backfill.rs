@@ -10,7 +10,7 @@ pub(crate) async fn probe_upserts(uri: &str, n: usize) -> anyhow::Result<f64> {
     let db = client.database("probe");
     db.collection::<bson::Document>("buckets").drop().await?;
     db.collection::<bson::Document>("buckets")
-        .create_indexes(palletd::store::buckets::indexes())
+        .create_indexes(palletd::internals::bucket_indexes())
         .await?;
     let statements: Vec<bson::Document> = (0..n)
         .map(|i| {

@@ -182,7 +182,7 @@ pub(crate) async fn prefill(uri: &str, sensors: usize, hours: usize) -> anyhow::
         .await?
         .database("bench")
         .collection::<bson::Document>("readings");
-    coll.create_indexes(palletd::store::buckets::indexes())
+    coll.create_indexes(palletd::internals::bucket_indexes())
         .await?;
     let now = chrono::Utc::now().timestamp_millis() / 3_600_000 * 3_600_000;
     let started = Instant::now();

@@ -7,10 +7,10 @@ use crate::*;
 pub(crate) async fn sink(args: SinkArgs) -> anyhow::Result<()> {
     let handle = palletd::telemetry::install();
     let stop = tokio_util::sync::CancellationToken::new();
-    let server = palletd::web::serve(
+    let server = palletd::internals::serve(
         ([127, 0, 0, 1], args.metrics_port).into(),
         &Default::default(),
-        palletd::web::Pages {
+        palletd::internals::Pages {
             metrics: handle,
             health: Arc::new(palletd::telemetry::Health::default()),
             history: Arc::default(),

@@ -241,7 +241,7 @@ pub(crate) fn sparkplug_state(args: SparkplugFloodArgs) -> anyhow::Result<()> {
                     after = state.snapshot_lines(
                         after.as_ref(),
                         &mut chunk,
-                        palletd::admission::sparkplug::CHUNK_BYTES,
+                        palletd::internals::SPARKPLUG_SNAPSHOT_CHUNK_BYTES,
                     );
                     snapshot_bytes = snapshot_bytes.max(chunk.capacity());
                     if after.is_none() {

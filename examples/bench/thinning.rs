@@ -130,9 +130,9 @@ pub(crate) fn thinning_table(args: ThinningArgs) -> anyhow::Result<()> {
 /// per sensor the state's bytes (as `palletd_memory_bytes{part="thinning"}`
 /// counts them).
 pub(crate) fn thinning_state() {
-    use palletd::admission::thinning::Thinning;
     use palletd::bucket::Sample;
     use palletd::decode::{FieldValue, Reading};
+    use palletd::internals::Thinning;
     use palletd::thin::Rule;
     let door = |deviation| Rule::SwingingDoor {
         deviation,

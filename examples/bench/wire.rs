@@ -37,7 +37,7 @@ pub(crate) fn wire(args: WireArgs) -> anyhow::Result<()> {
         max_samples: 200,
         max_bytes: 256 << 10,
     };
-    let tags = palletd::spool_ids::Tags::new(0x5eed);
+    let tags = palletd::internals::Tags::new(0x5eed);
     let set = density_sets(args.sensors, 1, 1, 1).remove(0);
     println!(
         "| readings per statement | part | zstd 1 | zstd 3 | zstd 9 | zstd 19 | uncompressed |"
@@ -85,7 +85,7 @@ pub(crate) fn wire(args: WireArgs) -> anyhow::Result<()> {
             }
             if let Some(newest) = samples.last() {
                 latest.push(bson::Document::try_from(
-                    palletd::store::latest::statement(&sensor, newest).as_ref(),
+                    palletd::internals::latest_statement(&sensor, newest).as_ref(),
                 )?);
             }
         }

@@ -22,4 +22,6 @@ pub(crate) mod task;
 #[cfg(test)]
 mod tests;
 
-pub use self::state::{Config, Core, Leftover, MAX_STATEMENTS_PER_FLUSH};
+#[cfg(test)]
+pub use self::state::MAX_STATEMENTS_PER_FLUSH;
+pub use self::state::{Config, Core, Leftover};

@@ -90,7 +90,9 @@ pub use reader::{Read, Reader};
 pub use recover::Recovery;
 
 pub use crate::config::spool::{Fsync, Holder, SpoolSettings, WhenFull, DEFAULT_MAX_QUEUED};
-pub use crate::record::{parse, Entry, EntryRef, Record, RecordRef, SessionId};
+pub use crate::record::{parse, EntryRef, RecordRef, SessionId};
+#[cfg(test)]
+pub use crate::record::{Entry, Record};
 
 /// Numbers the appender keeps and the tasks read.
 #[derive(Debug)]
@@ -500,16 +502,18 @@ pub fn bench_append(
     let doc = vec![0u8; record_bytes];
     let mut lsn = recovery.next_lsn;
     for _ in 0..records {
-        let r = Record {
+        let mut bytes = Vec::with_capacity(record_bytes + 64);
+        RecordRef {
             lsn,
             received_ms: 0,
-            entry: Entry::DeadLetter { doc: doc.clone() },
-        };
+            entry: EntryRef::DeadLetter { doc: &doc },
+        }
+        .encode_into(&mut bytes);
         lsn += 1;
         if spool
             .tx
             .blocking_send(Command::Append {
-                bytes: r.encode().into(),
+                bytes: bytes.into(),
                 end: lsn,
             })
             .is_err()

@@ -174,7 +174,7 @@ impl Reader {
         limit: u64,
     ) -> io::Result<Vec<super::Record>> {
         let read = self.read(max, limit)?;
-        Ok(super::parse(&read.bytes).map(|r| r.to_owned()).collect())
+        Ok(super::parse(&read.bytes).map(|r| r.into_record()).collect())
     }
 
     /// Opens the segment holding `next` (or the first after it). A segment

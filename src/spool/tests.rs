@@ -897,7 +897,7 @@ fn follow(
     prop_assert!(r.records <= max);
     prop_assert!(r.complete_to <= rig.acked);
     for rec in parse(&r.bytes) {
-        prop_assert_eq!(Some(&rec.to_owned()), rig.written.get(&rec.lsn));
+        prop_assert_eq!(Some(&rec.into_record()), rig.written.get(&rec.lsn));
         got.push(rec.lsn);
     }
     let expect: Vec<u64> = rig
@@ -1073,7 +1073,7 @@ fn layout(sim: &Sim, path: &Path) -> Vec<(std::ops::Range<usize>, Vec<u64>)> {
     if !segment::is_compressed(path) {
         let mut at = 0;
         for r in parse(&bytes) {
-            let len = r.to_owned().encode().len();
+            let len = r.into_record().encode().len();
             out.push((at..at + len, vec![r.lsn]));
             at += len;
         }

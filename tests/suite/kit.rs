@@ -724,7 +724,7 @@ async fn every_metric_the_kit_names_is_exported_from_the_start() {
             .collect();
         assert_eq!(found, vec![0.0], "{name} {value:?}");
     }
-    for cause in palletd::deadletter::CAUSES {
+    for cause in palletd::internals::DEAD_LETTER_CAUSES {
         assert!(
             series(&scrape, "palletd_dead_letters_total")
                 .any(|s| s.labels.get("cause") == Some(cause)),

@@ -323,7 +323,7 @@ async fn retention_index_follows_the_configuration() {
             cfg = cfg.set("retention.deadletter_expire_after", d);
         }
         let settings = cfg.settings();
-        let mut store = palletd::store::Store::new(&settings, client.database("ttl"));
+        let mut store = palletd::Store::new(&settings, client.database("ttl"));
         assert!(store.try_ensure_schema().await, "schema set up");
         assert_eq!(
             ttl(&client, "ttl", "readings", "endTs_ttl").await,
@@ -418,7 +418,7 @@ async fn legacy_and_pipeline_seals_agree() {
     ]
     .into();
     let coll = database.collection::<Document>("readings");
-    coll.create_indexes(palletd::store::buckets::indexes())
+    coll.create_indexes(palletd::internals::bucket_indexes())
         .await
         .unwrap();
     coll.insert_many([bucket("new"), bucket("old")])
@@ -427,7 +427,7 @@ async fn legacy_and_pipeline_seals_agree() {
     let settings = Config::offline(&db, "seal")
         .set("closer.grace", "1s")
         .settings();
-    let buckets = || palletd::store::buckets::Buckets::new(&settings);
+    let buckets = || palletd::internals::Buckets::new(&settings);
     let mut modern = buckets().with_legacy_seal(false);
     let mut legacy = buckets().with_legacy_seal(true);
     // Seal only "new" with the pipeline form, then the rest with the legacy form.
@@ -571,7 +571,7 @@ async fn a_seal_goes_in_chunks_until_every_ended_bucket_is_sealed() {
     for legacy in [false, true] {
         let database = client.database(&format!("chunks{}", legacy as u8));
         let coll = database.collection::<Document>("readings");
-        coll.create_indexes(palletd::store::buckets::indexes())
+        coll.create_indexes(palletd::internals::bucket_indexes())
             .await
             .unwrap();
         let bucket = |i: i64, end: i64| {
@@ -585,7 +585,7 @@ async fn a_seal_goes_in_chunks_until_every_ended_bucket_is_sealed() {
         let ended = (0..25).map(|i| bucket(i, 1000));
         let open = (100..103).map(|i| bucket(i, 60_000));
         coll.insert_many(ended.chain(open)).await.unwrap();
-        let mut buckets = palletd::store::buckets::Buckets::new(&settings)
+        let mut buckets = palletd::internals::Buckets::new(&settings)
             .with_legacy_seal(legacy)
             .with_seal_chunk(10);
         let none = std::collections::HashMap::new();

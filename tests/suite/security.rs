@@ -99,7 +99,7 @@ async fn tls_publisher(broker: &Broker, ca: &Path) -> rumqttc::AsyncClient {
         ca_file: Some(ca.to_path_buf()),
         ..Default::default()
     };
-    let config = palletd::ingest::tls::client_config(&settings).unwrap();
+    let config = palletd::internals::mqtt_tls_client_config(&settings).unwrap();
     opts.set_transport(rumqttc::Transport::Tls(rumqttc::TlsConfiguration::Rustls(
         std::sync::Arc::new(config),
     )));
