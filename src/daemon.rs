@@ -301,7 +301,6 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
     store.observe(health.clone());
     let (spool, recovered, appender) = open_spool(settings)?;
     store.set_spool(recovered.tags.clone());
-    store.start_rollups();
     let connections =
         ingest::Connections::new(&settings.mqtt, &settings.subscriptions, &settings.spool.dir)
             .map_err(RunError::Config)?;
@@ -347,6 +346,7 @@ pub async fn start(settings: &Settings, stop: CancellationToken) -> Result<Runni
     let done = CancellationToken::new();
     let abort = CancellationToken::new();
     let tracker = TaskTracker::new();
+    store.start_rollups(&tracker, [done.clone(), abort.clone()]);
     spawn_watchers(
         settings,
         &tracker,

@@ -130,12 +130,16 @@ impl Store {
         }
     }
 
-    /// Runs the rollup passes on a task of their own (see
-    /// [`rollup::Rollups::start_passes`]).
-    pub(crate) fn start_rollups(&mut self) {
+    /// Runs the rollup passes on a task of their own on `tracker`, until
+    /// `done` or `abort` (see [`rollup::Rollups::start_passes`]).
+    pub(crate) fn start_rollups(
+        &mut self,
+        tracker: &tokio_util::task::TaskTracker,
+        tokens: [CancellationToken; 2],
+    ) {
         let db = self.mongo.db.clone();
         if let Some(r) = &mut self.rollups {
-            r.start_passes(db);
+            r.start_passes(db, tracker, tokens);
         }
     }
 

@@ -47,8 +47,9 @@
 //! document (sans-IO); `read_back.rs` reads rollups back (`palletd query
 //! --stats --rollup`, and the settled ones `/api/series` takes).
 //!
-//! The passes run on a task of their own ([`Rollups::start_passes`]),
-//! woken by each closer run with its time: computing many sensors' rollups
+//! The passes run on a task of their own, on the daemon's task tracker
+//! like every task ([`Rollups::start_passes`]), woken by each closer run
+//! with its time: computing many sensors' rollups
 //! takes the database seconds, and flushes must not wait for it. A pass
 //! that is still running when the closer runs again is followed by one
 //! more; the queue's versions make a pass safe beside the writes.
@@ -59,6 +60,7 @@ use bson::{doc, rawdoc, Bson, Document};
 use mongodb::options::IndexOptions;
 use mongodb::{Database, IndexModel};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::mongo::{self, Mongo};
 use super::read;
@@ -173,8 +175,12 @@ impl Rollups {
         })
     }
 
-    /// Starts the task that runs the passes on `db` (needs a tokio
-    /// runtime); until then [`Rollups::closer_ran`] runs them inline.
+    /// Starts the task that runs the passes on `db`, on `tracker` (so the
+    /// shutdown waits for it); until then [`Rollups::closer_ran`] runs
+    /// them inline. It begins no pass once `done` (the pipeline finished:
+    /// the closer runs no more) and ends at once on `abort`: a pass cut
+    /// where it is leaves what it did not finish due (see the module's
+    /// doc).
     ///
     /// A pass that left due keys (it takes [`KEYS_PER_PASS`] at most) is
     /// followed by another without waiting for the closer, after a pause
@@ -182,21 +188,39 @@ impl Rollups {
     /// as long as the pass took): a backfill's rollups follow it within a
     /// closer interval and a few passes, and the flushes keep the rest of
     /// the database's time.
-    pub(crate) fn start_passes(&mut self, db: Database) {
+    pub(crate) fn start_passes(
+        &mut self,
+        db: Database,
+        tracker: &TaskTracker,
+        [done, abort]: [CancellationToken; 2],
+    ) {
         let (wake, mut woken) = tokio::sync::watch::channel(i64::MIN);
         let passes = self.passes.clone();
         let pause = (1.0 - self.share) / self.share;
-        tokio::spawn(async move {
+        let run = async move {
             let mut failing = false;
-            while woken.changed().await.is_ok() {
+            loop {
+                tokio::select! {
+                    changed = woken.changed() => if changed.is_err() { return },
+                    _ = done.cancelled() => return,
+                }
                 loop {
                     let now_ms = *woken.borrow_and_update();
                     let started = std::time::Instant::now();
                     if !passes.run(&db, now_ms, &mut failing).await {
                         break;
                     }
-                    tokio::time::sleep(started.elapsed().mul_f64(pause)).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(started.elapsed().mul_f64(pause)) => {}
+                        _ = done.cancelled() => return,
+                    }
                 }
+            }
+        };
+        tracker.spawn(async move {
+            tokio::select! {
+                _ = run => {}
+                _ = abort.cancelled() => {}
             }
         });
         self.wake = Some(wake);
