@@ -60,7 +60,9 @@
 //! - [`thin`]: thinning rules (deadband, swinging door) with a stated
 //!   error bound; the admission applies them as it spools
 //!   ([`admission::thinning`]).
-//! - [`flush`]: what a flush hands the store and what comes back.
+//! - [`handoff`]: what the tasks hand each other: the records the
+//!   admission feeds the pipeline, and what a flush hands the store and
+//!   gets back.
 //! - [`deadletter`]: dead-letter documents, ids, counting and logging.
 //! - [`record`]: the spool's record format (what a record holds, how it is
 //!   framed and parsed back), shared by the spool and the pipeline.
@@ -111,8 +113,8 @@ mod admission;
 mod budget;
 mod daemon;
 mod deadletter;
-mod flush;
 mod front;
+mod handoff;
 mod ingest;
 mod pipeline;
 mod record;

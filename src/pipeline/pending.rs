@@ -40,7 +40,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 use crate::bucket::{Fills, SampleRef, Samples, Shape};
-use crate::flush::Run;
+use crate::handoff::Run;
 
 /// A sensor's index in the slab.
 pub(crate) type SensorId = u32;

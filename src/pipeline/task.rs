@@ -12,7 +12,7 @@ use tracing::{debug, error, info};
 
 use super::state::{Action, Core, Flushed, Lane, Leftover};
 use crate::clock::now_ms;
-use crate::flush::Feed;
+use crate::handoff::Feed;
 use crate::retry::Backoff;
 use crate::spool::{self, Reader, Spool};
 use crate::store::Store;
@@ -378,7 +378,7 @@ impl Task {
 
     async fn resolve(
         &mut self,
-        req: Vec<crate::flush::Resolve>,
+        req: Vec<crate::handoff::Resolve>,
         abort: &CancellationToken,
     ) -> Result<(), Leftover> {
         let Ok(resolution) = self.store.resolve(&req, abort).await else {
@@ -402,7 +402,7 @@ impl Task {
 
     async fn write(
         &mut self,
-        mut batch: crate::flush::Batch,
+        mut batch: crate::handoff::Batch,
         abort: &CancellationToken,
     ) -> Result<(), Leftover> {
         let started = Instant::now();

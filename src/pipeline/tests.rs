@@ -39,8 +39,8 @@ use proptest::prelude::*;
 use super::state::{Action, Config, Core};
 use crate::bucket::{self, Sample, SampleRef, Shape};
 use crate::decode::{FieldValue, Reading};
-use crate::flush::Feed;
-use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
+use crate::handoff::Feed;
+use crate::handoff::{Batch, Outcome, Resolution, Resolve, Written};
 use crate::spool::{Entry, Record};
 use crate::spool_ids::Tags;
 
@@ -693,7 +693,7 @@ impl World {
     }
 
     /// Applies one statement: its samples stored, its range recorded.
-    fn apply(&mut self, run: &crate::flush::Run, range: std::ops::Range<usize>) {
+    fn apply(&mut self, run: &crate::handoff::Run, range: std::ops::Range<usize>) {
         let (mut lo, mut hi) = (u64::MAX, 0);
         for i in range.clone() {
             let s = run.samples.get(i);

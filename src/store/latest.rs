@@ -36,7 +36,7 @@ use tracing::warn;
 use super::mongo::Mongo;
 use super::statements::{Ids, Lost, Unordered};
 use crate::bucket::SampleRef;
-use crate::flush::Batch;
+use crate::handoff::Batch;
 use crate::retry::Aborted;
 
 /// The latest-value collection.

@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::config::{RollupSettings, Settings, StorageMode};
-use crate::flush::{Batch, Resolution, Resolve, Written};
+use crate::handoff::{Batch, Resolution, Resolve, Written};
 use crate::retry::{Aborted, Backoff};
 use crate::spool_ids::Tags;
 use buckets::{Buckets, Sealed};

@@ -48,7 +48,7 @@ use super::statements::{Ids, Lost, Unordered};
 use super::SchemaError;
 use crate::bucket::{SampleRef, ARCHIVE, LEFT_OUT};
 use crate::config::Settings;
-use crate::flush::{Batch, Outcome, Resolution, Resolve, Written};
+use crate::handoff::{Batch, Outcome, Resolution, Resolve, Written};
 use crate::retry::Aborted;
 use crate::spool_ids::Tags;
 

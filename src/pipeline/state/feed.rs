@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crate::bucket::SampleRef;
 use crate::deadletter::{self, DeadLetter, Refusal};
-use crate::flush::Feed;
+use crate::handoff::Feed;
 use crate::pipeline::backlog::{self};
 use crate::record::{parse, EntryRef};
 

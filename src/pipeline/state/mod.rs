@@ -70,7 +70,7 @@ use super::pending::{Pending, SensorId};
 use super::policy::{self, FlushPolicy, Retuned, Share};
 use crate::bucket::Shape;
 use crate::deadletter::{DeadLetter, Refusal};
-use crate::flush::{Batch, Resolve};
+use crate::handoff::{Batch, Resolve};
 use crate::spool_ids::Tags;
 
 mod feed;

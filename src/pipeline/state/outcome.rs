@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::bucket::Samples;
 use crate::deadletter::{self, Refusal};
-use crate::flush::{Batch, Outcome, Resolution, Written};
+use crate::handoff::{Batch, Outcome, Resolution, Written};
 use crate::pipeline::policy::{self};
 
 impl Core {

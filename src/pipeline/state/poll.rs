@@ -4,7 +4,7 @@
 use super::*;
 use std::time::Instant;
 
-use crate::flush::{Batch, Resolve};
+use crate::handoff::{Batch, Resolve};
 use crate::pipeline::pending::SensorId;
 
 impl Core {

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::mongo::{self, Mongo};
 use crate::bucket::{self};
-use crate::flush::{Resolution, Resolve};
+use crate::handoff::{Resolution, Resolve};
 use crate::retry::Aborted;
 
 /// What the buckets of one sensor and window say was applied to them.

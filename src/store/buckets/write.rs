@@ -12,7 +12,7 @@ use tracing::debug;
 
 use super::mongo::{count_statement_error, rejection, Decision, Mongo, WriteError};
 use crate::bucket::{self, Fill};
-use crate::flush::{Batch, Outcome, Written};
+use crate::handoff::{Batch, Outcome, Written};
 use crate::retry::{Aborted, Backoff};
 use crate::store::statements::Ordered;
 
@@ -239,7 +239,7 @@ impl Buckets {
     /// it leaves.
     fn applied(
         &mut self,
-        run: &mut crate::flush::Run,
+        run: &mut crate::handoff::Run,
         st: &bucket::Statement,
         inserted: bool,
         written: &mut Written,

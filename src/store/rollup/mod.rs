@@ -66,7 +66,7 @@ use super::mongo::{self, Mongo};
 use super::read;
 use super::statements::{Ids, Lost, Unordered};
 use crate::config::{RollupSettings, Settings, StorageMode};
-use crate::flush::Batch;
+use crate::handoff::Batch;
 use crate::retry::Aborted;
 use crate::telemetry;
 

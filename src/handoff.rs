@@ -1,6 +1,7 @@
-//! What one flush hands to the store and what comes back: the types between
-//! the sans-IO pipeline core ([`crate::pipeline::state`]) and a storage mode
-//! ([`crate::store`]). Sans-IO.
+//! What the tasks hand each other (sans-IO): the records the admission
+//! feeds the pipeline ([`Feed`]), and what one flush hands to the store and
+//! what comes back, between the sans-IO pipeline core
+//! ([`crate::pipeline::state`]) and a storage mode ([`crate::store`]).
 //!
 //! A flush is a [`Batch`]: per sensor a [`Run`] of its pending samples in
 //! LSN order (with what palletd knows of that sensor's open buckets), plus
