@@ -111,12 +111,7 @@ impl Unordered<'_> {
                 by_id: ids != Ids::Server,
             }),
         };
-        let again = decision == Decision::RetryStatement;
-        count_statement_error(match again {
-            true => Decision::RetryStatement,
-            false => Decision::GiveUp,
-        });
-        Some(again)
+        Some(decision == Decision::RetryStatement)
     }
 }
 
@@ -213,8 +208,14 @@ impl Mongo {
                 let index = todo[e.index];
                 match w.again(&e) {
                     None => {}
-                    Some(true) => again.push(index),
-                    Some(false) => sent.refused.push(WriteError { index, ..e }),
+                    Some(true) => {
+                        count_statement_error(Decision::RetryStatement);
+                        again.push(index);
+                    }
+                    Some(false) => {
+                        count_statement_error(Decision::GiveUp);
+                        sent.refused.push(WriteError { index, ..e });
+                    }
                 }
             }
             let transient = !again.is_empty();
