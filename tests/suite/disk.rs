@@ -131,13 +131,7 @@ async fn assert_stored_or_counted(stack: &Stack, sent: &[(String, i64)]) -> usiz
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    stack
-        .palletd
-        .wait_until(Duration::from_secs(30), "nothing left to write", |p| {
-            p.metric("palletd_pending_samples", None) == 0.0
-                && p.metric("palletd_backlog_readings", None) == 0.0
-        })
-        .await;
+    stack.palletd.nothing_left_to_write().await;
     let stored = stored_counts(&stack.client, &db).await;
     let twice: Vec<_> = stored.iter().filter(|(_, n)| **n > 1).take(10).collect();
     assert!(twice.is_empty(), "stored more than once: {twice:?}");

@@ -199,13 +199,7 @@ async fn a_full_spool_with_drop_oldest_keeps_the_newest_and_counts_the_rest() {
         },
     )
     .await;
-    stack
-        .palletd
-        .wait_until(Duration::from_secs(30), "nothing left to write", |p| {
-            p.metric("palletd_pending_samples", None) == 0.0
-                && p.metric("palletd_backlog_readings", None) == 0.0
-        })
-        .await;
+    stack.palletd.nothing_left_to_write().await;
     let dropped = stack
         .palletd
         .metric("palletd_spool_dropped_readings_total", None) as usize;

@@ -163,6 +163,16 @@ impl Palletd {
         .await;
     }
 
+    /// Polls until nothing is left to write: no sample pending in memory,
+    /// no reading in the backlog on disk.
+    pub async fn nothing_left_to_write(&self) {
+        self.wait_until(Duration::from_secs(30), "nothing left to write", |p| {
+            p.metric("palletd_pending_samples", None) == 0.0
+                && p.metric("palletd_backlog_readings", None) == 0.0
+        })
+        .await;
+    }
+
     /// Polls until a metric reaches `at_least`.
     pub async fn wait_metric(&self, name: &str, at_least: f64) {
         self.wait_until(
