@@ -28,6 +28,11 @@ pub enum RunError {
     /// The spool cannot be opened.
     #[error("cannot open the spool: {0}")]
     Spool(String),
+    /// The spool was written by a newer palletd (its format version): it
+    /// is left untouched, and palletd exits 78 as for a configuration it
+    /// cannot run (the unit does not restart it in a loop).
+    #[error("cannot open the spool: {0}")]
+    SpoolFormat(String),
     /// Shutdown did not finish within its deadline.
     #[error("shutdown timed out with {} sample(s) and {} dead letter(s) not yet in MongoDB (kept in the spool for the next start) and {} message(s) not acknowledged (the broker will redeliver them)", .0.samples, .0.dead_letters, .0.unacknowledged)]
     ShutdownTimeout(Leftover),
@@ -176,12 +181,20 @@ fn open_spool(
                 || admission::thinning::lsn_path(&settings.spool.dir).exists(),
         ),
     ];
-    let spool_settings = spool::SpoolSettings {
+    let mut spool_settings = spool::SpoolSettings {
         held: holders.iter().filter(|h| h.1).map(|h| h.0).collect(),
         ..settings.spool.clone()
     };
+    // As many message identities per session as a broker window learned
+    // before needs.
+    spool_settings.redelivery.window =
+        ingest::redelivery_window(&settings.mqtt, &settings.spool.dir);
     let (spool, recovered, appender) = spool::open(&spool_settings).map_err(|e| {
-        RunError::Spool(format!("{} (spool.dir): {e}", settings.spool.dir.display()))
+        let what = format!("{} (spool.dir): {e}", settings.spool.dir.display());
+        match spool::format::newer(&e) {
+            Some(_) => RunError::SpoolFormat(what),
+            None => RunError::Spool(what),
+        }
     })?;
     metrics::gauge!(telemetry::SPOOL_MAX_BYTES).set(settings.spool.max_size as f64);
     info!(

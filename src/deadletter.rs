@@ -28,6 +28,7 @@ pub const CAUSES: &[&str] = &[
     "bad_timestamp",
     "time_out_of_range",
     "bad_field",
+    "field_collision",
     "unknown_alias",
     "too_many_samples",
     "too_many_fields",

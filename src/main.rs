@@ -128,7 +128,8 @@ struct TryArgs {
     preset: Option<String>,
     /// As the broker sends a topic's retained value when palletd
     /// subscribes (the RETAIN flag set): skipped where the subscription
-    /// says retained = "skip".
+    /// says retained = "skip" (with "changed", the default, it is decoded
+    /// as the first value of its topic: `try` keeps no history).
     #[arg(long)]
     retained: bool,
     /// The payload's file; standard input when absent or "-".
@@ -259,7 +260,9 @@ fn main() -> ExitCode {
                     tracing::error!("{e:#}");
                     eprintln!("palletd: {e:#}");
                     match e.downcast_ref::<palletd::RunError>() {
-                        Some(palletd::RunError::Config(_)) => ExitCode::from(EXIT_CONFIG),
+                        Some(palletd::RunError::Config(_) | palletd::RunError::SpoolFormat(_)) => {
+                            ExitCode::from(EXIT_CONFIG)
+                        }
                         _ => ExitCode::FAILURE,
                     }
                 }
@@ -345,7 +348,8 @@ fn try_payload(args: &TryArgs, settings: &palletd::config::Settings) -> ExitCode
     let mut decoder =
         palletd::decode::Decoder::new(settings.subscriptions.clone(), settings.decode_limits());
     let now = palletd::clock::now_ms();
-    let out = if args.retained && decoder.skips_retained(&args.topic) {
+    let skip = decoder.retained_rule(&args.topic) == palletd::decode::Retained::Skip;
+    let out = if args.retained && skip {
         palletd::decode::Decoded::skipped(palletd::decode::SKIPPED_RETAINED)
     } else {
         decoder.decode(&args.topic, &payload, now)

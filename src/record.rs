@@ -14,6 +14,10 @@
 //!   kind 4 Sparkplug B: a change of the Sparkplug B state, JSON
 //!                       ([`crate::decode::sparkplug::Change`]; replayed
 //!                       onto `sparkplug.json` at start)
+//!   kind 5 last value:  topic: u64 LE | digest: u64 LE
+//!                       (the last message taken in from a topic changed:
+//!                       a message's last record, after its identity; see
+//!                       [`crate::front::retained`]; spool format 2)
 //! ```
 //!
 //! All integers are little-endian whatever the machine, so a spool moves
@@ -31,6 +35,7 @@ const KIND_SAMPLE: u8 = 1;
 const KIND_DEADLETTER: u8 = 2;
 const KIND_MESSAGE_ID: u8 = 3;
 const KIND_SPARKPLUG: u8 = 4;
+const KIND_LAST_VALUE: u8 = 5;
 
 /// Which MQTT session a message came on, as its identity record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +65,10 @@ pub enum Entry {
     },
     Sparkplug {
         change: Vec<u8>,
+    },
+    LastValue {
+        topic: u64,
+        digest: u64,
     },
 }
 
@@ -91,6 +100,13 @@ pub enum EntryRef<'a> {
     /// at start onto the last snapshot ([`crate::admission::sparkplug`]).
     Sparkplug {
         change: &'a [u8],
+    },
+    /// The last message taken in from a topic (its key, see
+    /// [`crate::front::retained::topic_key`]) has this digest: what a
+    /// retained copy of it is told apart by.
+    LastValue {
+        topic: u64,
+        digest: u64,
     },
 }
 
@@ -142,6 +158,12 @@ impl RecordRef<'_> {
                 out.extend_from_slice(&self.received_ms.to_le_bytes());
                 out.extend_from_slice(change);
             }
+            EntryRef::LastValue { topic, digest } => {
+                out.push(KIND_LAST_VALUE);
+                out.extend_from_slice(&self.received_ms.to_le_bytes());
+                out.extend_from_slice(&topic.to_le_bytes());
+                out.extend_from_slice(&digest.to_le_bytes());
+            }
         }
         let body = start + HEADER;
         let len = (out.len() - body) as u32;
@@ -175,6 +197,10 @@ impl RecordRef<'_> {
                 },
             },
             KIND_SPARKPLUG => EntryRef::Sparkplug { change: rest },
+            KIND_LAST_VALUE if rest.len() == 16 => EntryRef::LastValue {
+                topic: u64::from_le_bytes(rest[0..8].try_into().ok()?),
+                digest: u64::from_le_bytes(rest[8..16].try_into().ok()?),
+            },
             _ => return None,
         };
         Some(RecordRef {
@@ -207,6 +233,7 @@ impl RecordRef<'_> {
                 EntryRef::Sparkplug { change } => Entry::Sparkplug {
                     change: change.to_vec(),
                 },
+                EntryRef::LastValue { topic, digest } => Entry::LastValue { topic, digest },
             },
         }
     }
@@ -231,6 +258,10 @@ impl Record {
                     digest: *digest,
                 },
                 Entry::Sparkplug { change } => EntryRef::Sparkplug { change },
+                Entry::LastValue { topic, digest } => EntryRef::LastValue {
+                    topic: *topic,
+                    digest: *digest,
+                },
             },
         }
     }
@@ -261,17 +292,37 @@ pub fn parse(bytes: &[u8]) -> impl Iterator<Item = RecordRef<'_>> {
     })
 }
 
-/// The message identities among records encoded back to back in `bytes`
-/// (as appended): (LSN, session, packet id, digest). Only their headers
-/// are read, save for the identities'.
-pub(crate) fn identities(bytes: &[u8]) -> impl Iterator<Item = (u64, SessionId, u16, u64)> + '_ {
+/// What the spool keeps of a record beyond the record itself: a
+/// message's identity (its session's redelivery window) or a topic's last
+/// value ([`crate::front::retained`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mark {
+    Identity {
+        lsn: u64,
+        session: SessionId,
+        pkid: u16,
+        digest: u64,
+    },
+    LastValue {
+        lsn: u64,
+        topic: u64,
+        digest: u64,
+    },
+}
+
+/// The marks among records encoded back to back in `bytes` (as
+/// appended), in order. Only their headers are read, save for the marks'.
+pub(crate) fn marks(bytes: &[u8]) -> impl Iterator<Item = Mark> + '_ {
     let mut rest = bytes;
     std::iter::from_fn(move || loop {
         let len = u32::from_le_bytes(rest.get(0..4)?.try_into().ok()?) as usize;
         let body = rest.get(HEADER..HEADER + len)?;
         rest = &rest[HEADER + len..];
-        if body.get(8) == Some(&KIND_MESSAGE_ID) {
-            if let Some(RecordRef {
+        if !matches!(body.get(8), Some(&KIND_MESSAGE_ID | &KIND_LAST_VALUE)) {
+            continue;
+        }
+        match RecordRef::decode(body) {
+            Some(RecordRef {
                 lsn,
                 entry:
                     EntryRef::MessageId {
@@ -280,10 +331,20 @@ pub(crate) fn identities(bytes: &[u8]) -> impl Iterator<Item = (u64, SessionId, 
                         digest,
                     },
                 ..
-            }) = RecordRef::decode(body)
-            {
-                return Some((lsn, session, pkid, digest));
+            }) => {
+                return Some(Mark::Identity {
+                    lsn,
+                    session,
+                    pkid,
+                    digest,
+                })
             }
+            Some(RecordRef {
+                lsn,
+                entry: EntryRef::LastValue { topic, digest },
+                ..
+            }) => return Some(Mark::LastValue { lsn, topic, digest }),
+            _ => {}
         }
     })
 }
@@ -335,7 +396,7 @@ pub(crate) fn plausible(buf: &[u8], lsns: &std::ops::Range<u64>) -> bool {
     let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
     let lsn = u64::from_le_bytes(head[8..16].try_into().unwrap_or_default());
     (MIN_BODY as u32..=MAX_RECORD).contains(&len)
-        && (KIND_SAMPLE..=KIND_SPARKPLUG).contains(&head[16])
+        && (KIND_SAMPLE..=KIND_LAST_VALUE).contains(&head[16])
         && lsns.contains(&lsn)
 }
 
@@ -348,6 +409,7 @@ pub(crate) struct Kinds {
     pub dead_letters: u64,
     pub message_ids: u64,
     pub sparkplug_changes: u64,
+    pub last_values: u64,
     /// Sensors of the damaged samples (at most ten).
     pub sensors: Vec<String>,
 }
@@ -379,6 +441,7 @@ pub(crate) fn describe(mut bytes: &[u8]) -> Option<Kinds> {
             KIND_DEADLETTER => k.dead_letters += 1,
             KIND_MESSAGE_ID => k.message_ids += 1,
             KIND_SPARKPLUG => k.sparkplug_changes += 1,
+            KIND_LAST_VALUE => k.last_values += 1,
             _ => return None,
         }
         bytes = &bytes[HEADER + len..];
@@ -438,6 +501,14 @@ pub(crate) mod tests {
                     digest: 123,
                 },
             },
+            Record {
+                lsn: 13,
+                received_ms: 4,
+                entry: Entry::LastValue {
+                    topic: u64::MAX - 1,
+                    digest: 99,
+                },
+            },
         ] {
             let mut bytes = vec![9u8; 3];
             r.encode_into(&mut bytes);
@@ -455,14 +526,30 @@ pub(crate) mod tests {
             assert!(!plausible(bytes, &(r.lsn + 1..r.lsn + 2)));
             let back: Vec<Record> = parse(bytes).map(|x| x.into_record()).collect();
             assert_eq!(back, vec![r.clone()]);
-            let ids: Vec<_> = identities(bytes).collect();
+            let marks: Vec<_> = marks(bytes).collect();
             match r.entry {
                 Entry::MessageId {
                     session,
                     pkid,
                     digest,
-                } => assert_eq!(ids, [(r.lsn, session, pkid, digest)]),
-                _ => assert!(ids.is_empty()),
+                } => assert_eq!(
+                    marks,
+                    [Mark::Identity {
+                        lsn: r.lsn,
+                        session,
+                        pkid,
+                        digest
+                    }]
+                ),
+                Entry::LastValue { topic, digest } => assert_eq!(
+                    marks,
+                    [Mark::LastValue {
+                        lsn: r.lsn,
+                        topic,
+                        digest
+                    }]
+                ),
+                _ => assert!(marks.is_empty()),
             }
         }
     }

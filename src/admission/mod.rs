@@ -155,6 +155,9 @@ pub(crate) struct Admission {
     feed_budget: std::sync::Arc<crate::budget::Budget>,
     /// Dead letters in the spool not yet in MongoDB, within their share.
     deadletter_room: DeadLetterRoom,
+    /// The last value taken in from each topic: a retained copy of it is
+    /// passed over ([`crate::front::retained`]).
+    last_values: crate::front::retained::LastValues,
 }
 
 /// The byte budgets of `limits.max_memory` the admission takes from and
@@ -219,6 +222,7 @@ impl Admission {
                 settings.spool.max_size,
                 settings.limits.max_deadletter_rate,
             ),
+            last_values: recovered.last_values.clone(),
         }
     }
 
@@ -521,6 +525,9 @@ impl Admission {
             .map_or(0.0, |u| (now_ms() - u.received_ms).max(0) as f64 / 1000.0);
         metrics::gauge!(telemetry::OLDEST_UNACKED_SECONDS).set(oldest);
         metrics::gauge!(telemetry::SPOOL_BYTES).set(self.spool.bytes() as f64);
+        // The admission's table and the spool's copy.
+        let topics = self.last_values.len() * 2 * crate::front::retained::BYTES_PER_TOPIC;
+        metrics::gauge!(telemetry::MEMORY_BYTES, "part" => "retained").set(topics as f64);
     }
 
     /// Appends a batch to the spool, then offers it to the pipeline.

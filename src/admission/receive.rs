@@ -8,7 +8,10 @@ use tracing::info;
 
 use crate::bucket::Sample;
 use crate::deadletter;
+use crate::decode::{Decoded, Retained};
 use crate::front::acks::AckQueue;
+use crate::front::retained::topic_key;
+use crate::front::window::digest;
 use crate::ingest::{Disposition, Identity, Message, Void};
 use crate::spool::{EntryRef, SessionId};
 use crate::telemetry;
@@ -77,7 +80,7 @@ impl Admission {
     pub(super) fn identity_record(&mut self, m: &Message, batch: &mut Arrivals) -> bool {
         let identity = match (m.disposition, m.id) {
             (Disposition::Store, _) | (Disposition::Probe, _) | (_, None) => None,
-            (Disposition::Redelivery, Some(id)) => Some(id),
+            (Disposition::Redelivery | Disposition::Resent, Some(id)) => Some(id),
             (Disposition::Void(Void::Reset), Some(id)) => Some(Identity {
                 digest: self.next_lsn,
                 ..id
@@ -102,16 +105,51 @@ impl Admission {
         true
     }
 
+    /// A likely redelivery ([`Disposition::Resent`]: a broker that
+    /// renumbers its resends, or one not yet seen to keep its ids) is a
+    /// redelivery when its payload tells: a Sparkplug B payload (its
+    /// sequence number and time stamp make each one its own), or one whose
+    /// readings all carry a time of their own (another message with that
+    /// topic and payload is the same readings again). Any other is stored:
+    /// a duplicate rather than a loss. Returns what it decoded to, when it
+    /// is stored (not decoded twice).
+    fn resent(&mut self, m: &mut Message) -> Option<Decoded> {
+        if m.disposition != Disposition::Resent {
+            return None;
+        }
+        if self.decoder.format_of(&m.topic) == Some(crate::decode::PayloadFormat::SparkplugB) {
+            m.disposition = Disposition::Redelivery;
+            return None;
+        }
+        let decoded =
+            self.decoder
+                .decode_with(&m.topic, &m.payload, m.props.as_deref(), m.received_ms);
+        let timed = !decoded.readings.is_empty()
+            && decoded.errors.is_empty()
+            && decoded.readings.iter().all(|r| r.ts_ms != m.received_ms);
+        match timed {
+            true => {
+                m.disposition = Disposition::Redelivery;
+                None
+            }
+            false => {
+                m.disposition = Disposition::Store;
+                Some(decoded)
+            }
+        }
+    }
+
     /// Decodes a message into `batch` and queues its acknowledgement (due
     /// once the batch is durable).
     pub(super) fn receive(
         &mut self,
-        m: Message,
+        mut m: Message,
         acks: &mut AckQueue<Unacked>,
         reporter: &mut Reporter,
         batch: &mut Arrivals,
     ) {
         self.queue.sub(m.cost());
+        let early = self.resent(&mut m);
         let unacked = Unacked {
             ack: m.ack,
             received_ms: m.received_ms,
@@ -130,12 +168,29 @@ impl Admission {
             self.release(acks);
             return;
         }
-        let decoded = if m.retained && self.decoder.skips_retained(&m.topic) {
-            crate::decode::Decoded::skipped(crate::decode::SKIPPED_RETAINED)
-        } else {
-            self.decoder
-                .decode_with(&m.topic, &m.payload, m.props.as_deref(), m.received_ms)
+        // A retained copy of the topic's last value is passed over (see
+        // crate::front::retained); what is taken in changes that value.
+        let topic = topic_key(&m.topic);
+        let digest =
+            m.id.map_or_else(|| digest(&m.topic, &m.payload), |id| id.digest);
+        let decoded = match (m.retained, self.decoder.retained_rule(&m.topic)) {
+            (true, Retained::Skip) => Decoded::skipped(crate::decode::SKIPPED_RETAINED),
+            (true, Retained::Changed) if self.last_values.same(topic, digest) => {
+                Decoded::skipped(crate::decode::SKIPPED_RETAINED_SEEN)
+            }
+            _ => match early {
+                Some(decoded) => decoded,
+                None => self.decoder.decode_with(
+                    &m.topic,
+                    &m.payload,
+                    m.props.as_deref(),
+                    m.received_ms,
+                ),
+            },
         };
+        let changed = decoded.skipped != Some(crate::decode::SKIPPED_RETAINED_SEEN)
+            && self.decoder.retained_of(decoded.subscription) == Retained::Changed
+            && self.last_values.take(topic, digest);
         if let Some(reason) = decoded.skipped {
             metrics::counter!(telemetry::MESSAGES_SKIPPED, "reason" => reason).increment(1);
         }
@@ -200,6 +255,14 @@ impl Admission {
                     digest: id.digest,
                 },
             );
+        }
+        // After it, the topic's last value, when the message changed it: a
+        // torn write cut off before the identity never leaves a last value
+        // of a message the broker sends again (its retained copy would be
+        // passed over, and lost).
+        if changed {
+            let entry = EntryRef::LastValue { topic, digest };
+            batch.append(&mut self.next_lsn, m.received_ms, entry);
         }
         acks.push(self.next_lsn, unacked);
     }

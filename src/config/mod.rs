@@ -306,6 +306,10 @@ pub fn parse(text: &str, base: Option<&Path>) -> Result<Settings, Vec<ConfigErro
         .any(|s| s.format == PayloadFormat::SparkplugB);
     limits.thinning = subscriptions.iter().any(|s| !s.thinning.is_empty());
     spool.max_queued = limits.split().spool;
+    // A topic per sensor is the common case; a device with a topic per
+    // field has more, and its least recently changed topics are forgotten
+    // first (a retained copy of theirs is then stored again).
+    spool.last_values = limits.max_sensors;
     let rollups = v.rollups(raw_rollups, bucket.window);
     across_sections(&mut v, mqtt.as_ref(), &subscriptions);
     if let Some(m) = &mqtt {

@@ -337,9 +337,12 @@ mod tests {
             );
             assert_eq!(d.skipped, Some(crate::decode::SKIPPED_METADATA), "{topic}");
         }
+        // Retained values are stored when they changed (the default).
         let dec = decoder("homie");
-        assert!(dec.skips_retained("homie/super-car/engine/temperature"));
-        assert!(!decoder("tasmota").skips_retained("tele/plug/SENSOR"));
+        assert_eq!(
+            dec.retained_rule("homie/super-car/engine/temperature"),
+            crate::decode::Retained::Changed
+        );
     }
 
     /// OPC 10000-14's own example (A.3.4.5: three DataSetWriters, one

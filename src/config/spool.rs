@@ -45,6 +45,10 @@ pub struct SpoolSettings {
     /// index of an older spool's records meant: see
     /// [`crate::front::window`].
     pub redelivery: crate::front::window::Redelivery,
+    /// How many topics' last values the spool keeps (and the admission
+    /// decides by), to recognise retained copies
+    /// ([`crate::front::retained`]).
+    pub last_values: usize,
     /// Keep every segment from the start until each of these holders
     /// says with [`crate::spool::Spool::hold`] which records it needs: the
     /// Sparkplug B state's changes are replayed from the spool, and so are
@@ -123,6 +127,7 @@ impl Validator {
             when_full,
             max_queued: spool::DEFAULT_MAX_QUEUED,
             redelivery: Default::default(),
+            last_values: 100_000,
             held: Vec::new(),
         }
     }

@@ -84,7 +84,7 @@ impl Validator {
             }
         }
         let qos = self.int_in(&format!("{path}.qos"), s.qos, 1, 0, 2) as u8;
-        let skip_retained = self.skip_retained(&s, path);
+        let retained = self.retained(&s, path);
         let sparkplug = format == PayloadFormat::SparkplugB;
         let rebirth_min_interval = self.rebirth(&s, path, sparkplug);
         let pattern = pattern?;
@@ -112,23 +112,20 @@ impl Validator {
             qos,
             rebirth_min_interval,
             from_properties,
-            skip_retained,
+            retained,
             thinning,
         })
     }
 
-    /// `retained`: whether retained messages are skipped (`"skip"`) or
-    /// stored (`"store"`, the default).
-    fn skip_retained(&mut self, s: &RawSubscription, path: &str) -> bool {
-        match s.retained.as_deref() {
-            None | Some("store") => false,
-            Some("skip") => true,
-            Some(other) => {
-                self.err(
-                    format!("{path}.retained"),
-                    crate::decode::not_one_of(&["store", "skip"], other),
-                );
-                false
+    /// `retained`: what a retained message is taken for (`"changed"`, the
+    /// default; `"store"`; `"skip"`).
+    fn retained(&mut self, s: &RawSubscription, path: &str) -> crate::decode::Retained {
+        match s.retained.as_deref().map(crate::decode::Retained::parse) {
+            None => crate::decode::Retained::default(),
+            Some(Ok(r)) => r,
+            Some(Err(e)) => {
+                self.err(format!("{path}.retained"), e);
+                crate::decode::Retained::default()
             }
         }
     }

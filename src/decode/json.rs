@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+use super::item::Item;
 use super::paths::{Arrays, Selection, Step, MAX_DEPTH};
 use super::{check_sensor, truncate, DecodeError, Decoded, Dropped, FieldValue, Limits};
 use super::{Message, Reading, Subscription};
@@ -21,17 +22,84 @@ pub(super) fn decode(msg: &Message<'_>, out: &mut Decoded) -> Result<Vec<Reading
     sink.finish(top, out)
 }
 
-/// The samples of a payload another format decoded to a JSON value (CBOR,
+/// The samples of a payload another format decoded to an [`Item`] (CBOR,
 /// MessagePack), read with the same paths and limits as JSON.
-pub(super) fn decode_value(
+pub(super) fn decode_item(
     msg: &Message<'_>,
     out: &mut Decoded,
-    value: &serde_json::Value,
+    item: &Item,
 ) -> Result<Vec<Reading>, DecodeError> {
     let mut sink = Sink::new(msg);
-    let top = de::DeserializeSeed::deserialize(TopSeed(&mut sink), value)
+    let top = de::DeserializeSeed::deserialize(TopSeed(&mut sink), item)
         .map_err(|e| DecodeError::BadPayload(e.to_string()))?;
     sink.finish(top, out)
+}
+
+/// The first key a JSON payload repeats within one object, for formats
+/// read into a tree that keeps one value per key (OPC UA PubSub JSON);
+/// `None` for a payload without (or not JSON: its own parse says why).
+pub(super) fn repeated_key(payload: &[u8]) -> Option<String> {
+    struct Check;
+    impl<'de> de::DeserializeSeed<'de> for Check {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Check {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while seq.next_element_seed(Check)?.is_some() {}
+            Ok(())
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            let mut keys: Vec<Cow<'de, str>> = Vec::new();
+            while let Some(Key(k)) = map.next_key::<Key<'de>>()? {
+                if keys.contains(&k) {
+                    return Err(de::Error::custom(format!("\u{0}{k}")));
+                }
+                keys.push(k);
+                map.next_value_seed(Check)?;
+            }
+            Ok(())
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(payload);
+    match de::DeserializeSeed::deserialize(Check, &mut de) {
+        Ok(()) => None,
+        Err(e) => {
+            let text = e.to_string();
+            let at = text.find('\u{0}')?;
+            let key = &text[at + 1..];
+            // serde_json appends " at line L column C".
+            Some(
+                key.rsplit_once(" at line ")
+                    .map_or(key, |k| k.0)
+                    .to_string(),
+            )
+        }
+    }
 }
 
 /// Where a payload's objects go as they are read: each becomes a sample
@@ -138,6 +206,12 @@ enum Json<'a> {
     Str(Cow<'a, str>),
     /// An object or an array (refused inside a sample).
     Nested,
+    /// A point in time, milliseconds since the epoch (CBOR, MessagePack:
+    /// see [`super::item`]).
+    Date(i64),
+    /// A value palletd cannot store as a field, and why (CBOR,
+    /// MessagePack: see [`super::item`]).
+    Opaque(Cow<'a, str>),
 }
 
 /// One sample as read from an object: its fields in payload order
@@ -157,6 +231,10 @@ struct Object<'a> {
     unit_of: Vec<(usize, usize)>,
     /// Fields left out while reading (cause, name, why).
     dropped: Vec<(&'static str, String, &'static str)>,
+    /// A name given a second value (a repeated key, a flattened name
+    /// meeting a literal one, two renames onto one name): the sample is
+    /// refused, never reduced to one of them.
+    collision: Option<String>,
 }
 
 impl Object<'_> {
@@ -216,6 +294,15 @@ impl<'de> Deserialize<'de> for Json<'de> {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json<'de>, A::Error> {
                 while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
                 Ok(Json::Nested)
+            }
+            fn visit_newtype_struct<D: Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> Result<Json<'de>, D::Error> {
+                Ok(Json::Date(i64::deserialize(d)?))
+            }
+            fn visit_borrowed_bytes<E: de::Error>(self, why: &'de [u8]) -> Result<Json<'de>, E> {
+                Ok(Json::Opaque(String::from_utf8_lossy(why)))
             }
         }
         d.deserialize_any(V)
@@ -391,7 +478,9 @@ impl<'s, 'de> Walk<'s, 'de> {
             }
         };
         match at {
-            Some(i) => fields[i].1 = value,
+            Some(_) => {
+                self.obj.collision.get_or_insert_with(|| key.into_owned());
+            }
             None if fields.len() >= self.cap => self.obj.extra += 1,
             None => {
                 if let Some(index) = &mut self.index {
@@ -465,6 +554,13 @@ impl<'de> Visitor<'de> for Node<'_, '_, 'de> {
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
         self.0.map(map)
+    }
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        let ms = i64::deserialize(d)?;
+        self.0.leaf(Json::Date(ms))
+    }
+    fn visit_borrowed_bytes<E: de::Error>(self, why: &'de [u8]) -> Result<(), E> {
+        self.0.leaf(Json::Opaque(String::from_utf8_lossy(why)))
     }
 }
 
@@ -586,6 +682,9 @@ fn sample_from_object(
     if obj.len() > limits.max_fields_per_sample {
         return Err(super::too_many_fields(index, obj.len(), limits));
     }
+    if let Some(name) = &obj.collision {
+        return Err(super::collision(index, name));
+    }
     let sensor = match &sub.selection.sensor {
         Some(_) => {
             let f = sub.sensor_field_name();
@@ -630,6 +729,11 @@ fn sample_from_object(
             // Objects and arrays are walked into fields; Nested is a
             // timestamp's or sensor's value only.
             Json::Null | Json::Nested => continue,
+            Json::Opaque(why) => {
+                left_out.push(Dropped::of(index, &name, ("bad_field", why.into_owned())));
+                continue;
+            }
+            Json::Date(ms) => FieldValue::Date(ms),
             Json::Bool(b) => FieldValue::Bool(b),
             Json::Str(s) => FieldValue::Str(s.into_owned()),
             Json::Num(n) => FieldValue::Num(n.as_f64().unwrap_or(f64::NAN)),
@@ -671,6 +775,8 @@ fn timestamp(v: &Json<'_>, tz: Option<chrono_tz::Tz>) -> Result<i64, String> {
         Json::Nested => {
             Err("expected RFC 3339 text or an epoch number, got an object or array".into())
         }
+        Json::Date(ms) => Ok(*ms),
+        Json::Opaque(why) => Err(format!("expected a time, got {why}")),
     }
 }
 
@@ -892,19 +998,27 @@ mod tests {
                 "{compared} key comparisons for 15,000 keys (limit {max_fields})"
             );
         }
-        // Repeated keys keep the last value, below and above the threshold.
-        let mut keys: Vec<String> = (0..40).map(|i| format!("\"k{i}\": 1")).collect();
-        keys.push("\"k3\": 7".into());
-        keys.push("\"k30\": 8".into());
-        let payload = format!("{{{}}}", keys.join(","));
-        let sub_limits = limits(64);
-        let sub = telemetry();
-        let m = sub.pattern.matches("sensors/s1/telemetry").unwrap();
-        let msg = message(&sub, m, payload.as_bytes(), &sub_limits);
-        let r = decode(&msg, &mut Decoded::default()).unwrap();
-        assert_eq!(r[0].fields.len(), 40);
-        assert_eq!(r[0].fields[3], ("k3".into(), FieldValue::Num(7.0)));
-        assert_eq!(r[0].fields[30], ("k30".into(), FieldValue::Num(8.0)));
+        // A repeated key refuses the sample, below and above the threshold
+        // at which keys are found by a hash map.
+        for repeated in ["k3", "k30"] {
+            let mut keys: Vec<String> = (0..40).map(|i| format!("\"k{i}\": 1")).collect();
+            keys.push(format!("\"{repeated}\": 7"));
+            let payload = format!("{{{}}}", keys.join(","));
+            let sub_limits = limits(64);
+            let sub = telemetry();
+            let m = sub.pattern.matches("sensors/s1/telemetry").unwrap();
+            let msg = message(&sub, m, payload.as_bytes(), &sub_limits);
+            let mut out = Decoded::default();
+            let r = decode(&msg, &mut out).unwrap();
+            assert!(r.is_empty(), "{r:?}");
+            assert_eq!(
+                out.errors,
+                [DecodeError::FieldCollision {
+                    index: 0,
+                    name: repeated.into()
+                }]
+            );
+        }
     }
 
     /// An array longer than the sample limit is refused after reading the

@@ -17,6 +17,7 @@
 //! learns the name from here.
 
 mod cbor;
+mod item;
 mod json;
 pub(crate) mod line;
 mod msgpack;
@@ -144,12 +145,10 @@ pub struct Subscription {
     pub rebirth_min_interval: Option<std::time::Duration>,
     /// What an MQTT 5 message's properties say (`[mqtt] protocol = "5"`).
     pub from_properties: FromProperties,
-    /// `retained = "skip"`: a message the broker sends with the RETAIN flag
-    /// is the topic's last value sent again because palletd subscribed
-    /// (MQTT 3.1.1 3.3.1.3; one forwarded live has the flag cleared), not a
-    /// new reading: it is passed over. For devices that publish their
-    /// state retained (Homie, ESPHome).
-    pub skip_retained: bool,
+    /// `retained`: what a message the broker sends with the RETAIN flag
+    /// (the topic's last value, sent again because palletd subscribed) is
+    /// taken for.
+    pub retained: Retained,
     /// `[subscription.thinning.<field>]`: the fields whose readings are
     /// thinned, by stored name, and their rules ([`crate::thin`]).
     pub thinning: Vec<(String, crate::thin::Rule)>,
@@ -169,7 +168,7 @@ impl Subscription {
             qos: 1,
             rebirth_min_interval: None,
             from_properties: FromProperties::default(),
-            skip_retained: false,
+            retained: Retained::Changed,
             thinning: Vec::new(),
         }
     }
@@ -189,6 +188,38 @@ impl Subscription {
             .as_ref()
             .map(|p| p.to_string())
             .unwrap_or_default()
+    }
+}
+
+/// What a message the broker sends with the RETAIN flag is taken for (a
+/// subscription's `retained`). The flag marks the broker's copy of a
+/// topic's last value, sent because a subscription was made (MQTT 3.1.1
+/// §3.3.1.3: one forwarded live has it cleared).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Retained {
+    /// `"changed"` (the default): stored when it differs from the last
+    /// message palletd took in from that topic, else passed over
+    /// (`retained_seen`); see [`crate::front::retained`].
+    #[default]
+    Changed,
+    /// `"store"`: stored every time the broker sends it.
+    Store,
+    /// `"skip"`: never stored (`retained`).
+    Skip,
+}
+
+impl Retained {
+    /// The names `retained` may take.
+    pub(crate) const NAMES: &'static [&'static str] = &["changed", "store", "skip"];
+
+    /// The value `retained = name` means.
+    pub(crate) fn parse(name: &str) -> Result<Retained, String> {
+        match name {
+            "changed" => Ok(Retained::Changed),
+            "store" => Ok(Retained::Store),
+            "skip" => Ok(Retained::Skip),
+            other => Err(not_one_of(Retained::NAMES, other)),
+        }
     }
 }
 
@@ -339,6 +370,11 @@ pub enum DecodeError {
     },
     #[error("sample {index}: {message}")]
     BadField { index: usize, message: String },
+    /// Two values for one field of one sample (a repeated key, a
+    /// flattened name meeting a literal one, two renames onto one name,
+    /// two SenML records of one name, unit and time).
+    #[error("sample {index}: two values for the field {name:?} (a repeated name): refused rather than keep one of them")]
+    FieldCollision { index: usize, name: String },
     /// A Sparkplug B DATA metric that no BIRTH named.
     #[error("unknown Sparkplug alias: {0}")]
     UnknownAlias(String),
@@ -356,7 +392,8 @@ impl DecodeError {
         match self {
             DecodeError::BadTimestamp { index, .. }
             | DecodeError::TimeOutOfRange { index, .. }
-            | DecodeError::BadField { index, .. } => Some(*index),
+            | DecodeError::BadField { index, .. }
+            | DecodeError::FieldCollision { index, .. } => Some(*index),
             _ => None,
         }
     }
@@ -370,6 +407,7 @@ impl DecodeError {
             DecodeError::BadTimestamp { .. } => "bad_timestamp",
             DecodeError::TimeOutOfRange { .. } => "time_out_of_range",
             DecodeError::BadField { .. } => "bad_field",
+            DecodeError::FieldCollision { .. } => "field_collision",
             DecodeError::UnknownAlias(_) => "unknown_alias",
             DecodeError::OverLimit { cause, .. } => cause,
         }
@@ -521,6 +559,13 @@ pub struct Decoded {
 pub(crate) const SKIPPED_METADATA: &str = "metadata";
 /// A retained message on a subscription with `retained = "skip"`.
 pub const SKIPPED_RETAINED: &str = "retained";
+/// A retained message that is a copy of the last value palletd took in
+/// from its topic (`retained = "changed"`, see [`crate::front::retained`]).
+pub const SKIPPED_RETAINED_SEEN: &str = "retained_seen";
+/// A message that decodes to no field at all: routine traffic (a status
+/// report with none of the fields a subscription reads), neither stored
+/// nor refused.
+pub const SKIPPED_NO_FIELDS: &str = "no_fields";
 
 impl Decoded {
     /// A message passed over for `reason`.
@@ -602,13 +647,30 @@ impl Decoder {
         self.sparkplug = state;
     }
 
-    /// Whether a message on `topic` that the broker sent with the RETAIN
-    /// flag is passed over (its subscription says `retained = "skip"`).
-    pub fn skips_retained(&self, topic: &str) -> bool {
+    /// What a message on `topic` that the broker sent with the RETAIN flag
+    /// is taken for: its subscription's `retained` (a topic no pattern
+    /// takes: the default, [`Retained::Changed`]).
+    pub fn retained_rule(&self, topic: &str) -> Retained {
         self.subscriptions
             .iter()
             .find(|s| s.pattern.matches(topic).is_some())
-            .is_some_and(|s| s.skip_retained)
+            .map_or(Retained::Changed, |s| s.retained)
+    }
+
+    /// The format of the subscription whose pattern takes `topic`.
+    pub(crate) fn format_of(&self, topic: &str) -> Option<PayloadFormat> {
+        self.subscriptions
+            .iter()
+            .find(|s| s.pattern.matches(topic).is_some())
+            .map(|s| s.format)
+    }
+
+    /// The `retained` of the subscription a message was decoded by
+    /// ([`Decoded::subscription`]; none: the default).
+    pub(crate) fn retained_of(&self, subscription: Option<usize>) -> Retained {
+        subscription
+            .and_then(|i| self.subscriptions.get(i))
+            .map_or(Retained::Changed, |s| s.retained)
     }
 
     /// Decodes one message received at `now_ms`.
@@ -702,11 +764,25 @@ impl Decoder {
         match result {
             // In place: a message's readings are not moved again.
             Ok(mut readings) => {
-                readings.retain(|r| match self.check_time(r, now_ms, r.index) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        out.errors.push(e);
-                        false
+                let made = readings.len();
+                // A sample with no field is never stored; a message left
+                // with none is routine traffic (a status report with none
+                // of the fields a subscription reads): passed over.
+                readings.retain(|r| !r.fields.is_empty());
+                if made > 0 && readings.is_empty() && out.errors.is_empty() {
+                    out.skipped = Some(SKIPPED_NO_FIELDS);
+                }
+                readings.retain(|r| {
+                    let refused = match repeated_field(r) {
+                        Some(name) => Err(collision(r.index, name)),
+                        None => self.check_time(r, now_ms, r.index),
+                    };
+                    match refused {
+                        Ok(()) => true,
+                        Err(e) => {
+                            out.errors.push(e);
+                            false
+                        }
                     }
                 });
                 debug_assert!(out.readings.is_empty());
@@ -731,6 +807,21 @@ impl Decoder {
             what: format!("{what} (received at {})", crate::clock::iso(now_ms)),
         })
     }
+}
+
+/// A field name a reading gives twice, if any: every format's samples are
+/// checked once made (the JSON family's walker refuses them as it reads),
+/// so no format reduces two values to one without a trace.
+fn repeated_field(r: &Reading) -> Option<&str> {
+    let names = || r.fields.iter().map(|(n, _)| n.as_str());
+    if r.fields.len() <= 16 {
+        return names()
+            .enumerate()
+            .find(|(i, n)| names().skip(i + 1).any(|m| m == *n))
+            .map(|(_, n)| n);
+    }
+    let mut seen = std::collections::HashSet::with_capacity(r.fields.len());
+    names().find(|n| !seen.insert(*n))
 }
 
 pub(crate) fn check_sensor(id: &str, limits: &Limits) -> Result<(), DecodeError> {
@@ -760,6 +851,15 @@ pub(crate) fn too_many_samples(n: usize, limits: &Limits) -> DecodeError {
             "{n} samples in one message exceed limits.max_samples_per_message ({})",
             limits.max_samples_per_message
         ),
+    }
+}
+
+/// The refusal of sample `index` for giving field `name` (as stored)
+/// two values: nothing is reduced to one of them silently.
+pub(crate) fn collision(index: usize, name: &str) -> DecodeError {
+    DecodeError::FieldCollision {
+        index,
+        name: truncate(name, 64).to_string(),
     }
 }
 
@@ -1099,12 +1199,12 @@ mod tests {
             ),
             (
                 "sensors/s1/telemetry",
-                br#"{"ts": 4102444800}"#,
+                br#"{"ts": 4102444800, "v": 1}"#,
                 "time_out_of_range",
             ),
             (
                 "sensors/s1/telemetry",
-                br#"{"ts": 946684800}"#,
+                br#"{"ts": 946684800, "v": 1}"#,
                 "time_out_of_range",
             ),
         ];

@@ -10,7 +10,8 @@
 //! - A field is a Payload entry: a value (the non-reversible encoding,
 //!   RawData), a Variant (`{"Type": 11, "Body": 25.5}`, or 1.05's
 //!   `{"UaType": 11, "Value": 25.5}`) or a DataValue (`{"Value": ...,
-//!   "StatusCode": ..., "SourceTimestamp": ...}`). A structure's fields and
+//!   "Status": ..., "SourceTimestamp": ...}` as OPC 10000-6 writes it;
+//!   `StatusCode` for `Status` too, as some publishers write it). A structure's fields and
 //!   an array's elements become fields by path, as nested JSON does
 //!   (`Coordinate.X`, `Measurements.0`).
 //! - A field's time is its SourceTimestamp, else the DataSetMessage's
@@ -84,6 +85,11 @@ pub(super) fn decode(
     let limits = msg.limits;
     let top: Value = serde_json::from_slice(msg.payload)
         .map_err(|e| DecodeError::BadPayload(format!("invalid JSON: {e}")))?;
+    // The tree keeps one value of a repeated key: such a message is
+    // refused as a whole (its DataSetMessages are not told apart).
+    if let Some(key) = super::json::repeated_key(msg.payload) {
+        return Err(super::collision(0, &key));
+    }
     if let Value::Object(o) = &top {
         if o.get("MessageType").and_then(Value::as_str) == Some("ua-metadata") {
             learn_units(o, units, limits.max_field_name_length)?;
@@ -454,6 +460,7 @@ fn data_value(v: &Value) -> Option<DataValue<'_>> {
     let o = v.as_object()?;
     const MEMBERS: &[&str] = &[
         "Value",
+        "Status",
         "StatusCode",
         "SourceTimestamp",
         "SourcePicoseconds",
@@ -463,7 +470,8 @@ fn data_value(v: &Value) -> Option<DataValue<'_>> {
         "Type",
         "Body",
     ];
-    let is_dv = o.contains_key("StatusCode")
+    let is_dv = o.contains_key("Status")
+        || o.contains_key("StatusCode")
         || o.contains_key("SourceTimestamp")
         || o.contains_key("ServerTimestamp");
     if !is_dv || !o.keys().all(|k| MEMBERS.contains(&k.as_str())) {
@@ -477,7 +485,10 @@ fn data_value(v: &Value) -> Option<DataValue<'_>> {
     };
     Some(DataValue {
         value,
-        status: o.get("StatusCode").and_then(status_code),
+        status: o
+            .get("Status")
+            .or(o.get("StatusCode"))
+            .and_then(status_code),
         source: o.get("SourceTimestamp"),
     })
 }

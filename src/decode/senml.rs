@@ -6,20 +6,28 @@
 //! `v` + `bv` (or `vs`, `vb`, `vd`; a sum `s` + `bs`).
 //!
 //! Records become samples by time: all records of one sensor at one time
-//! are one sample. The sensor is the topic's `{sensor}` (or the MQTT 5
-//! `sensor_property`) when the subscription has one, else the base name in
-//! effect, without the separator it ends in (`urn:dev:ow:10e2073a01080063:`
-//! is the sensor `urn:dev:ow:10e2073a01080063`). A record's field is its
-//! own name `n`, or `value` when it has none (a base name naming the one
-//! measurement); a sum is the field `<name>_sum`. A record's unit (`u`, or
-//! `bu`) is kept once per bucket (see [`Reading::units`]).
+//! are one sample. The sensor is the base name in effect, without the
+//! separator it ends in (`urn:dev:ow:10e2073a01080063:` is the sensor
+//! `urn:dev:ow:10e2073a01080063`); when the subscription has the topic's
+//! `{sensor}` (or the MQTT 5 `sensor_property`), a pack of one base name
+//! is that sensor, and a pack whose base name changes between records (a
+//! gateway's pack of several devices) is a sensor per base name,
+//! `<topic's sensor>:<base name>`. A record's field is its own name `n`,
+//! or `value` when it has none (a base name naming the one measurement);
+//! a name the pack gives with more than one unit (RFC 8428, 5.1.3: a
+//! sensor's humidity, longitude and latitude, all under its base name) is
+//! told apart by its unit, `<name>_<unit>` (`value_lon`; `%` in a unit is
+//! stored escaped, `value_%25RH`). A sum is the field `<field>_sum`. A
+//! record's unit (`u`, or `bu`) is kept once per bucket (see
+//! [`Reading::units`]). Two records of one name, unit and time refuse
+//! their sample (`field_collision`).
 //!
 //! Refused: a pack that is not an array of objects, a field the RFC says
 //! must be understood (a key ending in `_`), a version above 10. A record
 //! with a bad name, time or value refuses its sample.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Deserialize;
 
@@ -120,7 +128,10 @@ pub(super) fn decode_cbor(
                 ciborium::Value::Bytes(b) => serde_json::Value::String(
                     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b),
                 ),
-                ciborium::Value::Integer(i) => serde_json::json!(i128::from(i) as f64),
+                ciborium::Value::Integer(i) => match i64::try_from(i128::from(i)) {
+                    Ok(i) => serde_json::json!(i),
+                    Err(_) => serde_json::json!(i128::from(i) as f64),
+                },
                 ciborium::Value::Float(x) => serde_json::json!(x),
                 ciborium::Value::Text(t) => serde_json::Value::String(t),
                 ciborium::Value::Bool(b) => serde_json::Value::Bool(b),
@@ -150,10 +161,9 @@ fn resolve<'a>(
         return Err(DecodeError::BadPayload("an empty pack: no records".into()));
     }
     let topic_sensor = super::topic_sensor(msg)?;
+    // Each record resolved, with the base name in effect for it.
     let mut base = Base::default();
-    // (sensor, time) -> its sample, in the order first seen.
-    let mut samples: Vec<Reading> = Vec::new();
-    let mut by_time: std::collections::HashMap<(String, i64), usize> = Default::default();
+    let mut resolved: Vec<(usize, Cow<'a, str>, Resolved<'a>)> = Vec::new();
     for (i, r) in records.iter().enumerate() {
         if let Some(label) = r.other.keys().find(|k| k.ends_with('_')) {
             return Err(DecodeError::BadPayload(format!(
@@ -166,57 +176,82 @@ fn resolve<'a>(
             )));
         }
         base.update(r);
-        let resolved = match base.resolve(r, msg.time_ms) {
-            Ok(Some(x)) => x,
-            Ok(None) => continue,
-            Err(message) => {
-                out.errors.push(DecodeError::BadField {
-                    index: i,
-                    message: format!("record {i}: {message}"),
-                });
+        match base.resolve(r, msg.time_ms) {
+            Ok(Some(x)) => resolved.push((i, base.name.clone(), x)),
+            Ok(None) => {}
+            Err(message) => out.errors.push(DecodeError::BadField {
+                index: i,
+                message: format!("record {i}: {message}"),
+            }),
+        }
+    }
+    // With the topic's sensor, a pack of one base name is that sensor; a
+    // pack whose base name changes (a gateway's, several devices) is a
+    // sensor per base name, under the topic's.
+    let several = {
+        let mut names = resolved.iter().map(|r| &r.1);
+        let first = names.next();
+        names.any(|n| Some(n) != first)
+    };
+    // A name given with more than one unit in the pack is told apart by
+    // its unit (RFC 8428 resolves a record by its name and unit).
+    let mut units_of: HashMap<(&str, &str), Vec<Option<&str>>> = HashMap::new();
+    for (_, bn, r) in &resolved {
+        let seen = units_of.entry((bn.as_ref(), r.field.as_ref())).or_default();
+        if !seen.contains(&r.unit.as_deref()) {
+            seen.push(r.unit.as_deref());
+        }
+    }
+    // (sensor, time) -> its sample, in the order first seen.
+    let mut samples: Vec<Reading> = Vec::new();
+    let mut by_time: HashMap<(String, i64), usize> = Default::default();
+    for (i, bn, r) in &resolved {
+        let id = bn.trim_end_matches([':', '/', '.', '-', '_']);
+        let sensor = match topic_sensor {
+            Some(s) if several && !id.is_empty() => format!("{s}:{id}"),
+            Some(s) => s.to_string(),
+            None => id.to_string(),
+        };
+        if topic_sensor.is_none() || several {
+            if let Err(e) = check_sensor(&sensor, limits) {
+                out.errors.push(e);
                 continue;
             }
-        };
-        let sensor = match topic_sensor {
-            Some(s) => s.to_string(),
-            None => {
-                let id = base.name.trim_end_matches([':', '/', '.', '-', '_']);
-                if let Err(e) = check_sensor(id, limits) {
-                    out.errors.push(e);
-                    continue;
-                }
-                id.to_string()
-            }
+        }
+        let field = match (units_of[&(bn.as_ref(), r.field.as_ref())].len(), &r.unit) {
+            (2.., Some(u)) => format!("{}_{u}", r.field),
+            _ => r.field.to_string(),
         };
         let next = samples.len();
-        let at = *by_time
-            .entry((sensor.clone(), resolved.ts_ms))
-            .or_insert(next);
+        let at = *by_time.entry((sensor.clone(), r.ts_ms)).or_insert(next);
         if at == next {
             if samples.len() >= limits.max_samples_per_message {
                 return Err(super::too_many_samples(samples.len() + 1, limits));
             }
             samples.push(Reading {
                 sensor,
-                ts_ms: resolved.ts_ms,
+                ts_ms: r.ts_ms,
                 index: next,
                 ..Reading::default()
             });
         }
         let sample = &mut samples[at];
-        for (name, value) in resolved.values {
+        for (suffix, value) in &r.values {
             // One past the cap is enough to refuse the sample.
             if sample.fields.len() > limits.max_fields_per_sample {
                 break;
             }
-            match super::take_field(&name, value, limits) {
+            let name = format!("{field}{suffix}");
+            match super::take_field(&name, value.clone(), limits) {
                 Ok((field, value)) => {
-                    if let Some(unit) = &resolved.unit {
+                    if let Some(unit) = &r.unit {
                         set(&mut sample.units, &field, unit.to_string());
                     }
-                    set(&mut sample.fields, &field, value);
+                    // A second value of a field (one name, unit and time
+                    // twice) stays: the sample is refused for it.
+                    sample.fields.push((field, value));
                 }
-                Err(why) => out.dropped.push(super::Dropped::of(at, &name, why)),
+                Err(why) => out.dropped.push(super::Dropped::of(*i, &name, why)),
             }
         }
     }
@@ -241,11 +276,13 @@ struct Base<'a> {
     sum: f64,
 }
 
-/// One record resolved: its time, unit and the fields it gives.
+/// One record resolved: its time, field name (its own name, or `value`),
+/// unit, and values by what follows the field's name (`""`, `"_sum"`).
 struct Resolved<'a> {
     ts_ms: i64,
+    field: Cow<'a, str>,
     unit: Option<Cow<'a, str>>,
-    values: Vec<(String, FieldValue)>,
+    values: Vec<(&'static str, FieldValue)>,
 }
 
 impl<'a> Base<'a> {
@@ -269,10 +306,13 @@ impl<'a> Base<'a> {
 
     /// The record's fields; `None` for a record of base fields only.
     fn resolve(&self, r: &Record<'a>, now_ms: i64) -> Result<Option<Resolved<'a>>, String> {
-        let field = r.n.as_deref().unwrap_or_default();
-        let full = format!("{}{field}", self.name);
+        let name = r.n.as_deref().unwrap_or_default();
+        let full = format!("{}{name}", self.name);
         check_name(&full)?;
-        let field = if field.is_empty() { "value" } else { field };
+        let field = match &r.n {
+            Some(n) if !n.is_empty() => n.clone(),
+            _ => Cow::Borrowed("value"),
+        };
         let mut values = Vec::new();
         let finite = |x: f64, what: &str| {
             if x.is_finite() {
@@ -282,22 +322,16 @@ impl<'a> Base<'a> {
             }
         };
         if let Some(v) = r.v {
-            values.push((
-                field.to_string(),
-                FieldValue::Num(finite(self.value + v, "value")?),
-            ));
+            values.push(("", FieldValue::Num(finite(self.value + v, "value")?)));
         } else if let Some(vs) = &r.vs {
-            values.push((field.to_string(), FieldValue::Str(vs.to_string())));
+            values.push(("", FieldValue::Str(vs.to_string())));
         } else if let Some(vb) = r.vb {
-            values.push((field.to_string(), FieldValue::Bool(vb)));
+            values.push(("", FieldValue::Bool(vb)));
         } else if let Some(vd) = &r.vd {
-            values.push((field.to_string(), FieldValue::Str(vd.to_string())));
+            values.push(("", FieldValue::Str(vd.to_string())));
         }
         if let Some(s) = r.s {
-            values.push((
-                format!("{field}_sum"),
-                FieldValue::Num(finite(self.sum + s, "sum")?),
-            ));
+            values.push(("_sum", FieldValue::Num(finite(self.sum + s, "sum")?)));
         }
         if values.is_empty() {
             return Ok(None);
@@ -316,6 +350,7 @@ impl<'a> Base<'a> {
         }
         Ok(Some(Resolved {
             ts_ms: ms as i64,
+            field,
             unit: r.u.clone().or_else(|| self.unit.clone()),
             values,
         }))

@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::plan::{unshared, Planned, Probe, RETIRE_QUIET};
-use super::window::{session_key, Seen, Window};
+use super::window::{session_key, Numbering, Resend, Seen, Window};
 
 /// How long the probe may take to come back through the group.
 pub(crate) const PROBE_WAIT: Duration = Duration::from_secs(5);
@@ -132,6 +132,9 @@ pub(crate) enum Action {
     /// of this session recorded before are void (see
     /// [`super::window::RESET`]); [`Session::recorded`] once durable.
     Void(Void),
+    /// A message showed how the broker numbers its resends: kept for the
+    /// next start, told to the other sessions.
+    Numbering(Numbering),
 }
 
 /// Which identities of a session a record voids.
@@ -157,6 +160,10 @@ pub enum Disposition {
     Store,
     /// A redelivery of one received before: acknowledge, store nothing.
     Redelivery,
+    /// Likely a redelivery (see [`Resend::Uncertain`]): one whose readings
+    /// carry times of their own is acknowledged and not stored, any other
+    /// is stored (a duplicate rather than a loss).
+    Resent,
     /// palletd's own probe: acknowledge (in order), store nothing.
     Probe,
     /// Not a PUBLISH: a record voiding identities (see [`Action::Void`]).
@@ -198,11 +205,13 @@ pub struct Session {
     connected: bool,
     /// The data SUBSCRIBE went out on this connection.
     data_started: bool,
-    /// The broker acknowledged every data subscription since this process
-    /// started (a kept session then keeps them).
-    subscribed: bool,
     /// QoS 1/2 messages received (each is acknowledged, in order).
     received: u64,
+    /// QoS 1/2 messages received on this connection.
+    received_here: u64,
+    /// The broker's in-flight window as palletd takes it (half the
+    /// redelivery window): what it was told, or more once seen.
+    broker_window: usize,
     /// Since when nothing came (a retiring session is done after
     /// [`RETIRE_QUIET`]).
     quiet_since: Option<Instant>,
@@ -217,8 +226,6 @@ pub struct Session {
     settled: bool,
     /// The UNSUBSCRIBE of [`SETTLE_FILTER`] went out on this connection.
     settling: bool,
-    /// Whether the last CONNACK said the broker kept the session.
-    present: bool,
 }
 
 impl Session {
@@ -230,6 +237,7 @@ impl Session {
         window: usize,
         recovered: &[Seen],
         verdict: Verdict,
+        numbering: Numbering,
     ) -> Session {
         Session {
             index: plan.index,
@@ -242,17 +250,17 @@ impl Session {
             unsubscribe: plan.unsubscribe,
             unsubscribing: VecDeque::new(),
             subacks: VecDeque::new(),
-            window: Window::new(window, recovered),
+            window: Window::new(window, recovered, numbering),
             verdict,
             connected: false,
             data_started: false,
-            subscribed: false,
             received: 0,
+            received_here: 0,
+            broker_window: (window / 2).max(1),
             quiet_since: None,
             voids: 0,
             settled: recovered.is_empty(),
             settling: false,
-            present: false,
         }
     }
 
@@ -290,23 +298,17 @@ impl Session {
     /// ([`Void::Settled`]). Nothing is subscribed until such a record is
     /// durable ([`Session::recorded`]). Then it subscribes the probe while
     /// the verdict is pending, and the data (unless it waits for the
-    /// verdict) until the broker acknowledged it in this process (the
-    /// config may have changed since the session was made; a link that
-    /// dropped before the SUBACK may have lost the SUBSCRIBE), whenever the
-    /// broker kept no session, and on every connect when a subscription is
-    /// shared (Mosquitto 2.0 keeps a session's plain subscriptions across
-    /// its restart but not its shared ones; a plain one is not made again
-    /// on every reconnect: each subscribe re-sends retained messages).
-    /// Then takes off what an earlier configuration left (again after a
-    /// reconnect until the broker acknowledged it).
+    /// verdict) on every connect ([`Session::start_data`]). Then takes off
+    /// what an earlier configuration left (again after a reconnect until
+    /// the broker acknowledged it).
     pub(crate) fn connected(&mut self, session_present: bool, now: Instant) -> Vec<Action> {
         self.connected = true;
+        self.received_here = 0;
         self.data_started = false;
         self.settling = false;
         self.subacks.clear();
         self.unsubscribing.clear();
         self.quiet_since = Some(now);
-        self.present = session_present;
         let mut out = Vec::new();
         if !session_present {
             self.window.clear();
@@ -367,20 +369,22 @@ impl Session {
             out.push(Action::Ready(false));
             return;
         }
-        self.start_data(self.present, out);
+        self.start_data(out);
     }
 
-    fn start_data(&mut self, session_present: bool, out: &mut Vec<Action>) {
-        let shared = self.subscribe.iter().any(|(f, _)| unshared(f).is_some());
-        if !session_present || !self.subscribed || shared {
-            self.subacks.push_back(Pending::Data);
-            self.data_started = true;
-            out.push(Action::Ready(false));
-            out.push(Action::Subscribe(self.subscribe.clone()));
-        } else {
-            // The broker kept the session and its subscriptions.
-            out.push(Action::Ready(true));
-        }
+    /// Subscribes the data filters, on every connect: a kept session may
+    /// have lost them (Mosquitto 2.0 keeps a session's plain subscriptions
+    /// across its restart but not its shared ones; a SUBSCRIBE lost with
+    /// a link, or a CONNACK without a session lost with its link, leaves
+    /// them unmade). The broker then sends the topics' retained values
+    /// again: the retained rule ([`crate::front::retained`]) stores none
+    /// of them twice, and under MQTT 5 the subscription asks for none
+    /// when it exists (Retain Handling 1).
+    fn start_data(&mut self, out: &mut Vec<Action>) {
+        self.subacks.push_back(Pending::Data);
+        self.data_started = true;
+        out.push(Action::Ready(false));
+        out.push(Action::Subscribe(self.subscribe.clone()));
         self.take_off(out);
     }
 
@@ -417,7 +421,7 @@ impl Session {
         }
         match verdict {
             Verdict::Delivered if self.connected && !self.data_started && self.may_subscribe() => {
-                self.start_data(true, &mut out);
+                self.start_data(&mut out);
             }
             Verdict::NotDelivered if self.own_group() => {
                 let mut off: Vec<String> = self
@@ -448,9 +452,8 @@ impl Session {
                     out.push(Action::Hold(
                         self.subscribe.iter().map(|(f, _)| f.clone()).collect(),
                     ));
-                    self.subscribed = false;
                     if self.connected && self.may_subscribe() {
-                        self.start_data(false, &mut out);
+                        self.start_data(&mut out);
                     }
                 } else {
                     self.retiring = true;
@@ -513,7 +516,6 @@ impl Session {
             out.push(Action::NotShared);
             return out;
         }
-        self.subscribed = all;
         out.push(Action::Ready(all));
         out
     }
@@ -561,6 +563,7 @@ impl Session {
             return (d, out);
         }
         self.received += 1;
+        self.received_here += 1;
         if !dup {
             self.settle(&mut out);
         }
@@ -568,15 +571,40 @@ impl Session {
             return (Disposition::Probe, out);
         }
         let seen = Seen { pkid, digest };
-        if !dup {
-            self.window.arrived(seen);
-            return (Disposition::Store, out);
-        }
-        let d = match self.window.redelivered(seen) {
-            true => Disposition::Redelivery,
-            false => Disposition::Store,
+        self.window.observe(pkid);
+        let d = match dup {
+            false => {
+                self.window.arrived(seen);
+                Disposition::Store
+            }
+            true => match self.window.redelivered(seen) {
+                Some(Resend::Same) => Disposition::Redelivery,
+                Some(Resend::Uncertain { .. }) => Disposition::Resent,
+                None => Disposition::Store,
+            },
         };
+        out.extend(self.window.learned().map(Action::Numbering));
         (d, out)
+    }
+
+    /// `acked_here` PUBACKs of this connection's messages handed to the
+    /// client: when more of its messages than the broker's window (as
+    /// palletd takes it) are unacknowledged, the broker allows more in
+    /// flight than it was told (MQTT 3.1.1 says nothing of it; the
+    /// operator sets `mqtt.max_inflight` to the broker's, or leaves the
+    /// default). The window is raised to what was seen, and the new size
+    /// returned (to keep, say and count): a resend from further back
+    /// would be taken for a new message. Unacknowledged here is at most
+    /// what the broker holds (it sent at least what arrived, and got at
+    /// most the PUBACKs sent), so this never overestimates.
+    pub(crate) fn learn(&mut self, acked_here: u64) -> Option<usize> {
+        let held = self.received_here.saturating_sub(acked_here) as usize;
+        if held <= self.broker_window {
+            return None;
+        }
+        self.broker_window = held;
+        self.window.widen(2 * held);
+        Some(held)
     }
 
     /// Retiring, and done: connected, the broker took every filter off,
@@ -669,7 +697,16 @@ mod tests {
         let pr = probe(&m, &p::subs());
         plan(&m, &p::subs(), before)
             .into_iter()
-            .map(|pl| Session::new(pl, pr.clone(), 20, &[], Verdict::initial(pr.as_ref())))
+            .map(|pl| {
+                Session::new(
+                    pl,
+                    pr.clone(),
+                    20,
+                    &[],
+                    Verdict::initial(pr.as_ref()),
+                    Numbering::Kept,
+                )
+            })
             .collect()
     }
 
@@ -773,7 +810,7 @@ mod tests {
         m.share_group = Some("g".into());
         let pr = probe(&m, &p::subs());
         let pl = plan(&m, &p::subs(), &Subscribed::new()).remove(0);
-        let mut s = Session::new(pl, pr, 20, &[], Verdict::Pending);
+        let mut s = Session::new(pl, pr, 20, &[], Verdict::Pending, Numbering::Kept);
         s.connected(false, now);
         let a = s.recorded();
         assert_eq!(subscribes(&a).len(), 2, "probe and data at once");
@@ -799,7 +836,7 @@ mod tests {
                 digest: 60,
             },
         ];
-        let mut s = Session::new(pl, None, 2, &recovered, Verdict::Unneeded);
+        let mut s = Session::new(pl, None, 2, &recovered, Verdict::Unneeded, Numbering::Kept);
         // A start that recovered identities learns first which the broker
         // resends: nothing is subscribed before.
         let a = s.connected(true, now);

@@ -41,6 +41,32 @@
 //! window; if its first sending is lost with the connection and its topic
 //! and payload equal that one's, it is taken for a redelivery.
 //!
+//! # Brokers that renumber their resends
+//! RabbitMQ's MQTT plugin resends a resumed session's unacknowledged
+//! messages with DUP under the new connection's packet ids, counting from
+//! 1 again, so no packet id names what it had. What still holds: it
+//! resends them first, in their order, and what it holds is a suffix of
+//! what palletd received on the session (PUBACKs leave in order on one
+//! TCP stream, so the broker got a prefix of them). So the resends are
+//! aligned by digest with the tail of the window as it was at the resume
+//! ([`Window::resume`]): the first DUP that no packet id explains, under
+//! an id a broker that keeps its ids could not have given it (one within
+//! the window's size past the newest id the window holds is such a
+//! broker's message palletd never kept: received and lost with a crash
+//! before it was durable, or never read), is anchored at the one entry
+//! with its digest, and each DUP after it is a redelivery while it
+//! continues the tail in order. Exact where payloads
+//! differ (a device's time stamp or sequence number in them). Where the
+//! first one's digest is not unique in the tail (a constant payload with
+//! no time in it), or a DUP does not continue the tail (one sent but lost
+//! with the link before palletd read it, so never received), the message
+//! is stored: a duplicate, never a loss. A DUP the packet id explains
+//! shows the broker keeps its ids: nothing is aligned on that session
+//! until the next resume. (A crash in the middle of a run of renumbered
+//! resends leaves both copies of those identities in the spool until the
+//! settling record: after the restart their digests are not unique, and
+//! the broker's next resends of them are stored again.)
+//!
 //! # Keeping windows across restarts
 //! Each message's identity (session key, packet id, digest) is its last
 //! record in the spool, so a message whose identity is recovered is whole
@@ -121,13 +147,118 @@ pub(crate) struct Window {
     next: u64,
     /// Sequences below this are provisional (recovered, not confirmed).
     provisional: u64,
+    /// Between a resume and the settling: the window as it was at the
+    /// resume, to align resends under new packet ids with.
+    align: Option<Align>,
+    /// How the broker numbers its resends, as far as seen.
+    numbering: Numbering,
+    /// The first message since the resume is yet to come (it shows how
+    /// the broker numbers).
+    first: bool,
+    /// What a message showed of the broker's numbering, not yet taken
+    /// ([`Window::learned`]).
+    learned: Option<Numbering>,
+    /// Provisional entries a renumbered resend confirmed where they stand
+    /// ([`Window::rekey`]).
+    confirmed: std::collections::HashSet<u64>,
+}
+
+/// How a broker numbers a resumed session's resends, as seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Numbering {
+    /// Not seen yet: a DUP is a redelivery only where its payload tells
+    /// it ([`Resend::Uncertain`]).
+    #[default]
+    Unknown,
+    /// Under the packet ids they had (Mosquitto, EMQX, VerneMQ, aedes):
+    /// the first message of a resumed connection came under another id
+    /// than 1, which a broker numbering each connection anew never gives.
+    Kept,
+    /// Under the new connection's ids, from 1 (RabbitMQ): a resend came
+    /// under an id the window holds for another message.
+    Renumbered,
+}
+
+impl Numbering {
+    /// Its name, in the file palletd keeps it in and in the logs.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Numbering::Unknown => "unknown",
+            Numbering::Kept => "kept",
+            Numbering::Renumbered => "renumbered",
+        }
+    }
+
+    /// The numbering of a name [`Numbering::name`] gave.
+    pub(crate) fn parse(name: &str) -> Option<Numbering> {
+        [Numbering::Unknown, Numbering::Kept, Numbering::Renumbered]
+            .into_iter()
+            .find(|n| n.name() == name)
+    }
+}
+
+/// A resumed session's tail, for resends a broker sends under new packet
+/// ids (see the module's "Brokers that renumber their resends").
+#[derive(Debug, Clone)]
+struct Align {
+    /// (sequence, packet id, digest) of each entry at the resume, oldest
+    /// first.
+    tail: Vec<(u64, u16, u64)>,
+    /// The entry the next resend must match, once anchored.
+    next: Option<usize>,
+    /// How far past the newest packet id of the tail a broker that keeps
+    /// its ids can number a message palletd has no identity of: the
+    /// window's size (`0`: the broker is known to renumber).
+    reach: usize,
+}
+
+impl Align {
+    /// Where in the tail a resend with this identity lies, if that is
+    /// beyond doubt; `None` ends the alignment.
+    fn place(&self, seen: Seen) -> Option<usize> {
+        if let Some(j) = self.next {
+            return (self.tail.get(j)?.2 == seen.digest).then_some(j);
+        }
+        // While the numbering is not known: a broker that keeps its ids
+        // resends what palletd has no identity of (received and lost with
+        // a crash before it was durable, or never read) under the ids that
+        // follow the newest it has, at most its window of them: those are
+        // new. Ids anywhere else may be a broker's that numbered anew.
+        let newest = self.tail.last()?.1;
+        let ahead = (i32::from(seen.pkid) - i32::from(newest)).rem_euclid(65_535) as usize;
+        if (1..=self.reach).contains(&ahead) {
+            return None;
+        }
+        let mut hits = (self.tail.iter().enumerate()).filter(|(_, e)| e.2 == seen.digest);
+        match (hits.next(), hits.next()) {
+            (Some((i, _)), None) => Some(i),
+            _ => None,
+        }
+    }
+}
+
+/// A DUP message the window recognises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resend {
+    /// Under the packet id it had, from a broker that keeps its ids: a
+    /// redelivery beyond doubt.
+    Same,
+    /// A message with the digest of one the window holds, as a broker that
+    /// renumbers its resends sends it (aligned with the message received
+    /// as `was`), or under its packet id before the broker showed how it
+    /// numbers: the same message, or a new one with the same topic and
+    /// payload. A redelivery if its payload tells (its readings carry
+    /// times of their own: see [`crate::admission`]), else stored.
+    Uncertain { was: Option<u16> },
 }
 
 impl Window {
     /// A window of the last `cap` messages (at least one), holding
-    /// `recovered` (oldest first), provisionally.
-    pub fn new(cap: usize, recovered: &[Seen]) -> Window {
+    /// `recovered` (oldest first), provisionally, of a broker that numbers
+    /// its resends as `numbering` says.
+    pub fn new(cap: usize, recovered: &[Seen], numbering: Numbering) -> Window {
         let mut w = Window::empty(cap);
+        w.numbering = numbering;
         for s in recovered {
             w.push(*s);
         }
@@ -142,6 +273,11 @@ impl Window {
             latest: HashMap::new(),
             next: 0,
             provisional: 0,
+            align: None,
+            numbering: Numbering::Unknown,
+            first: false,
+            learned: None,
+            confirmed: Default::default(),
         }
     }
 
@@ -154,18 +290,87 @@ impl Window {
     }
 
     /// The session is resumed: everything held is provisional until the
-    /// broker's resends are through.
+    /// broker's resends are through, and the tail is kept to align resends
+    /// under new packet ids with.
     pub(crate) fn resume(&mut self) {
         self.provisional = self.next;
+        self.first = true;
+        self.confirmed.clear();
+        let tail: Vec<(u64, u16, u64)> = (self.order.iter())
+            .filter_map(|(seq, pkid)| {
+                let (s, digest, _) = self.latest.get(pkid)?;
+                (s == seq).then_some((*seq, *pkid, *digest))
+            })
+            .collect();
+        let reach = match self.numbering {
+            Numbering::Renumbered => 0,
+            _ => self.cap,
+        };
+        self.align = (!tail.is_empty()).then_some(Align {
+            tail,
+            next: None,
+            reach,
+        });
     }
 
-    /// A DUP message received: a redelivery of one the window holds (it
-    /// moves to where it arrived last, confirmed if it was provisional),
-    /// or new.
-    pub(crate) fn redelivered(&mut self, seen: Seen) -> bool {
-        let again = self.holds(seen);
-        self.push(seen);
-        again
+    /// A QoS 1/2 message arrived, with DUP or not: the first since a
+    /// resume shows how the broker numbers (an id other than 1: it keeps
+    /// its ids; see [`Numbering::Kept`]).
+    pub(crate) fn observe(&mut self, pkid: u16) {
+        if std::mem::take(&mut self.first) && self.numbering == Numbering::Unknown && pkid != 1 {
+            self.numbering = Numbering::Kept;
+            self.learned = Some(Numbering::Kept);
+        }
+    }
+
+    /// What a message showed of the broker's numbering since the last
+    /// call.
+    pub(crate) fn learned(&mut self) -> Option<Numbering> {
+        self.learned.take()
+    }
+
+    /// A DUP message received: a redelivery of one the window holds, or
+    /// new (`None`). Under the packet id it had, from a broker that keeps
+    /// its ids, beyond doubt; else (a broker that renumbers, aligned with
+    /// the tail between a resume and the settling; or one not yet seen)
+    /// [`Resend::Uncertain`]. It moves to where it arrived last,
+    /// confirmed if it was provisional.
+    pub(crate) fn redelivered(&mut self, seen: Seen) -> Option<Resend> {
+        let held = self.holds(seen);
+        if self.numbering == Numbering::Unknown && !held && self.align.is_some() {
+            // A resend under an id the window holds for another message:
+            // no broker that keeps its ids gives that.
+            if self.latest.contains_key(&seen.pkid) {
+                self.numbering = Numbering::Renumbered;
+                self.learned = Some(Numbering::Renumbered);
+                if let Some(a) = &mut self.align {
+                    a.reach = 0;
+                }
+            }
+        }
+        match (self.numbering, held) {
+            (Numbering::Kept, _) => {
+                self.align = None;
+                self.push(seen);
+                return held.then_some(Resend::Same);
+            }
+            (Numbering::Unknown, true) => {
+                self.push(seen);
+                return Some(Resend::Uncertain { was: None });
+            }
+            _ => {}
+        }
+        let placed = self.align.as_ref().and_then(|a| a.place(seen));
+        let Some(at) = placed else {
+            self.align = None;
+            self.push(seen);
+            return None;
+        };
+        let align = self.align.as_mut()?;
+        align.next = Some(at + 1);
+        let (seq, was, _) = align.tail[at];
+        self.rekey(seq, was, seen);
+        Some(Resend::Uncertain { was: Some(was) })
     }
 
     /// A message without DUP: new, and every resent one came before it.
@@ -178,9 +383,12 @@ impl Window {
     /// wrote something after the resent messages): provisional messages
     /// not resent by now never will be.
     pub(crate) fn settle(&mut self) {
+        self.align = None;
         if self.provisional > 0 {
             let p = self.provisional;
-            self.latest.retain(|_, (seq, _, _)| *seq >= p);
+            let confirmed = std::mem::take(&mut self.confirmed);
+            self.latest
+                .retain(|_, (seq, _, _)| *seq >= p || confirmed.contains(seq));
             self.compact();
             self.provisional = 0;
         }
@@ -207,6 +415,29 @@ impl Window {
         }
         if self.order.len() > 2 * self.cap + 16 {
             self.compact();
+        }
+    }
+
+    /// The entry `seq` (under packet id `was`) came again as `seen`, under
+    /// a new packet id: it keeps its place in the order, the broker's (a
+    /// renumbering broker resends in its order; moved to the end, a run of
+    /// resends cut short by a dropped link would leave the next run's
+    /// tail out of that order), and is confirmed.
+    fn rekey(&mut self, seq: u64, was: u16, seen: Seen) {
+        let Some((_, _, lsn)) = self.latest.get(&was).copied().filter(|e| e.0 == seq) else {
+            self.push(seen);
+            return;
+        };
+        self.latest.remove(&was);
+        if let Ok(i) = self.order.binary_search_by_key(&seq, |e| e.0) {
+            self.order[i].1 = seen.pkid;
+        }
+        // An older message under the new id (acknowledged: a renumbering
+        // broker reuses ids on every connection) leaves the window.
+        self.latest.insert(seen.pkid, (seq, seen.digest, lsn));
+        if seq < self.provisional {
+            // Confirmed: it survives the settling.
+            self.confirmed.insert(seq);
         }
     }
 
@@ -242,6 +473,14 @@ impl Window {
         self.order.clear();
         self.latest.clear();
         self.provisional = 0;
+        self.align = None;
+        self.confirmed.clear();
+    }
+
+    /// The broker's window is larger than was thought: keep the last
+    /// `cap` messages from now on.
+    pub(crate) fn widen(&mut self, cap: usize) {
+        self.cap = self.cap.max(cap);
     }
 
     /// How many identities it holds (the tests count them).
@@ -312,6 +551,17 @@ impl Windows {
         match seen.pkid {
             RESET => k.window.void_below(seen.digest),
             _ => k.window.push_at(seen, lsn),
+        }
+    }
+
+    /// The broker's window is larger than was thought: every session's
+    /// window keeps the last `cap` messages from now on.
+    pub(crate) fn widen(&mut self, cap: usize) {
+        if cap > self.cap {
+            self.cap = cap;
+            for k in self.sessions.values_mut() {
+                k.window.widen(cap);
+            }
         }
     }
 
@@ -479,7 +729,7 @@ mod tests {
 
     #[test]
     fn a_window_holds_the_latest_message_of_each_packet_id_among_the_last_cap() {
-        let mut w = Window::new(3, &[seen(1, 10), seen(2, 20)]);
+        let mut w = Window::new(3, &[seen(1, 10), seen(2, 20)], Numbering::Kept);
         assert!(w.holds(seen(1, 10)) && w.holds(seen(2, 20)));
         assert!(!w.holds(seen(1, 11)), "another message under that id");
         // A packet id used again: the older message was acknowledged.
@@ -494,20 +744,24 @@ mod tests {
         w.push(seen(5, 50));
         assert!(!w.holds(seen(1, 12)), "out of the window");
         // A redelivery moves to where it arrived last.
-        assert!(w.redelivered(seen(3, 30)));
+        assert_eq!(w.redelivered(seen(3, 30)), Some(Resend::Same));
         w.push(seen(6, 60));
         assert!(w.holds(seen(3, 30)) && !w.holds(seen(4, 40)));
         w.clear();
         assert!(w.is_empty() && !w.holds(seen(5, 50)));
         // Recovered: confirmed by a redelivery, else ended by the first
         // new message.
-        let mut w = Window::new(4, &[seen(1, 10), seen(2, 20)]);
-        assert!(w.redelivered(seen(2, 20)));
-        assert!(!w.redelivered(seen(3, 30)), "new, sent first with DUP");
+        let mut w = Window::new(4, &[seen(1, 10), seen(2, 20)], Numbering::Kept);
+        assert_eq!(w.redelivered(seen(2, 20)), Some(Resend::Same));
+        assert_eq!(w.redelivered(seen(3, 30)), None, "new, sent first with DUP");
         w.arrived(seen(4, 40));
         assert!(!w.holds(seen(1, 10)), "not resent before a new one: gone");
         assert!(w.holds(seen(2, 20)) && w.holds(seen(3, 30)));
-        assert!(w.redelivered(seen(2, 20)), "and again after a reconnect");
+        assert_eq!(
+            w.redelivered(seen(2, 20)),
+            Some(Resend::Same),
+            "and again after a reconnect"
+        );
         // The same message again and again does not grow it.
         for _ in 0..1000 {
             w.redelivered(seen(2, 20));
@@ -515,6 +769,107 @@ mod tests {
         assert!(w.order.len() <= 2 * 4 + 16);
         assert_ne!(digest("a", b"bc"), digest("ab", b"c"));
         assert_ne!(session_key("box-1"), session_key("box-2"));
+    }
+
+    #[test]
+    fn resends_under_new_packet_ids_are_aligned_with_the_tail() {
+        let uncertain = |was| Some(Resend::Uncertain { was: Some(was) });
+        // Received 1..=5 (distinct payloads); the broker holds 3..=5 and
+        // resends them as 1, 2, 3 (RabbitMQ), then one it had sent and
+        // palletd never read (6, as 4), then a new one. Resend 1 comes
+        // under an id the window holds for another message: the broker
+        // renumbers.
+        let mut w = Window::new(10, &[], Numbering::Unknown);
+        for p in 1..=5 {
+            w.arrived(seen(p, 100 + u64::from(p)));
+        }
+        w.resume();
+        w.observe(1);
+        assert_eq!(w.learned(), None, "id 1 first: not known yet");
+        assert_eq!(w.redelivered(seen(1, 103)), uncertain(3));
+        assert_eq!(w.learned(), Some(Numbering::Renumbered));
+        assert_eq!(w.redelivered(seen(2, 104)), uncertain(4));
+        assert_eq!(w.redelivered(seen(3, 105)), uncertain(5));
+        assert_eq!(w.redelivered(seen(4, 106)), None, "past the tail: new");
+        w.arrived(seen(5, 107));
+        assert!(w.holds(seen(1, 103)) && w.holds(seen(3, 105)));
+        assert!(
+            !w.holds(seen(4, 104)),
+            "its first arrival went; it is under 2 now"
+        );
+        // Resumed again: the resends of 106 and 107, renumbered again.
+        w.resume();
+        assert_eq!(w.redelivered(seen(1, 106)), uncertain(4));
+        assert_eq!(w.redelivered(seen(2, 107)), uncertain(5));
+
+        // A DUP out of the tail's order ends the alignment.
+        let mut w = Window::new(10, &[], Numbering::Renumbered);
+        for p in 1..=4 {
+            w.arrived(seen(p, 200 + u64::from(p)));
+        }
+        w.resume();
+        assert_eq!(w.redelivered(seen(1, 202)), uncertain(2));
+        assert_eq!(
+            w.redelivered(seen(2, 204)),
+            None,
+            "203 skipped: not aligned"
+        );
+        assert_eq!(w.redelivered(seen(9, 203)), None, "and nothing after");
+
+        // A digest that is not unique in the tail (a constant payload):
+        // stored, a duplicate rather than a loss.
+        let mut w = Window::new(10, &[], Numbering::Renumbered);
+        for p in 1..=3 {
+            w.arrived(seen(p, 7));
+        }
+        w.resume();
+        assert_eq!(w.redelivered(seen(9, 7)), None);
+    }
+
+    #[test]
+    fn the_first_message_of_a_resumed_connection_shows_how_the_broker_numbers() {
+        // A broker that keeps its ids resends what palletd lost with a
+        // crash before it was durable under the ids after the newest it
+        // holds: a payload like an older one's is still a new message.
+        let mut w = Window::new(10, &[seen(1, 501), seen(2, 502)], Numbering::Unknown);
+        w.resume();
+        w.observe(3);
+        assert_eq!(w.learned(), Some(Numbering::Kept), "an id other than 1");
+        assert_eq!(
+            w.redelivered(seen(3, 501)),
+            None,
+            "lost before durable: new"
+        );
+        assert_eq!(w.redelivered(seen(4, 502)), None);
+        // Known to keep: the packet id tells beyond doubt, and nothing is
+        // aligned.
+        let mut w = Window::new(10, &[], Numbering::Kept);
+        for p in 1..=3 {
+            w.arrived(seen(p, 300 + u64::from(p)));
+        }
+        w.resume();
+        assert_eq!(w.redelivered(seen(2, 302)), Some(Resend::Same));
+        assert_eq!(
+            w.redelivered(seen(9, 303)),
+            None,
+            "no alignment once ids held"
+        );
+        // Not known (the first message came under id 1): a packet id that
+        // holds is only a likely redelivery.
+        let mut w = Window::new(10, &[seen(1, 601)], Numbering::Unknown);
+        w.resume();
+        w.observe(1);
+        assert_eq!(
+            w.redelivered(seen(1, 601)),
+            Some(Resend::Uncertain { was: None })
+        );
+        assert_eq!(w.learned(), None);
+        // Nor after the settling.
+        let mut w = Window::new(10, &[], Numbering::Renumbered);
+        w.arrived(seen(1, 401));
+        w.resume();
+        w.arrived(seen(2, 402));
+        assert_eq!(w.redelivered(seen(3, 401)), None);
     }
 
     #[test]

@@ -13,6 +13,40 @@ pub(crate) struct AckToken {
     pub(super) qos: QoS,
     pub(super) pkid: u16,
     pub(super) reset: bool,
+    /// The connection's generation when the message arrived
+    /// ([`Generations`]): a PUBACK of an earlier one is not sent.
+    pub(super) gen: u32,
+}
+
+/// Per connection index, how many times its link failed: the generation
+/// of what arrives on it. A PUBACK released after the link its message
+/// came on failed is held over to the next connection by the client, and
+/// there its packet id may name another message: a broker that renumbers
+/// its resends (RabbitMQ) numbers the new connection's messages from 1,
+/// so it would acknowledge one palletd has not spooled. Such a PUBACK is
+/// not sent, whatever the broker: on a resumed session the broker resends
+/// every message it got no PUBACK for (MQTT 3.1.1 §4.4), and the resend is
+/// acknowledged when it arrives (a redelivery, under the id it has then).
+/// The check and the hand-over to the client happen under the
+/// connection's lock, which the event loop takes to move to the next
+/// generation and empty the client's channel of PUBACKs (rumqttc's
+/// `EventLoop::clean`): none of an earlier generation reaches the wire.
+#[derive(Debug)]
+pub(crate) struct Generations(Vec<std::sync::Mutex<u32>>);
+
+impl Generations {
+    pub(super) fn new() -> Self {
+        Generations((0..256).map(|_| Default::default()).collect())
+    }
+
+    /// The generation of what arrives on `conn` now.
+    pub(super) fn current(&self, conn: usize) -> u32 {
+        *self.lock(conn)
+    }
+
+    pub(super) fn lock(&self, conn: usize) -> std::sync::MutexGuard<'_, u32> {
+        self.0[conn].lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// Sends acknowledgements without ever blocking, in order on each
@@ -29,6 +63,10 @@ pub(crate) struct Acker {
     pub(super) waiting: Vec<std::collections::VecDeque<AckToken>>,
     /// Acknowledgements handed to each connection's event loop.
     pub(super) acked: Arc<Counters>,
+    /// Acknowledgements not sent: their connection failed since
+    /// ([`Generations`]).
+    pub(super) stale: Arc<Counters>,
+    pub(super) gens: Arc<Generations>,
     /// Resets made durable, told to each connection.
     pub(super) resets: Arc<Resets>,
     pub(super) queued: usize,
@@ -94,9 +132,12 @@ impl Acker {
             self.waiting[conn].clear();
             return true;
         };
+        let gen = self.gens.lock(conn);
         while let Some(token) = self.waiting[conn].front().copied() {
             if token.reset {
                 self.resets.tell(conn);
+            } else if token.gen != *gen {
+                self.stale.add(conn);
             } else if client.try_ack(token) {
                 self.acked.add(conn);
             } else {

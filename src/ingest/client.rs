@@ -119,6 +119,17 @@ impl Link {
         }
     }
 
+    /// The connection failed: the PUBACKs still in the client's channel
+    /// are dropped (rumqttc's `EventLoop::clean`, which its poll already
+    /// did at the failure; again here, under the connection's lock, for
+    /// any handed over since: see [`super::Generations`]).
+    pub(super) fn clean(&mut self) {
+        match self {
+            Link::V311(l) => l.clean(),
+            Link::V5(l) => l.clean(),
+        }
+    }
+
     /// The next event; an error is the connection's failure, described.
     pub(super) async fn poll(&mut self) -> Result<Event, String> {
         match self {
@@ -177,6 +188,12 @@ pub(super) fn tls_transport(
         Arc::new(config),
     )))
 }
+
+/// palletd's own QoS 1 messages in flight at once (the client's window for
+/// what it publishes: the probe, Sparkplug B rebirth requests), whatever
+/// the broker's window for what it sends palletd (`mqtt.max_inflight`):
+/// rumqttc keeps a slot for each.
+pub(super) const OUTGOING_INFLIGHT: u16 = 64;
 
 /// Capacity of rumqttc's request channel: one slot for every packet id that
 /// can be in flight, plus subscriptions and the disconnect.

@@ -34,6 +34,11 @@ pub(super) struct Conn {
     pub(super) probe: Option<ProbeCheck>,
     /// `palletd_messages_received_total` of this connection.
     pub(super) messages: metrics::Counter,
+    /// The link's generation ([`super::Generations`]): what its PUBACKs
+    /// carry.
+    pub(super) gen: u32,
+    /// PUBACKs handed to the client when this connection was made.
+    pub(super) acked_at_connect: u64,
 }
 
 impl Conn {
@@ -47,6 +52,8 @@ impl Conn {
             disconnecting: false,
             overflow: Default::default(),
             plain_probe_match,
+            gen: 0,
+            acked_at_connect: 0,
         }
     }
 
@@ -57,6 +64,8 @@ impl Conn {
     /// Connected (a CONNACK).
     pub(super) fn on_connack(&mut self, session_present: bool, client: &Client, shared: &Shared) {
         self.backoff = Backoff::default();
+        self.gen = shared.gens.current(self.index());
+        self.acked_at_connect = shared.acked.get(self.index());
         let s = &self.session;
         if !s.retiring() {
             shared.health.set_broker_connected(s.index, true);
@@ -122,10 +131,12 @@ impl Conn {
                         qos: rumqttc::QoS::AtMostOnce,
                         pkid: RESET,
                         reset: true,
+                        gen: 0,
                     };
                     self.hand_on(self.marker(Disposition::Void(void), Some(token)), shared);
                 }
                 Action::Resumed => self.hand_on(self.marker(Disposition::Resumed, None), shared),
+                Action::Numbering(n) => shared.window.numbered(&client_id, n),
                 Action::Leaves => {
                     info!(%client_id, "Retiring this MQTT session: the broker does not deliver through shared subscriptions, so the first connection takes everything unshared.");
                     shared.health.drop_connection(index);
@@ -190,7 +201,14 @@ impl Conn {
             qos: p.qos,
             pkid: p.pkid,
             reset: false,
+            gen: self.gen,
         });
+        if qos > 0 {
+            let acked_here = shared.acked.get(self.index()) - self.acked_at_connect;
+            if let Some(window) = self.session.learn(acked_here) {
+                shared.learned(&self.session.client_id, window);
+            }
+        }
         if ack.is_none() && disposition == Disposition::Probe {
             return;
         }

@@ -40,6 +40,7 @@
 mod acker;
 mod client;
 mod conn;
+pub(crate) mod learned;
 pub(crate) mod sessions_file;
 pub mod tls;
 mod v5;
@@ -62,6 +63,8 @@ use crate::telemetry::Health;
 
 pub(crate) use acker::*;
 pub(crate) use client::*;
+pub(crate) use learned::redelivery_window;
+use learned::Learned;
 
 /// One received PUBLISH, as the admission sees it.
 #[derive(Debug)]
@@ -117,11 +120,15 @@ type Polling =
 pub(crate) struct Connections {
     list: Vec<Connection>,
     acked: Arc<Counters>,
+    stale: Arc<Counters>,
+    gens: Arc<Generations>,
     resets: Arc<Resets>,
     sessions: sessions_file::SessionsFile,
     probe: Option<Probe>,
     /// Messages kept per session to recognise redeliveries.
     window: usize,
+    /// The spool's directory (where a learned window is kept).
+    dir: std::path::PathBuf,
 }
 
 /// One MQTT client and its event loop, not yet connected.
@@ -146,7 +153,12 @@ pub(crate) struct Shared {
     queue: Arc<crate::budget::Budget>,
     sessions: Arc<sessions_file::SessionsFile>,
     acked: Arc<Counters>,
+    stale: Arc<Counters>,
+    gens: Arc<Generations>,
     resets: Arc<Resets>,
+    /// The broker's in-flight window as palletd takes it, raised as seen
+    /// (the largest of every session's).
+    window: Arc<Learned>,
     /// Whether the broker delivers through shared subscriptions.
     verdict: Arc<tokio::sync::watch::Sender<Verdict>>,
     /// The probe's topic, when subscriptions are shared.
@@ -158,6 +170,15 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// A session of `client_id` held `window` unacknowledged messages,
+    /// beyond the window palletd took the broker's for: the spool keeps
+    /// more identities per session from now on ([`learned`]).
+    fn learned(&self, client_id: &str, window: usize) {
+        if let Some(cap) = self.window.raise(client_id, window) {
+            self.spool.widen_windows(cap);
+        }
+    }
+
     /// The verdict on shared subscriptions moves on `evidence`
     /// ([`Verdict::after`]), said once.
     fn settle(&self, evidence: Evidence, why: &str) {
@@ -217,7 +238,7 @@ impl Connections {
                     let mut opts = mqtt_options(mqtt, &p.client_id).map_err(|e| e.to_string())?;
                     opts.set_clean_session(false)
                         .set_manual_acks(true)
-                        .set_inflight(mqtt.max_inflight.clamp(1, u16::MAX as usize) as u16)
+                        .set_inflight(OUTGOING_INFLIGHT)
                         .set_request_channel_capacity(REQUEST_CAPACITY);
                     let (c, l) = AsyncClient::new(opts, REQUEST_CAPACITY);
                     (Client::V311(c), Link::V311(l))
@@ -240,10 +261,13 @@ impl Connections {
         Ok(Connections {
             list,
             acked: Arc::new(Counters::new()),
+            stale: Arc::new(Counters::new()),
+            gens: Arc::new(Generations::new()),
             resets: Arc::new(Resets::new()),
             sessions,
             probe,
-            window: mqtt.redelivery().window,
+            window: redelivery_window(mqtt, spool_dir),
+            dir: spool_dir.to_path_buf(),
         })
     }
 
@@ -261,6 +285,8 @@ impl Connections {
             clients,
             waiting: (0..256).map(|_| Default::default()).collect(),
             acked: self.acked.clone(),
+            stale: self.stale.clone(),
+            gens: self.gens.clone(),
             resets: self.resets.clone(),
             queued: 0,
         }
@@ -309,17 +335,21 @@ impl Connections {
             queue,
             sessions: Arc::new(self.sessions),
             acked: self.acked,
+            stale: self.stale,
+            gens: self.gens,
             resets: self.resets,
+            window: Arc::new(Learned::new(self.window / 2, self.dir)),
             verdict: Arc::new(tokio::sync::watch::Sender::new(verdict)),
             probe_topic: self.probe.as_ref().map(|p| Arc::from(p.topic.as_str())),
             own_group,
             spool,
         };
+        let numbering = shared.window.numbering();
         for c in self.list {
             let seen = recovered.of(session_key(&c.plan.client_id));
             let probing = c.plan.index == 0 && self.probe.is_some();
             let (session, verdicts) = follow_verdicts(&shared.verdict, |v| {
-                Session::new(c.plan, self.probe.clone(), self.window, &seen, v)
+                Session::new(c.plan, self.probe.clone(), self.window, &seen, v, numbering)
             });
             let conn = conn::Conn::new(session, c.plain_probe_match, probing);
             tracker.spawn(run(conn, c.client, c.eventloop, shared.clone(), verdicts));
@@ -449,6 +479,12 @@ async fn run(
             Ok(Event::Other) => {}
             Err(e) => {
                 if let Some(l) = link.as_mut() {
+                    // The next generation: no PUBACK of this link's
+                    // messages goes out on the next one (acker.rs).
+                    let mut gen = shared.gens.lock(conn.index());
+                    *gen = gen.wrapping_add(1);
+                    l.clean();
+                    drop(gen);
                     l.forget_subscriptions();
                 }
                 if !conn
@@ -477,7 +513,8 @@ fn on_verdict(conn: &mut conn::Conn, v: Verdict, client: &Client, shared: &Share
 /// message it held is spooled: forgotten and disconnected. `false`: the
 /// connection's task ends now (the client could not take the DISCONNECT).
 fn retire_if_done(conn: &mut conn::Conn, client: &Client, shared: &Shared) -> bool {
-    let acked = shared.acked.get(conn.index());
+    // Those not sent are for messages the broker resends: received again.
+    let acked = shared.acked.get(conn.index()) + shared.stale.get(conn.index());
     if conn.disconnecting || !conn.session.retired(acked, std::time::Instant::now()) {
         return true;
     }
@@ -524,7 +561,14 @@ mod tests {
         let verdicts = tokio::sync::watch::Sender::new(Verdict::initial(pr.as_ref()));
         verdicts.send_replace(Verdict::Delivered);
         let (mut session, rx) = follow_verdicts(&verdicts, |v| {
-            Session::new(planned[1].clone(), pr.clone(), 20, &[], v)
+            Session::new(
+                planned[1].clone(),
+                pr.clone(),
+                20,
+                &[],
+                v,
+                Default::default(),
+            )
         });
         let actions = session.connected(true, std::time::Instant::now());
         let data = actions.iter().any(|a| {

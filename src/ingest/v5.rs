@@ -47,7 +47,7 @@ pub(super) fn connect(
         ))
         .set_receive_maximum(Some(mqtt.receive_maximum))
         .set_max_packet_size(Some(mqtt.max_packet_size.min(u32::MAX as usize) as u32))
-        .set_outgoing_inflight_upper_limit(mqtt.max_inflight.clamp(1, u16::MAX as usize) as u16)
+        .set_outgoing_inflight_upper_limit(super::OUTGOING_INFLIGHT)
         .set_request_channel_capacity(capacity);
     if let Some((user, pass)) = super::credentials(mqtt) {
         opts.set_credentials(user, pass);
@@ -156,8 +156,13 @@ pub(super) fn ack_for(q: QoS, pkid: u16) -> Publish {
     p
 }
 
+/// A subscription's filter: the broker sends the topics' retained values
+/// only when the subscription is new to the session (Retain Handling 1),
+/// not on the SUBSCRIBE palletd repeats on every connect.
 pub(super) fn filter(path: &str, q: QoS) -> Filter {
-    Filter::new(path, qos(q))
+    let mut f = Filter::new(path, qos(q));
+    f.retain_forward_rule = rumqttc::v5::mqttbytes::v5::RetainForwardRule::OnNewSubscribe;
+    f
 }
 
 /// The connection error, described (a refusal names its reason code).

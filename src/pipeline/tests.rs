@@ -531,7 +531,9 @@ impl World {
                     Entry::DeadLetter { .. } => {
                         self.db.dead.contains(&(self.tags.of(rec.lsn), rec.lsn))
                     }
-                    Entry::MessageId { .. } | Entry::Sparkplug { .. } => true,
+                    Entry::MessageId { .. } | Entry::Sparkplug { .. } | Entry::LastValue { .. } => {
+                        true
+                    }
                 };
             prop_assert!(
                 done,
@@ -897,7 +899,7 @@ impl World {
                 Entry::DeadLetter { .. } => {
                     prop_assert!(self.db.dead.contains(&(self.tags.of(rec.lsn), rec.lsn)))
                 }
-                Entry::MessageId { .. } | Entry::Sparkplug { .. } => {}
+                Entry::MessageId { .. } | Entry::Sparkplug { .. } | Entry::LastValue { .. } => {}
             }
         }
         Ok(())

@@ -8,8 +8,10 @@
 //! segment meanwhile). With `spool.when_full = "drop_oldest"` it deletes the
 //! oldest segment when the spool is over its size, and says exactly what
 //! was lost. It keeps the MQTT sessions' redelivery windows from the
-//! identities it appends and writes them to `message-ids` before it
-//! deletes a segment ([`crate::front::window`]).
+//! identities it appends and the topics' last values from the records
+//! that change them, and writes them to `message-ids` and `retained`
+//! before it deletes a segment ([`crate::front::window`],
+//! [`crate::front::retained`]).
 //!
 //! # When the disk fails
 //! The durable LSN moves only past records that a successful sync covered,
@@ -41,8 +43,9 @@ use super::fs::{remove_if_there, replace, AppendFile, Storage};
 use super::scan::{Item, Scanner};
 use super::segment::{compressed_name, dir_bytes, list_segments, segment_name, FrameWriter};
 use super::{tombstone, Fsync, Shared, WhenFull};
+use crate::front::retained::{self, LastValues};
 use crate::front::window::{self, Seen, Windows};
-use crate::record::SessionId;
+use crate::record::{Mark, SessionId};
 use crate::retry::Backoff;
 use crate::telemetry;
 
@@ -176,9 +179,10 @@ pub(super) struct Appender {
     durable_file: DurableFile,
     /// The MQTT sessions' windows of durable message identities.
     pub(super) windows: Windows,
-    /// Identities appended and not yet durable: (LSN, session key,
-    /// identity), in LSN order.
-    appended: VecDeque<(u64, u64, Seen)>,
+    /// The topics' last values of durable records.
+    pub(super) last_values: LastValues,
+    /// Marks appended and not yet durable, in LSN order.
+    appended: VecDeque<Mark>,
 }
 
 /// Compresses the segments it is sent, one after another, and hands each
@@ -274,6 +278,7 @@ pub(super) struct Start {
     pub when_full: WhenFull,
     pub compressor: Option<std::sync::mpsc::Sender<(u64, PathBuf)>>,
     pub windows: Windows,
+    pub last_values: LastValues,
 }
 
 impl Appender {
@@ -295,6 +300,7 @@ impl Appender {
             compressor: s.compressor,
             durable_file: DurableFile::new(),
             windows: s.windows,
+            last_values: s.last_values,
             appended: VecDeque::new(),
         }
     }
@@ -419,12 +425,17 @@ impl Appender {
     pub(super) fn take(&mut self, cmd: Command, closing: &mut bool) {
         match cmd {
             Command::Append { bytes, end } => {
-                for (lsn, session, pkid, digest) in crate::record::identities(&bytes) {
-                    // The admission writes every identity by its key.
-                    if let SessionId::Key(key) = session {
-                        self.appended.push_back((lsn, key, Seen { pkid, digest }));
-                    }
-                }
+                // The admission writes every identity by its key.
+                self.appended
+                    .extend(crate::record::marks(&bytes).filter(|m| {
+                        !matches!(
+                            m,
+                            Mark::Identity {
+                                session: SessionId::Index(_),
+                                ..
+                            }
+                        )
+                    }));
                 self.next_lsn = end;
                 self.staged.push_back((bytes, end));
                 if self.fsync == Fsync::Always {
@@ -503,11 +514,26 @@ impl Appender {
             }
             self.durable = s.end;
         }
-        while let Some(&(lsn, key, seen)) = self.appended.front() {
-            if lsn >= self.durable {
-                break;
+        let cap = self.shared.window_cap.load(Ordering::Relaxed);
+        if cap > 0 {
+            self.windows.widen(cap);
+        }
+        while let Some(&mark) = self.appended.front() {
+            match mark {
+                Mark::Identity { lsn, .. } | Mark::LastValue { lsn, .. } if lsn >= self.durable => {
+                    break
+                }
+                Mark::Identity {
+                    lsn,
+                    session: SessionId::Key(key),
+                    pkid,
+                    digest,
+                } => self.windows.record(key, lsn, Seen { pkid, digest }),
+                Mark::Identity { .. } => {}
+                Mark::LastValue { topic, digest, .. } => {
+                    self.last_values.take(topic, digest);
+                }
             }
-            self.windows.record(key, lsn, seen);
             self.appended.pop_front();
         }
         Ok(())
@@ -583,7 +609,7 @@ impl Appender {
         // spool full for ever (no new append would ever rotate it away).
         let all = bound >= self.next_lsn && !self.pending() && self.open.is_some();
         if !closed.is_empty() || all {
-            self.save_windows();
+            self.save_tables();
         }
         for path in closed {
             remove_if_there(storage, path)?;
@@ -606,23 +632,43 @@ impl Appender {
     }
 
     /// Before segments are deleted: the durable identities the broker may
-    /// still resend go to `message-ids`. When that file cannot be written
-    /// (a full disk), the old one goes too, and the deletion that frees
-    /// the disk goes on: a stale file could hold a message the broker
-    /// since numbered anew (its redelivery skipped, lost); without one, a
-    /// redelivery from before may be stored twice, nothing is lost.
-    fn save_windows(&mut self) {
-        if !self.windows.dirty() {
-            return;
-        }
+    /// still resend go to `message-ids`, and the topics' last values to
+    /// `retained`. When a file cannot be written (a full disk), the old
+    /// one goes too, and the deletion that frees the disk goes on: a stale
+    /// `message-ids` could hold a message the broker since numbered anew
+    /// (its redelivery skipped, lost), a stale `retained` a value since
+    /// replaced (a retained copy of the older one skipped); without them, a
+    /// redelivery or a retained copy from before may be stored twice,
+    /// nothing is lost.
+    fn save_tables(&mut self) {
         let storage = self.storage.clone();
-        let bytes = self.windows.encode();
-        match replace(storage.as_ref(), &self.dir, window::FILE_NAME, &bytes) {
-            Ok(()) => self.windows.saved(),
-            Err(e) => {
-                let _ = remove_if_there(storage.as_ref(), &self.dir.join(window::FILE_NAME));
-                warn!(error = %e, "Cannot save the MQTT sessions' last message ids before deleting confirmed spool segments; should palletd stop before it can, a message the broker resends may be stored twice.");
+        let save = |name: &str, bytes: Vec<u8>, what: &str| -> bool {
+            match replace(storage.as_ref(), &self.dir, name, &bytes) {
+                Ok(()) => true,
+                Err(e) => {
+                    let _ = remove_if_there(storage.as_ref(), &self.dir.join(name));
+                    warn!(error = %e, file = name, "Cannot save {what} before deleting confirmed spool segments; should palletd stop before it can, a message the broker resends may be stored twice.");
+                    false
+                }
             }
+        };
+        if self.windows.dirty()
+            && save(
+                window::FILE_NAME,
+                self.windows.encode(),
+                "the MQTT sessions' last message ids",
+            )
+        {
+            self.windows.saved();
+        }
+        if self.last_values.dirty()
+            && save(
+                retained::FILE_NAME,
+                self.last_values.encode(),
+                "the topics' last values",
+            )
+        {
+            self.last_values.saved();
         }
     }
 
@@ -666,7 +712,7 @@ impl Appender {
             // them missing (the pipeline counts them then).
             let c = census(self.storage.as_ref(), &path, first, upper, self.checkpoint)?;
             tombstone::write(self.storage.as_ref(), &self.dir, &c.sample_lsns)?;
-            self.save_windows();
+            self.save_tables();
             remove_if_there(self.storage.as_ref(), &path)?;
             self.recount()?;
             error!(
@@ -754,7 +800,7 @@ fn census(
             }
             EntryRef::DeadLetter { .. } => c.dead_letters += 1,
             EntryRef::MessageId { .. } => c.messages += 1,
-            EntryRef::Sparkplug { .. } => {}
+            EntryRef::Sparkplug { .. } | EntryRef::LastValue { .. } => {}
         }
     }
 }

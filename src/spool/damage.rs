@@ -94,23 +94,30 @@ pub(super) fn report(storage: &dyn Storage, dir: &Path, d: &Damage) -> bool {
         warn!(error = %e, "Cannot record the spool damage as counted; a restart may count it again.");
     }
     let records = d.records();
-    let (samples, dead_letters, message_ids, sparkplug, sensors) = match &d.kinds {
-        Some(k) if k.samples + k.dead_letters + k.message_ids + k.sparkplug_changes == records => (
-            Some(k.samples),
-            k.dead_letters,
-            k.message_ids,
-            k.sparkplug_changes,
-            k.sensors.clone(),
-        ),
-        Some(k) => (None, 0, 0, 0, k.sensors.clone()),
-        None => (None, 0, 0, 0, Vec::new()),
+    let none = |sensors| (None, [0; 4], sensors);
+    let (samples, others, sensors) = match &d.kinds {
+        Some(k) => {
+            let others = [
+                k.dead_letters,
+                k.message_ids,
+                k.sparkplug_changes,
+                k.last_values,
+            ];
+            match k.samples + others.iter().sum::<u64>() == records {
+                true => (Some(k.samples), others, k.sensors.clone()),
+                false => none(k.sensors.clone()),
+            }
+        }
+        None => none(Vec::new()),
     };
-    let known_kinds = samples.unwrap_or(0) + dead_letters + message_ids + sparkplug;
+    let known_kinds = samples.unwrap_or(0) + others.iter().sum::<u64>();
+    let [dead_letters, message_ids, sparkplug, last_values] = others;
     for (kind, n) in [
         ("sample", samples.unwrap_or(0)),
         ("dead_letter", dead_letters),
         ("message_id", message_ids),
         ("sparkplug_change", sparkplug),
+        ("last_value", last_values),
         ("unknown", records - known_kinds),
     ] {
         if n > 0 {

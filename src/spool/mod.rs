@@ -63,6 +63,7 @@
 mod appender;
 mod checkpoint;
 mod damage;
+pub(crate) mod format;
 pub(crate) mod fs;
 mod identity;
 mod reader;
@@ -118,6 +119,9 @@ struct Shared {
     closing: AtomicBool,
     /// When the durable end moved, and to where ([`Spool::durable_as_of`]).
     history: std::sync::Mutex<std::collections::VecDeque<(Instant, u64)>>,
+    /// Message identities to keep per MQTT session, when raised since the
+    /// start ([`Spool::widen_windows`]; 0: as started).
+    window_cap: std::sync::atomic::AtomicUsize,
 }
 
 /// Entries of the durable end's history, at least [`HISTORY_STEP`] apart:
@@ -146,6 +150,7 @@ impl Shared {
             failing: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             history: Default::default(),
+            window_cap: Default::default(),
         }
     }
 
@@ -206,6 +211,7 @@ pub(crate) fn open_on(
         &settings.dir,
         machine,
         &settings.redelivery,
+        settings.last_values,
     )?;
     if let Some(free) = storage.free_space(&settings.dir) {
         if free + recovery.bytes < settings.max_size {
@@ -269,6 +275,7 @@ fn start(
         when_full: settings.when_full,
         compressor,
         windows: recovery.windows.clone(),
+        last_values: recovery.last_values.clone(),
     });
     let handle = std::thread::Builder::new()
         .name("palletd-spool".into())
@@ -417,6 +424,12 @@ impl Spool {
         self.shared.fsyncs.load(Ordering::Relaxed)
     }
 
+    /// The broker's window is larger than was thought: keep the last `cap`
+    /// message identities of each session from now on. Never blocks.
+    pub(crate) fn widen_windows(&self, cap: usize) {
+        self.shared.window_cap.fetch_max(cap, Ordering::Relaxed);
+    }
+
     /// The broker can resend nothing more of the MQTT session with this
     /// key: its message identities are no longer kept. Never blocks.
     pub(crate) fn forget_session(&self, key: u64) {
@@ -460,6 +473,7 @@ pub fn bench_read(dir: &Path) -> io::Result<(Duration, Duration, u64)> {
         when_full: WhenFull::Stop,
         max_queued: DEFAULT_MAX_QUEUED,
         redelivery: Default::default(),
+        last_values: 1000,
         held: Vec::new(),
     };
     let started = Instant::now();
@@ -495,6 +509,7 @@ pub fn bench_append(
         when_full: WhenFull::Stop,
         max_queued: DEFAULT_MAX_QUEUED,
         redelivery: Default::default(),
+        last_values: 1000,
         held: Vec::new(),
     };
     let (spool, recovery, thread) = open(&settings)?;

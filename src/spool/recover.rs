@@ -24,7 +24,8 @@
 //!
 //! The MQTT sessions' redelivery windows ([`crate::front::window`]) are
 //! read from the `message-ids` file, then from the identity records still
-//! in segments.
+//! in segments; the topics' last values ([`crate::front::retained`]) from
+//! the `retained` file, then from the last-value records.
 //!
 //! The next LSN is above every LSN the spool ever handed out (the last
 //! record, the checkpoint, the durable LSN) and not below the clock in
@@ -42,6 +43,7 @@ use super::fs::{read_all, remove_if_there, Storage};
 use super::identity;
 use super::scan::{Item, Scanner};
 use super::segment::{dir_bytes, is_compressed, list_segments, segment_name};
+use crate::front::retained::{self, LastValues};
 use crate::front::window::{self, Redelivery, Replay, Seen, Windows};
 use crate::record::{parse, EntryRef, SessionId};
 use crate::spool_ids::Tags;
@@ -64,6 +66,9 @@ pub struct Recovery {
     /// Each MQTT session's last messages, by session key, for
     /// recognising the broker's redeliveries.
     pub windows: Windows,
+    /// The last value taken in from each topic, for recognising the
+    /// broker's retained copies.
+    pub last_values: LastValues,
     /// The ids the spool's records were written under.
     pub tags: Tags,
     /// Segments before the last that are not compressed yet: (first LSN,
@@ -74,20 +79,24 @@ pub struct Recovery {
 /// Opens (or creates) the spool directory and recovers its state; the
 /// spool belongs to the box with fingerprint `machine`
 /// ([`identity::machine_fingerprint`]); the sessions' windows are kept
-/// as `redelivery` says.
+/// as `redelivery` says, the last values of at most `topics` topics.
 pub(crate) fn recover(
     storage: &dyn Storage,
     dir: &Path,
     machine: &str,
     redelivery: &Redelivery,
+    topics: usize,
 ) -> io::Result<Recovery> {
     storage.create_dir_all(dir)?;
+    // A newer palletd's spool is refused before anything in it changes.
+    super::format::check_and_claim(storage, dir)?;
     let checkpoint = checkpoint::read(storage, dir);
     let durable = checkpoint::read_durable(storage, dir);
     remove_half_made(storage, dir)?;
     let segments = list_segments(storage, dir)?;
     let mut rec = Recovery::empty(checkpoint, redelivery.window);
     let mut replay = read_windows(storage, dir, redelivery.window);
+    rec.last_values = read_last_values(storage, dir, topics);
     let mut last_lsn = None;
     // Records below this were acknowledged.
     let acknowledged = durable.max(checkpoint);
@@ -124,9 +133,16 @@ pub(crate) fn recover(
                     }
                     let entry = parse(bytes).next().map(|r| r.entry);
                     note_identity(entry, lsn, redelivery, &mut replay);
+                    if let Some(EntryRef::LastValue { topic, digest }) = entry {
+                        rec.last_values.take(topic, digest);
+                    }
                     let end = at + bytes.len() as u64;
-                    if matches!(entry, Some(EntryRef::MessageId { .. }))
-                        || lsn < acknowledged
+                    // A message ends with its identity, or after it with
+                    // the last value it changed: no mark lies past a cut.
+                    if matches!(
+                        entry,
+                        Some(EntryRef::MessageId { .. } | EntryRef::LastValue { .. })
+                    ) || lsn < acknowledged
                         || end <= committed
                     {
                         keep = (end, rec.records, last_lsn);
@@ -222,6 +238,7 @@ impl Recovery {
             torn_bytes: 0,
             damaged: 0,
             windows: Windows::new(window),
+            last_values: LastValues::new(1),
             tags: Tags::new(0),
             uncompressed: Vec::new(),
         }
@@ -267,6 +284,26 @@ fn read_windows(storage: &dyn Storage, dir: &Path, cap: usize) -> Replay {
                 said(&e);
             }
             Replay::empty(cap)
+        }
+    }
+}
+
+/// The topics' last values as the `retained` file carries them (none
+/// when it is missing; a damaged one is said and left out: a retained
+/// copy of a value taken in before may then be stored again, none is
+/// lost).
+fn read_last_values(storage: &dyn Storage, dir: &Path, cap: usize) -> LastValues {
+    let said = |e: &dyn std::fmt::Display| warn!(error = %e, "Cannot read the topics' last values; a retained value the broker sends again may be stored a second time.");
+    match read_all(storage, &dir.join(retained::FILE_NAME)) {
+        Ok(bytes) => LastValues::decode(cap, &bytes).unwrap_or_else(|e| {
+            said(&e);
+            LastValues::new(cap)
+        }),
+        Err(e) => {
+            if e.kind() != io::ErrorKind::NotFound {
+                said(&e);
+            }
+            LastValues::new(cap)
         }
     }
 }

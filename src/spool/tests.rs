@@ -19,7 +19,7 @@ fn os() -> Arc<dyn Storage> {
 }
 
 fn recover(dir: &Path) -> io::Result<Recovery> {
-    recover::recover(&Os, dir, BOX, &Default::default())
+    recover::recover(&Os, dir, BOX, &Default::default(), 1000)
 }
 
 /// A spool whose appends continue at `first` (the records' own LSNs).
@@ -46,6 +46,7 @@ fn start_with(
         when_full,
         max_queued: DEFAULT_MAX_QUEUED,
         redelivery: Default::default(),
+        last_values: 1000,
         held: Vec::new(),
     };
     start(os(), &settings, &rec).unwrap()
@@ -505,7 +506,7 @@ fn message_ids_are_recovered_by_session_the_last_window_of_each() {
         window: 2,
         by_index: vec![100, 101, 102],
     };
-    let rec = recover::recover(&Os, dir.path(), BOX, &redelivery).unwrap();
+    let rec = recover::recover(&Os, dir.path(), BOX, &redelivery, 1000).unwrap();
     let seen = |pkid: u16, i: u64| Seen {
         pkid,
         digest: u64::from(pkid) * 10 + i,
@@ -677,7 +678,8 @@ struct Rig {
 impl Rig {
     fn open(sim: Sim, segment_size: u64) -> (Rig, Recovery) {
         let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-        let rec = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default()).unwrap();
+        let rec =
+            recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default(), 1000).unwrap();
         let rig = Rig::at(sim, segment_size, &rec, BTreeMap::new());
         (rig, rec)
     }
@@ -699,6 +701,7 @@ impl Rig {
             when_full: WhenFull::Stop,
             compressor: None,
             windows: rec.windows.clone(),
+            last_values: rec.last_values.clone(),
         });
         // Nothing lies below the first record: checkpoints start there.
         let first = written.keys().next().copied().unwrap_or(rec.next_lsn);
@@ -821,7 +824,8 @@ impl Rig {
         drop(app);
         sim.crash();
         let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-        let rec = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default()).unwrap();
+        let rec =
+            recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default(), 1000).unwrap();
         prop_assert_eq!(rec.damaged, 0, "a power cut is not damage");
         prop_assert!(
             rec.checkpoint <= confirmed,
@@ -1030,7 +1034,7 @@ proptest! {
                     if rig.commit() {
                         rig.app.close();
                         let storage = rig.storage();
-                        let rec = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default()).unwrap();
+                        let rec = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default(), 1000).unwrap();
                         let written = std::mem::take(&mut rig.written);
                         rig = Rig::at(rig.sim.clone(), rig.segment_size, &rec, written);
                     }
@@ -1142,7 +1146,7 @@ proptest! {
             rig.sim.flip(path, offset, bit);
         }
         let got = if at_start {
-            let r = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default()).unwrap();
+            let r = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default(), 1000).unwrap();
             let got = rig.read_all(r.checkpoint);
             prop_assert_eq!(r.damaged, counted(&rig.sim));
             got
@@ -1159,7 +1163,7 @@ proptest! {
         }
         prop_assert_eq!(counted(&rig.sim), lost.len() as u64, "every lost record counted, once");
         // And again: nothing is counted twice.
-        let again = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default()).unwrap();
+        let again = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default(), 1000).unwrap();
         prop_assert_eq!(again.damaged, 0);
         prop_assert_eq!(rig.read_all(again.checkpoint).len(), got.len());
     }
@@ -1243,8 +1247,14 @@ fn a_spool_copied_to_another_box_takes_a_new_id_and_keeps_the_old_one_for_its_re
     assert!(rig.commit());
     rig.app.close();
     let storage = rig.storage();
-    let on_b =
-        recover::recover(storage.as_ref(), &sim_dir(), "box-b", &Default::default()).unwrap();
+    let on_b = recover::recover(
+        storage.as_ref(),
+        &sim_dir(),
+        "box-b",
+        &Default::default(),
+        1000,
+    )
+    .unwrap();
     let new = on_b.tags.current();
     assert_ne!(new, old, "a new id on the other box");
     assert_eq!(on_b.tags.previous(), &[(old, on_b.next_lsn)]);
@@ -1252,8 +1262,14 @@ fn a_spool_copied_to_another_box_takes_a_new_id_and_keeps_the_old_one_for_its_re
     assert_eq!(on_b.tags.of(first), old, "its records keep the old id");
     assert_eq!(on_b.tags.of(on_b.next_lsn), new);
     // The same box again: nothing changes.
-    let again =
-        recover::recover(storage.as_ref(), &sim_dir(), "box-b", &Default::default()).unwrap();
+    let again = recover::recover(
+        storage.as_ref(),
+        &sim_dir(),
+        "box-b",
+        &Default::default(),
+        1000,
+    )
+    .unwrap();
     assert_eq!(again.tags, on_b.tags);
     // Once the checkpoint passed its records, the old id goes.
     let mut rig = Rig::at(sim.clone(), 4096, &again, BTreeMap::new());
@@ -1261,8 +1277,14 @@ fn a_spool_copied_to_another_box_takes_a_new_id_and_keeps_the_old_one_for_its_re
     assert!(rig.commit());
     rig.checkpoint(rig.acked);
     rig.app.close();
-    let later =
-        recover::recover(storage.as_ref(), &sim_dir(), "box-b", &Default::default()).unwrap();
+    let later = recover::recover(
+        storage.as_ref(),
+        &sim_dir(),
+        "box-b",
+        &Default::default(),
+        1000,
+    )
+    .unwrap();
     assert_eq!(later.tags.current(), new);
     assert!(later.tags.previous().is_empty());
 }
@@ -1278,12 +1300,14 @@ fn an_unreadable_spool_id_is_restored_from_its_copy_and_never_becomes_zero() {
     let storage = rig.storage();
     let path = sim_dir().join("spool.id");
     sim.flip(&path, 25, 1);
-    let back = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default()).unwrap();
+    let back =
+        recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default(), 1000).unwrap();
     assert_eq!(back.tags.current(), id, "from spool.id.copy");
     // Both gone bad: a new id (never 0), said at ERROR.
     sim.flip(&path, 25, 1);
     sim.flip(&sim_dir().join("spool.id.copy"), 25, 1);
-    let fresh = recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default()).unwrap();
+    let fresh =
+        recover::recover(storage.as_ref(), &sim_dir(), BOX, &Default::default(), 1000).unwrap();
     assert_ne!(fresh.tags.current(), id);
     assert_ne!(fresh.tags.current(), 0);
 }
@@ -1424,6 +1448,7 @@ async fn appends_waiting_for_the_disk_count_against_the_size_and_are_bounded_in_
         when_full: WhenFull::Stop,
         max_queued: 256 * 1024,
         redelivery: Default::default(),
+        last_values: 1000,
         held: Vec::new(),
     };
     let (spool, rec, thread) = open_on(Arc::new(sim.clone()), &settings, BOX).unwrap();

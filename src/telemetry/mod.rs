@@ -34,8 +34,10 @@ pub(crate) const THINNING_POINTS: &str = "palletd_thinning_points_total";
 /// Sensors whose thinning runs were ended early to keep the runs within
 /// thinning's share of `limits.max_memory`.
 pub(crate) const THINNING_ENDED: &str = "palletd_thinning_sensors_ended_total";
-/// Messages passed over, by reason: a `$` metadata topic, or a retained
-/// message on a subscription with `retained = "skip"`.
+/// Messages passed over, by reason: a `$` metadata topic, a retained
+/// message on a subscription with `retained = "skip"`, a retained copy of
+/// the last value palletd took in from its topic (`retained_seen`), or a
+/// message with no field to store (`no_fields`).
 pub(crate) const MESSAGES_SKIPPED: &str = "palletd_messages_skipped_total";
 pub const SAMPLES_STORED: &str = "palletd_samples_stored_total";
 /// Readings or messages dead-lettered, by `cause` (includes
@@ -114,6 +116,10 @@ pub const SPOOL_DEADLETTER_BYTES: &str = "palletd_spool_deadletter_bytes";
 pub(crate) const FEED_SKIPPED: &str = "palletd_feed_skipped_batches_total";
 /// Bytes held in a memory budget, by part (`limits.max_memory`).
 pub const MEMORY_BYTES: &str = "palletd_memory_bytes";
+/// The broker's in-flight window as palletd takes it: `mqtt.max_inflight`
+/// (MQTT 5: `receive_maximum`), or more once a session held more
+/// unacknowledged messages (see `crate::ingest::learned`).
+pub(crate) const MQTT_BROKER_WINDOW: &str = "palletd_mqtt_broker_window";
 /// Rollup keys set aside because their rollup could not be written.
 pub(crate) const ROLLUP_KEYS_PARKED: &str = "palletd_rollup_keys_parked_total";
 pub const CLOSER_SECONDS: &str = "palletd_closer_seconds";
@@ -188,7 +194,7 @@ const DESCRIPTIONS: &[(&str, Kind, Option<Unit>, &str)] = &[
     (SAMPLES_STORED, Kind::Counter, None, "Samples written to buckets with the configured write concern."),
     (DEAD_LETTERS, Kind::Counter, None, "Readings or messages sent to the dead-letter collection, by cause."),
     (FIELDS_DROPPED, Kind::Counter, None, "Fields left out of readings that were stored (the value could not be taken), by cause."),
-    (MESSAGES_SKIPPED, Kind::Counter, None, "Messages passed over without storing or refusing anything, by reason: metadata (a topic with a `$` level no pattern names) or retained (the RETAIN flag on a subscription with retained = \"skip\")."),
+    (MESSAGES_SKIPPED, Kind::Counter, None, "Messages passed over without storing or refusing anything, by reason: metadata (a topic with a `$` level no pattern names), retained (the RETAIN flag on a subscription with retained = \"skip\"), retained_seen (the RETAIN flag on a copy of the last value palletd took in from that topic: the broker sends it again on subscribe) or no_fields (a message that decodes to no field at all, such as a status report with none of the components a preset reads)."),
     (HTTP_REFUSED, Kind::Counter, None, "HTTP connections closed as soon as accepted: the endpoint had its most (64) open."),
     (HTTP_UNAUTHORIZED, Kind::Counter, None, "Requests for the status page or /metrics answered 401: credentials missing or wrong ([http] username/password or token)."),
     (FLUSHES, Kind::Counter, None, "Flushes that wrote something."),
@@ -216,7 +222,7 @@ const DESCRIPTIONS: &[(&str, Kind, Option<Unit>, &str)] = &[
     (SPOOL_UNCONFIRMED, Kind::Gauge, None, "Spool records not yet confirmed in MongoDB (approximate)."),
     (CLOCK_SYNCHRONIZED, Kind::Gauge, None, "1 when the kernel says the system clock is synchronised (NTP), 0 when not (absent: palletd cannot tell)."),
     (SPOOL_DROPPED, Kind::Counter, None, "Readings lost because a full spool deleted them before they reached MongoDB (spool.when_full = \"drop_oldest\"), counted when palletd finds them missing (readings of a deleted segment it still held in memory are written, not counted)."),
-    (SPOOL_DAMAGED, Kind::Counter, None, "Spool records lost to damage (bit rot, a failing disk), counted once when found, by kind (sample, dead_letter, message_id, sparkplug_change, unknown: the headers were unreadable); the records around them are kept."),
+    (SPOOL_DAMAGED, Kind::Counter, None, "Spool records lost to damage (bit rot, a failing disk), counted once when found, by kind (sample, dead_letter, message_id, sparkplug_change, last_value, unknown: the headers were unreadable); the records around them are kept."),
     (SPOOL_WRITE_ERRORS, Kind::Counter, None, "Failed spool writes and syncs, by kind (disk_full, io, short_write, other); each is retried, and what it may have lost is written again."),
     (SPOOL_FAILING, Kind::Gauge, None, "1 while spool writes or syncs fail: nothing new becomes durable, so nothing new is acknowledged (the broker keeps the messages)."),
     (SPOOL_FREE_BYTES, Kind::Gauge, Some(Unit::Bytes), "Bytes free on the spool's filesystem."),
@@ -226,7 +232,8 @@ const DESCRIPTIONS: &[(&str, Kind, Option<Unit>, &str)] = &[
     (DEAD_LETTER_PAYLOADS_CUT, Kind::Counter, None, "Dead letters that kept only the first 256 bytes of their payload because dead letters came faster than limits.max_deadletter_rate, by the first cause."),
     (SPOOL_DEADLETTER_BYTES, Kind::Gauge, Some(Unit::Bytes), "Bytes of dead letters in the spool not yet confirmed in MongoDB, as of the last dead letter spooled (at most a tenth of spool.max_size)."),
     (FEED_SKIPPED, Kind::Counter, None, "Spooled batches the pipeline's memory had no room for (limits.max_memory): read back from the spool later."),
-    (MEMORY_BYTES, Kind::Gauge, Some(Unit::Bytes), "Bytes held in palletd's memory budget (limits.max_memory), by part: ingest (messages on their way to the spool), feed (spooled batches on their way to memory), pending (samples and dead letters waiting for MongoDB)."),
+    (MQTT_BROKER_WINDOW, Kind::Gauge, None, "The broker's in-flight window as palletd takes it (half the message ids it keeps per session to recognise resends): mqtt.max_inflight (MQTT 5: receive_maximum), raised when a session held more unacknowledged messages than that (kept in the spool's directory as broker-window)."),
+    (MEMORY_BYTES, Kind::Gauge, Some(Unit::Bytes), "Bytes held in palletd's memory budget (limits.max_memory), by part: ingest (messages on their way to the spool), feed (spooled batches on their way to memory), pending (samples and dead letters waiting for MongoDB), sparkplug (the Sparkplug B state), thinning (thinning's runs), retained (the last value taken in from each topic, in the admission and the spool)."),
     (ROLLUP_KEYS_PARKED, Kind::Counter, None, "Rollup keys (sensor and interval) whose rollup the database refused (say a document over 16 MB): set aside for an hour so the others go on."),
     (CLOSER_SECONDS, Kind::Histogram, None, "How long one closer run took (sealing; the rollups are computed beside it)."),
     (ROLLUP_PASS_SECONDS, Kind::Histogram, None, "How long one rollup pass took (on its own task, woken by the closer)."),
@@ -315,13 +322,22 @@ fn register_at_zero() {
     for reason in [
         crate::decode::SKIPPED_METADATA,
         crate::decode::SKIPPED_RETAINED,
+        crate::decode::SKIPPED_RETAINED_SEEN,
+        crate::decode::SKIPPED_NO_FIELDS,
     ] {
         metrics::counter!(MESSAGES_SKIPPED, "reason" => reason).increment(0);
     }
     for kind in DATABASE_ERROR_KINDS {
         metrics::counter!(DATABASE_ERRORS, "kind" => *kind).increment(0);
     }
-    for kind in ["sample", "dead_letter", "message_id", "unknown"] {
+    for kind in [
+        "sample",
+        "dead_letter",
+        "message_id",
+        "sparkplug_change",
+        "last_value",
+        "unknown",
+    ] {
         metrics::counter!(SPOOL_DAMAGED, "kind" => kind).increment(0);
     }
     for kind in ["disk_full", "io", "short_write", "other"] {

@@ -109,7 +109,9 @@ impl Core {
                         ),
                     }
                 }
-                EntryRef::MessageId { .. } | EntryRef::Sparkplug { .. } => {}
+                EntryRef::MessageId { .. }
+                | EntryRef::Sparkplug { .. }
+                | EntryRef::LastValue { .. } => {}
             }
         }
         if lane == Lane::Backlog && records > 0 {
