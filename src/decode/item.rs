@@ -14,7 +14,9 @@
 //! - Values palletd cannot store as a field (a byte string, another
 //!   MessagePack extension, a NaN or an infinity, text that is not UTF-8)
 //!   are left out of their sample with the cause `bad_field` and why,
-//!   counted; the sample's other fields are kept.
+//!   counted; the sample's other fields are kept. An unassigned CBOR
+//!   simple value (RFC 8949 Appendix A's `simple(16)`) refuses the
+//!   message: ciborium does not read it.
 //!
 //! The walker reads an item through `serde` like a JSON document
 //! ([`Item`] is a `Deserializer`); a date reaches its visitor as a
@@ -206,9 +208,61 @@ pub(super) fn read_cbor(payload: &[u8]) -> Result<Item, String> {
         .map_err(|e| format!("invalid CBOR: {e}"))
 }
 
+/// Whether a MessagePack item holds the byte the spec says is never used
+/// (0xc1) where an item starts: rmpv reads it as nil, the spec as no
+/// MessagePack at all. `None`: the bytes end within an item (rmpv says
+/// why).
+fn never_used(mut b: &[u8]) -> Option<bool> {
+    let mut pending: u64 = 1;
+    let take = |b: &mut &[u8], n: usize| -> Option<u64> {
+        let (head, rest) = (b.get(..n)?, b.get(n..)?);
+        *b = rest;
+        Some(head.iter().fold(0u64, |a, x| a << 8 | u64::from(*x)))
+    };
+    while pending > 0 {
+        pending -= 1;
+        let m = take(&mut b, 1)? as u8;
+        // (bytes to skip, items that follow)
+        let (skip, items) = match m {
+            0xc1 => return Some(true),
+            0x00..=0x7f | 0xc0 | 0xc2 | 0xc3 | 0xe0..=0xff => (0, 0),
+            0x80..=0x8f => (0, 2 * u64::from(m & 0x0f)),
+            0x90..=0x9f => (0, u64::from(m & 0x0f)),
+            0xa0..=0xbf => (u64::from(m & 0x1f), 0),
+            0xc4 | 0xd9 => (take(&mut b, 1)?, 0),
+            0xc5 | 0xda => (take(&mut b, 2)?, 0),
+            0xc6 | 0xdb => (take(&mut b, 4)?, 0),
+            0xc7 => (take(&mut b, 1)? + 1, 0),
+            0xc8 => (take(&mut b, 2)? + 1, 0),
+            0xc9 => (take(&mut b, 4)? + 1, 0),
+            0xca => (4, 0),
+            0xcb => (8, 0),
+            0xcc | 0xd0 => (1, 0),
+            0xcd | 0xd1 => (2, 0),
+            0xce | 0xd2 => (4, 0),
+            0xcf | 0xd3 => (8, 0),
+            0xd4 => (2, 0),
+            0xd5 => (3, 0),
+            0xd6 => (5, 0),
+            0xd7 => (9, 0),
+            0xd8 => (17, 0),
+            0xdc => (0, take(&mut b, 2)?),
+            0xdd => (0, take(&mut b, 4)?),
+            0xde => (0, 2 * take(&mut b, 2)?),
+            0xdf => (0, 2 * take(&mut b, 4)?),
+        };
+        b = b.get(usize::try_from(skip).ok()?..)?;
+        pending = pending.checked_add(items)?;
+    }
+    Some(false)
+}
+
 /// A MessagePack payload (at most [`MAX_DEPTH`] levels; nothing may
-/// follow the item).
+/// follow the item; the byte the spec never uses, 0xc1, refuses it).
 pub(super) fn read_msgpack(payload: &[u8]) -> Result<Item, String> {
+    if never_used(payload) == Some(true) {
+        return Err("invalid MessagePack: 0xc1, a byte the format never uses".into());
+    }
     let mut rest = payload;
     let v = rmpv::decode::read_value_with_max_depth(&mut rest, MAX_DEPTH)
         .map_err(|e| format!("invalid MessagePack: {e}"))?;
@@ -334,5 +388,10 @@ mod tests {
             Item::Opaque(_)
         ));
         assert!(read_msgpack(&hex("c0c0")).is_err(), "bytes after the item");
+        assert!(
+            read_msgpack(&hex("81a176c1")).is_err(),
+            "0xc1 is never used"
+        );
+        assert!(read_msgpack(&hex("81a176c0")).is_ok());
     }
 }

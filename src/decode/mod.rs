@@ -17,6 +17,8 @@
 //! learns the name from here.
 
 mod cbor;
+#[cfg(test)]
+mod corpus;
 mod item;
 mod json;
 pub(crate) mod line;

@@ -23,8 +23,12 @@
 //!   ([`Units`]) and go with that writer's fields from then on, once per
 //!   bucket (`units: {Temperature: "°C"}`): the EUInformation's
 //!   DisplayName, else the UNECE code its UnitId packs (`CEL`).
+//! - A DataSetMessage without a header (1.05's minimal form, A.3.2: the
+//!   fields alone, `{"Active": true, "Temperature": 25.5}`) is its fields;
+//!   its sensor is then the topic's `{sensor}`.
 //! - Other message types (`ua-keepalive`, `ua-status`, a DataSetMessage
-//!   without Payload) store nothing and are not refused.
+//!   with a header and without Payload) store nothing and are not
+//!   refused.
 
 use std::collections::HashMap;
 
@@ -73,6 +77,22 @@ impl Units {
     }
 }
 
+/// The members of a DataSetMessage's header (OPC 10000-14, 7.2.5.4): a
+/// DataSetMessage without any of them and without a Payload is its
+/// fields (no header at all).
+const HEADER: &[&str] = &[
+    "DataSetWriterId",
+    "DataSetWriterName",
+    "PublisherId",
+    "WriterGroupName",
+    "SequenceNumber",
+    "MetaDataVersion",
+    "MinorVersion",
+    "Timestamp",
+    "Status",
+    "MessageType",
+];
+
 /// DataSetMessages and their NetworkMessage's PublisherId.
 type DataSetMessages<'a> = (Option<String>, Vec<&'a Map<String, Value>>);
 
@@ -106,6 +126,7 @@ pub(super) fn decode(
         max_fields: limits.max_fields_per_sample,
     };
     for (i, m) in messages.into_iter().enumerate() {
+        let top_fields = Value::Object(m.clone());
         if got.samples.len() > limits.max_samples_per_message {
             break;
         }
@@ -115,8 +136,12 @@ pub(super) fn decode(
         {
             continue;
         }
-        let Some(payload) = m.get("Payload") else {
-            continue; // a keep-alive
+        let payload = match m.get("Payload") {
+            Some(p) => p,
+            // Without a header (1.05, A.3.2: an empty
+            // DataSetMessageContentMask) a DataSetMessage is its fields.
+            None if !m.is_empty() && !m.keys().any(|k| HEADER.contains(&k.as_str())) => &top_fields,
+            None => continue, // a keep-alive
         };
         let Value::Object(payload) = payload else {
             out.errors.push(DecodeError::BadField {
