@@ -6,18 +6,23 @@
 //!   kind 1 sample:     sensor_len: u16 LE | sensor | BSON sample document
 //!   kind 2 dead letter: BSON dead-letter document
 //!   kind 3 message id:  pkid: u16 LE | digest: u64 LE | session: u64 LE
+//!                       [| topic: u64 LE]
 //!                       (redelivery detection: the session is the key of
 //!                       the client id it came on, see
 //!                       [`crate::front::window::session_key`]; palletd 0.1
 //!                       wrote a connection index instead: none for the
-//!                       first connection, else one byte)
+//!                       first connection, else one byte; with `topic`, the
+//!                       message changed that topic's last value, its
+//!                       digest the message's: see
+//!                       [`crate::front::retained`], spool format 2)
 //!   kind 4 Sparkplug B: a change of the Sparkplug B state, JSON
 //!                       ([`crate::decode::sparkplug::Change`]; replayed
 //!                       onto `sparkplug.json` at start)
 //!   kind 5 last value:  topic: u64 LE | digest: u64 LE
-//!                       (the last message taken in from a topic changed:
-//!                       a message's last record, after its identity; see
-//!                       [`crate::front::retained`]; spool format 2)
+//!                       (the last message taken in from a topic changed,
+//!                       for a QoS 0 message, which has no identity: its
+//!                       last record; see [`crate::front::retained`];
+//!                       spool format 2)
 //! ```
 //!
 //! All integers are little-endian whatever the machine, so a spool moves
@@ -62,6 +67,7 @@ pub enum Entry {
         session: SessionId,
         pkid: u16,
         digest: u64,
+        topic: Option<u64>,
     },
     Sparkplug {
         change: Vec<u8>,
@@ -95,6 +101,9 @@ pub enum EntryRef<'a> {
         session: SessionId,
         pkid: u16,
         digest: u64,
+        /// The message changed this topic's last value (its digest is the
+        /// message's).
+        topic: Option<u64>,
     },
     /// A change of the Sparkplug B state (JSON): not a reading, replayed
     /// at start onto the last snapshot ([`crate::admission::sparkplug`]).
@@ -142,6 +151,7 @@ impl RecordRef<'_> {
                 session,
                 pkid,
                 digest,
+                topic,
             } => {
                 out.push(KIND_MESSAGE_ID);
                 out.extend_from_slice(&self.received_ms.to_le_bytes());
@@ -151,6 +161,9 @@ impl RecordRef<'_> {
                     SessionId::Key(key) => out.extend_from_slice(&key.to_le_bytes()),
                     SessionId::Index(0) => {}
                     SessionId::Index(k) => out.push(k),
+                }
+                if let (SessionId::Key(_), Some(topic)) = (session, topic) {
+                    out.extend_from_slice(&topic.to_le_bytes());
                 }
             }
             EntryRef::Sparkplug { change } => {
@@ -187,15 +200,27 @@ impl RecordRef<'_> {
                 }
             }
             KIND_DEADLETTER => EntryRef::DeadLetter { doc: rest },
-            KIND_MESSAGE_ID => EntryRef::MessageId {
-                pkid: u16::from_le_bytes(rest.get(0..2)?.try_into().ok()?),
-                digest: u64::from_le_bytes(rest.get(2..10)?.try_into().ok()?),
-                session: match rest.get(10..)? {
-                    [] => SessionId::Index(0),
-                    [k] => SessionId::Index(*k),
-                    key => SessionId::Key(u64::from_le_bytes(key.try_into().ok()?)),
-                },
-            },
+            KIND_MESSAGE_ID => {
+                let (session, topic) = match rest.get(10..)? {
+                    [] => (SessionId::Index(0), None),
+                    [k] => (SessionId::Index(*k), None),
+                    key if key.len() == 8 => (
+                        SessionId::Key(u64::from_le_bytes(key.try_into().ok()?)),
+                        None,
+                    ),
+                    both if both.len() == 16 => (
+                        SessionId::Key(u64::from_le_bytes(both[0..8].try_into().ok()?)),
+                        Some(u64::from_le_bytes(both[8..16].try_into().ok()?)),
+                    ),
+                    _ => return None,
+                };
+                EntryRef::MessageId {
+                    pkid: u16::from_le_bytes(rest.get(0..2)?.try_into().ok()?),
+                    digest: u64::from_le_bytes(rest.get(2..10)?.try_into().ok()?),
+                    session,
+                    topic,
+                }
+            }
             KIND_SPARKPLUG => EntryRef::Sparkplug { change: rest },
             KIND_LAST_VALUE if rest.len() == 16 => EntryRef::LastValue {
                 topic: u64::from_le_bytes(rest[0..8].try_into().ok()?),
@@ -225,10 +250,12 @@ impl RecordRef<'_> {
                     session,
                     pkid,
                     digest,
+                    topic,
                 } => Entry::MessageId {
                     session,
                     pkid,
                     digest,
+                    topic,
                 },
                 EntryRef::Sparkplug { change } => Entry::Sparkplug {
                     change: change.to_vec(),
@@ -252,10 +279,12 @@ impl Record {
                     session,
                     pkid,
                     digest,
+                    topic,
                 } => EntryRef::MessageId {
                     session: *session,
                     pkid: *pkid,
                     digest: *digest,
+                    topic: *topic,
                 },
                 Entry::Sparkplug { change } => EntryRef::Sparkplug { change },
                 Entry::LastValue { topic, digest } => EntryRef::LastValue {
@@ -302,6 +331,8 @@ pub(crate) enum Mark {
         session: SessionId,
         pkid: u16,
         digest: u64,
+        /// The message changed this topic's last value.
+        topic: Option<u64>,
     },
     LastValue {
         lsn: u64,
@@ -329,6 +360,7 @@ pub(crate) fn marks(bytes: &[u8]) -> impl Iterator<Item = Mark> + '_ {
                         session,
                         pkid,
                         digest,
+                        topic,
                     },
                 ..
             }) => {
@@ -337,6 +369,7 @@ pub(crate) fn marks(bytes: &[u8]) -> impl Iterator<Item = Mark> + '_ {
                     session,
                     pkid,
                     digest,
+                    topic,
                 })
             }
             Some(RecordRef {
@@ -481,6 +514,7 @@ pub(crate) mod tests {
                     session: SessionId::Index(0),
                     pkid: 77,
                     digest: 123,
+                    topic: None,
                 },
             },
             Record {
@@ -490,6 +524,7 @@ pub(crate) mod tests {
                     session: SessionId::Index(3),
                     pkid: 77,
                     digest: 123,
+                    topic: None,
                 },
             },
             Record {
@@ -499,6 +534,17 @@ pub(crate) mod tests {
                     session: SessionId::Key(u64::MAX - 5),
                     pkid: 77,
                     digest: 123,
+                    topic: None,
+                },
+            },
+            Record {
+                lsn: 14,
+                received_ms: 3,
+                entry: Entry::MessageId {
+                    session: SessionId::Key(u64::MAX - 5),
+                    pkid: 78,
+                    digest: 124,
+                    topic: Some(u64::MAX - 7),
                 },
             },
             Record {
@@ -532,13 +578,15 @@ pub(crate) mod tests {
                     session,
                     pkid,
                     digest,
+                    topic,
                 } => assert_eq!(
                     marks,
                     [Mark::Identity {
                         lsn: r.lsn,
                         session,
                         pkid,
-                        digest
+                        digest,
+                        topic,
                     }]
                 ),
                 Entry::LastValue { topic, digest } => assert_eq!(

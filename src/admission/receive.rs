@@ -99,6 +99,7 @@ impl Admission {
                 session: SessionId::Key(id.session),
                 pkid: id.pkid,
                 digest: id.digest,
+                topic: None,
             };
             batch.append(&mut self.next_lsn, m.received_ms, entry);
         }
@@ -245,24 +246,29 @@ impl Admission {
         // has all its records in the spool, and its redelivery may be
         // skipped. (First, a redelivery of a message whose samples were cut
         // with the torn tail was taken as spooled, and its readings lost.)
-        if let Some(id) = m.id {
-            batch.append(
+        // A message that changed its topic's last value says so in its
+        // identity (its digest is the message's), or, without one (QoS 0),
+        // in a record of its own, last too: a torn write cut off before
+        // never leaves the last value of a message the broker sends again
+        // (its retained copy would be passed over, and lost).
+        let topic = changed.then_some(topic);
+        match m.id {
+            Some(id) => batch.append(
                 &mut self.next_lsn,
                 m.received_ms,
                 EntryRef::MessageId {
                     session: SessionId::Key(id.session),
                     pkid: id.pkid,
                     digest: id.digest,
+                    topic,
                 },
-            );
-        }
-        // After it, the topic's last value, when the message changed it: a
-        // torn write cut off before the identity never leaves a last value
-        // of a message the broker sends again (its retained copy would be
-        // passed over, and lost).
-        if changed {
-            let entry = EntryRef::LastValue { topic, digest };
-            batch.append(&mut self.next_lsn, m.received_ms, entry);
+            ),
+            None => {
+                if let Some(topic) = topic {
+                    let entry = EntryRef::LastValue { topic, digest };
+                    batch.append(&mut self.next_lsn, m.received_ms, entry);
+                }
+            }
         }
         acks.push(self.next_lsn, unacked);
     }

@@ -528,7 +528,13 @@ impl Appender {
                     session: SessionId::Key(key),
                     pkid,
                     digest,
-                } => self.windows.record(key, lsn, Seen { pkid, digest }),
+                    topic,
+                } => {
+                    self.windows.record(key, lsn, Seen { pkid, digest });
+                    if let Some(topic) = topic {
+                        self.last_values.take(topic, digest);
+                    }
+                }
                 Mark::Identity { .. } => {}
                 Mark::LastValue { topic, digest, .. } => {
                     self.last_values.take(topic, digest);

@@ -133,8 +133,16 @@ pub(crate) fn recover(
                     }
                     let entry = parse(bytes).next().map(|r| r.entry);
                     note_identity(entry, lsn, redelivery, &mut replay);
-                    if let Some(EntryRef::LastValue { topic, digest }) = entry {
-                        rec.last_values.take(topic, digest);
+                    match entry {
+                        Some(EntryRef::LastValue { topic, digest })
+                        | Some(EntryRef::MessageId {
+                            topic: Some(topic),
+                            digest,
+                            ..
+                        }) => {
+                            rec.last_values.take(topic, digest);
+                        }
+                        _ => {}
                     }
                     let end = at + bytes.len() as u64;
                     // A message ends with its identity, or after it with
@@ -256,6 +264,7 @@ fn note_identity(
         session,
         pkid,
         digest,
+        ..
     }) = entry
     {
         let key = match session {

@@ -490,6 +490,7 @@ fn message_ids_are_recovered_by_session_the_last_window_of_each() {
             session,
             pkid,
             digest: u64::from(pkid) * 10 + i,
+            topic: None,
         },
     };
     let ids = [
@@ -541,6 +542,7 @@ fn message_ids_survive_the_deletion_of_their_segments() {
                     session: SessionId::Key(7),
                     pkid,
                     digest: u64::from(pkid),
+                    topic: None,
                 },
             }
             .encode_into(&mut bytes);
@@ -563,6 +565,63 @@ fn message_ids_survive_the_deletion_of_their_segments() {
         })
         .collect();
     assert_eq!(rec.windows.of(7), want, "the last 40 (the default window)");
+}
+
+/// The topics' last values outlive the segments that held them (the file
+/// `retained`, written before the checkpoint deletes them), and the
+/// records left after the file are taken over it, in LSN order: from an
+/// identity that names its topic (QoS 1/2) or a record of their own
+/// (QoS 0).
+#[test]
+fn last_values_survive_the_deletion_of_their_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lsn = recover(dir.path()).unwrap().next_lsn;
+    let (spool, thread) = start_at(dir.path(), Some(lsn), 1 << 30);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let record = |lsn: u64, topic: u64, digest: u64, qos0: bool| Record {
+        lsn,
+        received_ms: 0,
+        entry: match qos0 {
+            true => Entry::LastValue { topic, digest },
+            false => Entry::MessageId {
+                session: SessionId::Key(7),
+                pkid: (lsn % 60_000) as u16 + 1,
+                digest,
+                topic: Some(topic),
+            },
+        },
+    };
+    rt.block_on(async {
+        let mut spool = spool;
+        let mut bytes = Vec::new();
+        for topic in 1..=20u64 {
+            record(lsn, topic, 100 + topic, topic % 2 == 0).encode_into(&mut bytes);
+            lsn += 1;
+        }
+        spool.append(bytes.into(), lsn).await.unwrap();
+        spool.wait_durable(lsn).await.unwrap();
+        spool.checkpoint(lsn);
+        while !list_segments(&Os, dir.path()).unwrap().is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        // After the file: topic 3 changes again, in a segment left.
+        let mut bytes = Vec::new();
+        record(lsn, 3, 999, true).encode_into(&mut bytes);
+        lsn += 1;
+        spool.append(bytes.into(), lsn).await.unwrap();
+        spool.wait_durable(lsn).await.unwrap();
+    });
+    thread.finish();
+    assert!(dir.path().join(crate::front::retained::FILE_NAME).exists());
+    let rec = recover(dir.path()).unwrap();
+    for topic in 1..=20u64 {
+        let want = if topic == 3 { 999 } else { 100 + topic };
+        assert!(rec.last_values.same(topic, want), "topic {topic}");
+    }
+    assert_eq!(rec.last_values.len(), 20);
 }
 
 #[test]
@@ -734,6 +793,7 @@ impl Rig {
                     session: SessionId::Key(self.next % 3),
                     pkid: (self.next % 65_535) as u16,
                     digest: self.next,
+                    topic: None,
                 },
             };
             let r = Record {
@@ -864,6 +924,7 @@ impl Rig {
                         session: SessionId::Key(k),
                         pkid,
                         digest,
+                        ..
                     } if k == key => Some(crate::front::window::Seen { pkid, digest }),
                     _ => None,
                 })
@@ -1395,6 +1456,7 @@ fn a_torn_write_takes_the_whole_message_it_tore_with_it() {
                 session: SessionId::Key(5),
                 pkid,
                 digest: 7,
+                topic: None,
             },
         });
         m
