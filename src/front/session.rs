@@ -24,6 +24,10 @@ use std::time::{Duration, Instant};
 use super::plan::{unshared, Planned, Probe, RETIRE_QUIET};
 use super::window::{session_key, Numbering, Resend, Seen, Window};
 
+/// The largest broker window palletd learns: twice as many message ids
+/// per session are kept, and no more than 65,535 packet ids exist.
+pub(crate) const MAX_BROKER_WINDOW: usize = 32_767;
+
 /// How long the probe may take to come back through the group.
 pub(crate) const PROBE_WAIT: Duration = Duration::from_secs(5);
 /// How often the probe is published while it has not come back.
@@ -209,6 +213,9 @@ pub struct Session {
     received: u64,
     /// QoS 1/2 messages received on this connection.
     received_here: u64,
+    /// Of those, sent with DUP: the broker's resends hold at least as many
+    /// as it had unacknowledged.
+    resent_here: u64,
     /// The broker's in-flight window as palletd takes it (half the
     /// redelivery window): what it was told, or more once seen.
     broker_window: usize,
@@ -256,6 +263,7 @@ impl Session {
             data_started: false,
             received: 0,
             received_here: 0,
+            resent_here: 0,
             broker_window: (window / 2).max(1),
             quiet_since: None,
             voids: 0,
@@ -304,6 +312,7 @@ impl Session {
     pub(crate) fn connected(&mut self, session_present: bool, now: Instant) -> Vec<Action> {
         self.connected = true;
         self.received_here = 0;
+        self.resent_here = 0;
         self.data_started = false;
         self.settling = false;
         self.subacks.clear();
@@ -564,6 +573,7 @@ impl Session {
         }
         self.received += 1;
         self.received_here += 1;
+        self.resent_here += u64::from(dup);
         if !dup {
             self.settle(&mut out);
         }
@@ -587,6 +597,13 @@ impl Session {
         (d, out)
     }
 
+    /// How the broker numbers its resends, as the process knows it now
+    /// (asked, or seen by another session): taken if this session did not
+    /// know.
+    pub(crate) fn numbering(&mut self, known: Numbering) {
+        self.window.numbering(known);
+    }
+
     /// `acked_here` PUBACKs of this connection's messages handed to the
     /// client: when more of its messages than the broker's window (as
     /// palletd takes it) are unacknowledged, the broker allows more in
@@ -596,15 +613,24 @@ impl Session {
     /// returned (to keep, say and count): a resend from further back
     /// would be taken for a new message. Unacknowledged here is at most
     /// what the broker holds (it sent at least what arrived, and got at
-    /// most the PUBACKs sent), so this never overestimates.
+    /// most the PUBACKs sent), so this never overestimates; nor are the
+    /// messages it resent with DUP since the connect.
     pub(crate) fn learn(&mut self, acked_here: u64) -> Option<usize> {
-        let held = self.received_here.saturating_sub(acked_here) as usize;
-        if held <= self.broker_window {
+        // The messages it resent on this connection were unacknowledged
+        // at once, too.
+        let held = self
+            .received_here
+            .saturating_sub(acked_here)
+            .max(self.resent_here) as usize;
+        if held <= self.broker_window || self.broker_window >= MAX_BROKER_WINDOW {
             return None;
         }
-        self.broker_window = held;
-        self.window.widen(2 * held);
-        Some(held)
+        // Doubled at least: a broker that keeps sending is learned in a
+        // few steps, not one message at a time.
+        let window = held.max(2 * self.broker_window).min(MAX_BROKER_WINDOW);
+        self.broker_window = window;
+        self.window.widen(2 * window);
+        Some(window)
     }
 
     /// Retiring, and done: connected, the broker took every filter off,
@@ -888,6 +914,33 @@ mod tests {
             Disposition::Store,
             "no session kept: nothing is resent"
         );
+    }
+
+    #[test]
+    fn a_broker_window_larger_than_told_is_learned_in_doublings() {
+        let now = Instant::now();
+        let m = p::settings(1);
+        let pl = plan(&m, &p::subs(), &Subscribed::new()).remove(0);
+        // Told 10 (a redelivery window of 20).
+        let mut s = Session::new(pl, None, 20, &[], Verdict::Unneeded, Numbering::Kept);
+        s.connected(true, now);
+        for pkid in 1..=10 {
+            s.publish(1, pkid, false, u64::from(pkid), false, now);
+        }
+        assert_eq!(s.learn(0), None, "10 unacknowledged: within");
+        s.publish(1, 11, false, 11, false, now);
+        assert_eq!(s.learn(0), Some(20), "11: doubled at least");
+        assert_eq!(s.learn(5), None);
+        for pkid in 12..=60 {
+            s.publish(1, pkid, false, u64::from(pkid), false, now);
+        }
+        assert_eq!(s.learn(0), Some(60), "what was seen, when more than double");
+        // Resends count as held, whatever was acknowledged since.
+        s.connected(true, now);
+        for pkid in 1..=200 {
+            s.publish(1, pkid, true, 1000 + u64::from(pkid), false, now);
+        }
+        assert_eq!(s.learn(200), Some(200));
     }
 
     #[test]

@@ -323,6 +323,14 @@ impl Window {
         }
     }
 
+    /// How the broker numbers, as known elsewhere: taken when not known
+    /// here.
+    pub(crate) fn numbering(&mut self, known: Numbering) {
+        if self.numbering == Numbering::Unknown {
+            self.numbering = known;
+        }
+    }
+
     /// What a message showed of the broker's numbering since the last
     /// call.
     pub(crate) fn learned(&mut self) -> Option<Numbering> {

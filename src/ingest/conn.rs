@@ -66,6 +66,8 @@ impl Conn {
         self.backoff = Backoff::default();
         self.gen = shared.gens.current(self.index());
         self.acked_at_connect = shared.acked.get(self.index());
+        // What the broker was asked, or another session saw, since.
+        self.session.numbering(shared.window.numbering());
         let s = &self.session;
         if !s.retiring() {
             shared.health.set_broker_connected(s.index, true);

@@ -16,9 +16,12 @@
 //!
 //! ```text
 //! palletd mqtt broker
+//! broker mqtt.example.net:1883
 //! window 1500
 //! resends kept
 //! ```
+//!
+//! What was learned of another broker (`mqtt.url` changed) is not taken.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -40,9 +43,15 @@ pub(crate) struct Known {
     pub numbering: Numbering,
 }
 
-/// What is known of the broker in `dir` (nothing, without the file or
-/// with one palletd cannot read: everything is learned again).
-pub(crate) fn load(dir: &Path) -> Known {
+/// The broker's address as the file names it.
+fn address(mqtt: &MqttSettings) -> String {
+    format!("{}:{}", mqtt.host, mqtt.port)
+}
+
+/// What is known in `dir` of the broker at `broker` (nothing, without the
+/// file, with one palletd cannot read, or of another broker: everything
+/// is learned again).
+pub(crate) fn load(dir: &Path, broker: &str) -> Known {
     let mut known = Known::default();
     let Ok(text) = std::fs::read_to_string(dir.join(FILE_NAME)) else {
         return known;
@@ -53,6 +62,7 @@ pub(crate) fn load(dir: &Path) -> Known {
     }
     for line in lines {
         match line.split_once(' ') {
+            Some(("broker", b)) if b.trim() != broker => return Known::default(),
             Some(("window", n)) => known.window = n.trim().parse().ok(),
             Some(("resends", n)) => {
                 known.numbering = Numbering::parse(n.trim()).unwrap_or_default()
@@ -63,8 +73,8 @@ pub(crate) fn load(dir: &Path) -> Known {
     known
 }
 
-fn save(dir: &Path, known: Known) -> std::io::Result<()> {
-    let mut text = format!("{HEADER}\n");
+fn save(dir: &Path, broker: &str, known: Known) -> std::io::Result<()> {
+    let mut text = format!("{HEADER}\nbroker {broker}\n");
     if let Some(w) = known.window {
         text.push_str(&format!("window {w}\n"));
     }
@@ -75,7 +85,7 @@ fn save(dir: &Path, known: Known) -> std::io::Result<()> {
 /// Messages kept per session to recognise redeliveries: twice the
 /// broker's window, as configured or as learned before.
 pub(crate) fn redelivery_window(mqtt: &MqttSettings, dir: &Path) -> usize {
-    let learned = load(dir).window.map_or(0, |w| 2 * w);
+    let learned = load(dir, &address(mqtt)).window.map_or(0, |w| 2 * w);
     mqtt.redelivery().window.max(learned)
 }
 
@@ -85,18 +95,23 @@ pub(crate) struct Learned {
     window: AtomicUsize,
     known: Mutex<Known>,
     dir: PathBuf,
+    broker: String,
     said: AtomicBool,
 }
 
 impl Learned {
     /// Starting from `window` (the broker's, as palletd takes it) and what
-    /// `dir`'s file says.
-    pub(crate) fn new(window: usize, dir: PathBuf) -> Learned {
+    /// `dir`'s file says of `mqtt`'s broker.
+    pub(crate) fn new(window: usize, dir: PathBuf, mqtt: &MqttSettings) -> Learned {
         metrics::gauge!(crate::telemetry::MQTT_BROKER_WINDOW).set(window as f64);
+        let broker = address(mqtt);
+        let known = load(&dir, &broker);
+        show(known.numbering);
         Learned {
             window: AtomicUsize::new(window),
-            known: Mutex::new(load(&dir)),
+            known: Mutex::new(known),
             dir,
+            broker,
             said: AtomicBool::new(false),
         }
     }
@@ -113,7 +128,7 @@ impl Learned {
     fn keep(&self, change: impl FnOnce(&mut Known)) {
         let mut known = self.lock();
         change(&mut known);
-        if let Err(e) = save(&self.dir, *known) {
+        if let Err(e) = save(&self.dir, &self.broker, *known) {
             tracing::warn!(error = %e, "Cannot keep what palletd learned of the broker in the spool's directory (mqtt-broker); the next start learns it again.");
         }
     }
@@ -142,6 +157,7 @@ impl Learned {
             return;
         }
         self.keep(|k| k.numbering = numbering);
+        show(numbering);
         match numbering {
             Numbering::Renumbered => {
                 tracing::warn!(%client_id, "The broker resends unacknowledged messages under new packet ids (RabbitMQ does): palletd recognises a resend by its topic and payload and where it comes among the resends. A message whose readings carry no time of their own (a bare value, JSON without a timestamp) may then be stored twice after a reconnect; none is lost.")
@@ -153,6 +169,14 @@ impl Learned {
     }
 }
 
+/// Shows `numbering` in `palletd_mqtt_broker_resends`.
+fn show(numbering: Numbering) {
+    for n in [Numbering::Unknown, Numbering::Kept, Numbering::Renumbered] {
+        let at = if n == numbering { 1.0 } else { 0.0 };
+        metrics::gauge!(crate::telemetry::MQTT_BROKER_RESENDS, "numbering" => n.name()).set(at);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,29 +184,31 @@ mod tests {
     #[test]
     fn what_is_learned_is_kept_and_a_window_only_grows() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(load(dir.path()), Known::default());
-        let l = Learned::new(20, dir.path().to_path_buf());
+        let text = "[mqtt]\nurl = \"mqtt://localhost\"\nclient_id = \"box\"\nmax_inflight = 20\n[mongodb]\nuri = \"mongodb://localhost\"\ndatabase = \"d\"\n[spool]\ndir = \"/tmp/x\"\n[[subscription]]\ntopic = \"s/{sensor}\"\nformat = \"json\"\n";
+        let settings = crate::config::parse(text, None).unwrap();
+        let mqtt = &settings.mqtt;
+        let here = address(mqtt);
+        assert_eq!(load(dir.path(), &here), Known::default());
+        let l = Learned::new(20, dir.path().to_path_buf(), mqtt);
         assert_eq!(l.raise("box", 15), None, "within");
         assert_eq!(l.raise("box", 35), Some(70));
         assert_eq!(l.raise("box-1", 30), None, "another session's smaller one");
         l.numbered("box", Numbering::Renumbered);
-        let known = load(dir.path());
+        let known = load(dir.path(), &here);
         assert_eq!(known.window, Some(35));
         assert_eq!(known.numbering, Numbering::Renumbered);
+        let again = Learned::new(20, dir.path().to_path_buf(), mqtt);
+        assert_eq!(again.numbering(), Numbering::Renumbered);
+        assert_eq!(redelivery_window(mqtt, dir.path()), 70);
+        assert_eq!(redelivery_window(mqtt, Path::new("/nonexistent")), 40);
         assert_eq!(
-            Learned::new(20, dir.path().to_path_buf()).numbering(),
-            Numbering::Renumbered
-        );
-        let text = "[mqtt]\nurl = \"mqtt://localhost\"\nclient_id = \"box\"\nmax_inflight = 20\n[mongodb]\nuri = \"mongodb://localhost\"\ndatabase = \"d\"\n[spool]\ndir = \"/tmp/x\"\n[[subscription]]\ntopic = \"s/{sensor}\"\nformat = \"json\"\n";
-        let settings = crate::config::parse(text, None).unwrap();
-        assert_eq!(redelivery_window(&settings.mqtt, dir.path()), 70);
-        assert_eq!(
-            redelivery_window(&settings.mqtt, Path::new("/nonexistent")),
-            40
+            load(dir.path(), "another.example:1883"),
+            Known::default(),
+            "another broker: learned again"
         );
         std::fs::write(dir.path().join(FILE_NAME), "garbage").unwrap();
         assert_eq!(
-            load(dir.path()),
+            load(dir.path(), &here),
             Known::default(),
             "unreadable: learned again"
         );

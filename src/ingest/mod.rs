@@ -41,6 +41,7 @@ mod acker;
 mod client;
 mod conn;
 pub(crate) mod learned;
+mod numbering;
 pub(crate) mod sessions_file;
 pub mod tls;
 mod v5;
@@ -129,6 +130,8 @@ pub(crate) struct Connections {
     window: usize,
     /// The spool's directory (where a learned window is kept).
     dir: std::path::PathBuf,
+    /// How to reach the broker (for asking how it numbers its resends).
+    mqtt: MqttSettings,
 }
 
 /// One MQTT client and its event loop, not yet connected.
@@ -268,6 +271,7 @@ impl Connections {
             probe,
             window: redelivery_window(mqtt, spool_dir),
             dir: spool_dir.to_path_buf(),
+            mqtt: mqtt.clone(),
         })
     }
 
@@ -338,13 +342,26 @@ impl Connections {
             stale: self.stale,
             gens: self.gens,
             resets: self.resets,
-            window: Arc::new(Learned::new(self.window / 2, self.dir)),
+            window: Arc::new(Learned::new(self.window / 2, self.dir, &self.mqtt)),
             verdict: Arc::new(tokio::sync::watch::Sender::new(verdict)),
             probe_topic: self.probe.as_ref().map(|p| Arc::from(p.topic.as_str())),
             own_group,
             spool,
         };
         let numbering = shared.window.numbering();
+        if numbering == crate::front::window::Numbering::Unknown {
+            let (mqtt, shared) = (self.mqtt.clone(), shared.clone());
+            tracker.spawn(async move {
+                tokio::select! {
+                    asked = numbering::ask(&mqtt) => match asked {
+                        Ok(n) => shared.window.numbered("(probe)", n),
+                        Err(e) => info!(error = %e, "Could not ask the broker how it numbers its resends; until a resumed session shows it, a resend is recognised only where its payload tells (a duplicate rather than a loss)."),
+                    },
+                    _ = shared.done.cancelled() => {}
+                    _ = shared.abort.cancelled() => {}
+                }
+            });
+        }
         for c in self.list {
             let seen = recovered.of(session_key(&c.plan.client_id));
             let probing = c.plan.index == 0 && self.probe.is_some();

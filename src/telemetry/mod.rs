@@ -120,6 +120,9 @@ pub const MEMORY_BYTES: &str = "palletd_memory_bytes";
 /// (MQTT 5: `receive_maximum`), or more once a session held more
 /// unacknowledged messages (see `crate::ingest::learned`).
 pub(crate) const MQTT_BROKER_WINDOW: &str = "palletd_mqtt_broker_window";
+/// How the broker numbers its resends, as palletd knows it: 1 for the
+/// `numbering` it is (`unknown`, `kept`, `renumbered`), 0 for the others.
+pub(crate) const MQTT_BROKER_RESENDS: &str = "palletd_mqtt_broker_resends";
 /// Rollup keys set aside because their rollup could not be written.
 pub(crate) const ROLLUP_KEYS_PARKED: &str = "palletd_rollup_keys_parked_total";
 pub const CLOSER_SECONDS: &str = "palletd_closer_seconds";
@@ -233,6 +236,7 @@ const DESCRIPTIONS: &[(&str, Kind, Option<Unit>, &str)] = &[
     (SPOOL_DEADLETTER_BYTES, Kind::Gauge, Some(Unit::Bytes), "Bytes of dead letters in the spool not yet confirmed in MongoDB, as of the last dead letter spooled (at most a tenth of spool.max_size)."),
     (FEED_SKIPPED, Kind::Counter, None, "Spooled batches the pipeline's memory had no room for (limits.max_memory): read back from the spool later."),
     (MQTT_BROKER_WINDOW, Kind::Gauge, None, "The broker's in-flight window as palletd takes it (half the message ids it keeps per session to recognise resends): mqtt.max_inflight (MQTT 5: receive_maximum), raised when a session held more unacknowledged messages than that (kept in the spool's directory as broker-window)."),
+    (MQTT_BROKER_RESENDS, Kind::Gauge, None, "How the broker numbers the messages it resends to a resumed session, as palletd knows it (asked once per spool, kept in mqtt-broker): 1 for the numbering label it is, unknown, kept (under the packet ids they had: Mosquitto, EMQX, aedes) or renumbered (under the new connection's: RabbitMQ), 0 for the others."),
     (MEMORY_BYTES, Kind::Gauge, Some(Unit::Bytes), "Bytes held in palletd's memory budget (limits.max_memory), by part: ingest (messages on their way to the spool), feed (spooled batches on their way to memory), pending (samples and dead letters waiting for MongoDB), sparkplug (the Sparkplug B state), thinning (thinning's runs), retained (the last value taken in from each topic, in the admission and the spool)."),
     (ROLLUP_KEYS_PARKED, Kind::Counter, None, "Rollup keys (sensor and interval) whose rollup the database refused (say a document over 16 MB): set aside for an hour so the others go on."),
     (CLOSER_SECONDS, Kind::Histogram, None, "How long one closer run took (sealing; the rollups are computed beside it)."),

@@ -87,6 +87,58 @@ async fn lost_acknowledgements_then_a_restart_after_the_writes_store_nothing_twi
     stack.stop();
 }
 
+/// A broker that sends more messages without their PUBACKs than
+/// `mqtt.max_inflight` says (palletd told 10; Mosquitto here allows 100):
+/// under a burst, a session holds more unacknowledged messages than 10
+/// while the spool's group commit runs, so palletd learns the larger
+/// window as it sees it and keeps it (in the spool's directory, for the
+/// next start). Then PUBACKs are lost and palletd restarts: the broker's
+/// resends, from further back than twice 10, are stored nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_window_larger_than_told_is_learned_and_resends_stored_once() {
+    let broker = Broker::start();
+    let proxy = proxy(&broker).await;
+    let mut stack = Stack::on(broker, Database::start(), "learnwin", |c| {
+        via(c, &proxy)
+            .one_stream()
+            .max_delay("1s")
+            .set("mqtt.max_inflight", 10)
+    })
+    .await;
+    let burst = publish_steadily(stack.publisher().await, 10, 100_000.0, 3000).await;
+    stack
+        .palletd
+        .wait_until(Duration::from_secs(30), "the window learned", |p| {
+            p.metric("palletd_mqtt_broker_window", None) >= 100.0
+        })
+        .await;
+    stack.wait_stored(3000).await;
+    stack.all_acknowledged().await;
+    let kept =
+        std::fs::read_to_string(stack.config.settings().spool.dir.join("mqtt-broker")).unwrap();
+    assert!(kept.contains("window "), "{kept}");
+    // The broker's whole window (100) sent and its PUBACKs lost.
+    proxy.lose(true, false);
+    let lost = publish_steadily_from(stack.publisher().await, 10, 1000.0, 3000..3100).await;
+    stack.wait_stored(3100).await;
+    stack.palletd.nothing_left_to_write().await;
+    stack.palletd.kill();
+    proxy.lose(false, false);
+    stack.palletd = Palletd::start(&stack.config);
+    stack.palletd.ready().await;
+    assert!(stack.palletd.metric("palletd_mqtt_broker_window", None) >= 100.0);
+    let sent: Vec<_> = burst.into_iter().chain(lost).collect();
+    assert_exactly_once(&stack.client, "learnwin", &sent, Duration::from_secs(60)).await;
+    assert!(
+        stack
+            .palletd
+            .metric("palletd_redeliveries_skipped_total", None)
+            >= 20.0,
+        "the broker resent more than twice the window palletd was told"
+    );
+    stack.stop();
+}
+
 /// Four sessions' PUBACKs lost while the database is down, then a restart
 /// with two connections: the two retiring sessions get other connection
 /// indexes, and their redeliveries are recognised by their client ids.

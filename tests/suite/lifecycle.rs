@@ -726,3 +726,69 @@ async fn a_run_overflowing_a_nearly_full_bucket_starts_the_next_and_the_left_one
     assert_eq!(stack.stored().await, 18);
     stack.stop();
 }
+
+/// A spool written by a newer palletd (its `format` says a version this
+/// one does not read) is refused with exit 78 before anything in it is
+/// read or changed; the palletd that reads it then stores everything it
+/// held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spool_of_a_newer_version_is_refused_with_exit_78_and_nothing_lost() {
+    let mut stack = Stack::without_database("newerspool", |c| c).await;
+    let mut publisher = stack.publisher().await;
+    for seq in 0..20 {
+        publisher
+            .json("n1", serde_json::json!({ "seq": seq, "v": seq }))
+            .await;
+    }
+    publisher.flush().await;
+    stack.all_acknowledged().await;
+    stack.palletd.kill();
+    let spool = stack.config.settings().spool.dir;
+    let format = spool.join("format");
+    let ours = std::fs::read_to_string(&format).unwrap();
+    assert!(ours.starts_with("palletd spool format "), "{ours:?}");
+    let version: u32 = ours.trim().rsplit(' ').next().unwrap().parse().unwrap();
+    let newer = format!("palletd spool format {}\n", version + 1);
+    std::fs::write(&format, &newer).unwrap();
+    let before: Vec<_> = std::fs::read_dir(&spool)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name(), e.metadata().unwrap().len())
+        })
+        .collect();
+    stack.db.start_again();
+    let mut palletd = Palletd::start(&stack.config);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while palletd.running() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running:\n{}",
+            palletd.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(palletd.terminate(), Some(78), "{}", palletd.log());
+    assert!(
+        palletd.log().contains("newer than this palletd reads"),
+        "{}",
+        palletd.log()
+    );
+    let after: Vec<_> = std::fs::read_dir(&spool)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name(), e.metadata().unwrap().len())
+        })
+        .collect();
+    assert_eq!(before, after, "the spool is left as it was");
+    // The palletd that reads it (here: the same version, the file put
+    // back) stores all twenty.
+    std::fs::write(&format, &ours).unwrap();
+    let client = stack.db.client().await;
+    stack.palletd = Palletd::start(&stack.config);
+    stack.palletd.ready().await;
+    let sent: Vec<_> = (0..20).map(|s| ("n1".to_string(), s)).collect();
+    assert_exactly_once(&client, "newerspool", &sent, Duration::from_secs(60)).await;
+    stack.stop();
+}
