@@ -11,7 +11,7 @@ use bson::doc;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 
 /// What a missing service binary's panic says to run.
-pub const INSTALL_HINT: &str = "run `scripts/install-test-services` (installs Mosquitto, libfiu's fiu-utils, Chromium, promtool, lintian and Node.js from Debian, aedes, @grafana/schema and TypeScript from npm, statsmodels' datasets from PyPI and SecantusDB from crates.io)";
+pub const INSTALL_HINT: &str = "run `scripts/install-test-services` (installs Mosquitto, RabbitMQ, libfiu's fiu-utils, Chromium, promtool, lintian and Node.js from Debian, aedes, @grafana/schema and TypeScript from npm, statsmodels' datasets from PyPI and SecantusDB from crates.io)";
 
 /// A free local TCP port.
 pub fn free_port() -> u16 {
@@ -245,6 +245,140 @@ impl Drop for Aedes {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
             kill_and_wait(&mut c, "-KILL");
+        }
+    }
+}
+
+/// A RabbitMQ node with its MQTT plugin (Debian's `rabbitmq-server`): a
+/// third broker, which resends a resumed session's messages under new
+/// packet ids and accepts `$share/` without delivering through it. A
+/// private node on free ports, its own epmd, everything under its own
+/// directory (the system's service is never used). A node starts in 10 to
+/// 12 s.
+pub struct Rabbit {
+    /// Its MQTT port.
+    pub port: u16,
+    /// Holds palletd's spool for a test, as [`Broker::dir`] does, and the
+    /// node's files.
+    pub dir: tempfile::TempDir,
+    epmd_port: u16,
+    node_port: u16,
+    dist_port: u16,
+    epmd: Option<Child>,
+    child: Option<Child>,
+}
+
+impl Rabbit {
+    /// A node whose MQTT sessions may have `prefetch` messages in flight.
+    pub fn start(prefetch: usize) -> Rabbit {
+        let server = PathBuf::from("/usr/lib/rabbitmq/bin/rabbitmq-server");
+        assert!(
+            server.is_file(),
+            "{} not found; {INSTALL_HINT}",
+            server.display()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let (port, node_port, dist_port, epmd_port) =
+            (free_port(), free_port(), free_port(), free_port());
+        std::fs::write(
+            dir.path().join("rabbitmq.conf"),
+            format!(
+                "listeners.tcp.default = 127.0.0.1:{node_port}\nmqtt.listeners.tcp.default = 127.0.0.1:{port}\nmqtt.allow_anonymous = true\nloopback_users = none\nmqtt.prefetch = {prefetch}\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("enabled_plugins"), "[rabbitmq_mqtt].\n").unwrap();
+        let epmd = Command::new(find_binary("PALLETD_EPMD", &["epmd"], &[]))
+            .args(["-port", &epmd_port.to_string(), "-address", "127.0.0.1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start epmd: {e}; {INSTALL_HINT}"));
+        wait_for_port(epmd_port, "epmd");
+        let mut r = Rabbit {
+            port,
+            dir,
+            epmd_port,
+            node_port,
+            dist_port,
+            epmd: Some(epmd),
+            child: None,
+        };
+        r.spawn();
+        r
+    }
+
+    fn spawn(&mut self) {
+        use std::os::unix::process::CommandExt;
+        let d = self.dir.path();
+        // Its own process group: the script starts the Erlang VM as its
+        // child, and a kill of the group leaves nothing behind.
+        let child = Command::new("/usr/lib/rabbitmq/bin/rabbitmq-server")
+            .process_group(0)
+            .env("HOME", d)
+            .env("ERL_EPMD_PORT", self.epmd_port.to_string())
+            .env("ERL_EPMD_ADDRESS", "127.0.0.1")
+            .env(
+                "RABBITMQ_NODENAME",
+                format!("palletd-{}@localhost", self.port),
+            )
+            .env("RABBITMQ_NODE_PORT", self.node_port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+            .env("RABBITMQ_MNESIA_BASE", d.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", d.join("log"))
+            .env("RABBITMQ_CONFIG_FILE", d.join("rabbitmq.conf"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", d.join("enabled_plugins"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start rabbitmq-server: {e}; {INSTALL_HINT}"));
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "RabbitMQ's MQTT listener did not start on port {} (its log: {})",
+                self.port,
+                d.join("log").display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops the node (SIGTERM: the script stops it cleanly, and its
+    /// durable queues, the MQTT sessions' messages, are kept).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill_and_wait(&mut c, "-TERM");
+            // Whatever of the group is left.
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", c.id())])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+
+    /// Starts it again on the same ports with the same state.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    pub fn url(&self) -> String {
+        format!("mqtt://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Rabbit {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", c.id())])
+                .status();
+            let _ = c.wait();
+        }
+        if let Some(mut e) = self.epmd.take() {
+            kill_and_wait(&mut e, "-KILL");
         }
     }
 }

@@ -25,6 +25,8 @@ mod layout;
 mod lifecycle;
 mod mqtt5;
 mod operator;
+mod rabbit;
+mod retained;
 mod rollups;
 mod security;
 mod service;

@@ -69,6 +69,16 @@ impl Publisher {
         self.flush().await;
     }
 
+    /// Publishes a value with the RETAIN flag at QoS 0 (as Tasmota does):
+    /// the broker keeps it as the topic's last value and queues nothing
+    /// for a session that is away.
+    pub async fn retain_qos0(&mut self, topic: &str, value: &str) {
+        self.client
+            .publish(topic, QoS::AtMostOnce, true, value.as_bytes().to_vec())
+            .await
+            .unwrap();
+    }
+
     async fn publish_with(&mut self, topic: &str, payload: impl Into<Vec<u8>>, retain: bool) {
         self.client
             .publish(topic, QoS::AtLeastOnce, retain, payload.into())
@@ -104,6 +114,32 @@ pub async fn publish_steadily(
     count: i64,
 ) -> Vec<(String, i64)> {
     publish_steadily_from(publisher, sensors, rate, 0..count).await
+}
+
+/// [`publish_steadily_from`] with each reading's time in its payload
+/// (`ts`, milliseconds), as a device with a clock writes it.
+pub async fn publish_timed_from(
+    mut publisher: Publisher,
+    sensors: usize,
+    rate: f64,
+    seqs: std::ops::Range<i64>,
+) -> Vec<(String, i64)> {
+    let started = tokio::time::Instant::now();
+    let mut sent = Vec::new();
+    let first = seqs.start;
+    for seq in seqs {
+        let due = started + Duration::from_secs_f64((seq - first) as f64 / rate);
+        tokio::time::sleep_until(due).await;
+        let sensor = format!("f{:02}", seq as usize % sensors);
+        let payload =
+            serde_json::json!({ "ts": now_ms(), "seq": seq, "temp": (seq % 50) as f64 / 2.0 });
+        publisher
+            .publish(&format!("sensors/{sensor}/telemetry"), payload.to_string())
+            .await;
+        sent.push((sensor, seq));
+    }
+    publisher.flush().await;
+    sent
 }
 
 /// [`publish_steadily`] with these sequence numbers.
