@@ -11,6 +11,7 @@
 //!   4: `m x 10^e`) and bigfloats (tag 5: `m x 2^e`), as numbers (doubles,
 //!   as every number palletd stores). Other tags are read as the item they
 //!   wrap.
+//! - CBOR's `undefined` is read as `null`: no value, nothing stored.
 //! - Values palletd cannot store as a field (a byte string, another
 //!   MessagePack extension, a NaN or an infinity, text that is not UTF-8)
 //!   are left out of their sample with the cause `bad_field` and why,

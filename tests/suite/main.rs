@@ -12,6 +12,7 @@ mod common;
 
 mod cli;
 mod connections;
+mod corpus;
 mod dbfaults;
 mod devices;
 mod disk;
@@ -26,6 +27,7 @@ mod lifecycle;
 mod mqtt5;
 mod operator;
 mod rabbit;
+mod reference;
 mod retained;
 mod rollups;
 mod security;

@@ -79,6 +79,24 @@ impl Publisher {
             .unwrap();
     }
 
+    /// Publishes as a device does: at this QoS, with the RETAIN flag or
+    /// without ([`Publisher::flush`] waits for those acknowledged).
+    pub async fn publish_as(
+        &mut self,
+        topic: &str,
+        payload: impl Into<Vec<u8>>,
+        qos: QoS,
+        retain: bool,
+    ) {
+        self.client
+            .publish(topic, qos, retain, payload.into())
+            .await
+            .unwrap();
+        if qos != QoS::AtMostOnce {
+            self.sent += 1;
+        }
+    }
+
     async fn publish_with(&mut self, topic: &str, payload: impl Into<Vec<u8>>, retain: bool) {
         self.client
             .publish(topic, QoS::AtLeastOnce, retain, payload.into())
