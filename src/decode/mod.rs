@@ -18,6 +18,8 @@
 
 mod cbor;
 #[cfg(test)]
+mod collisions;
+#[cfg(test)]
 mod corpus;
 mod item;
 mod json;
