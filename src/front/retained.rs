@@ -17,8 +17,10 @@
 //! "Took in": stored, dead-lettered or refused alike, so a retained value
 //! palletd cannot store is not dead-lettered again at every connect. Each
 //! message taken in on a subscription with `retained = "changed"` (the
-//! default) that changes its topic's digest adds a record to the spool
-//! (kind 5, the message's last record, see [`crate::record`]); the spool
+//! default) that changes its topic's digest says so in the spool: in its
+//! identity record (a QoS 1/2 message's last record, which carries the
+//! topic's key then), or in a record of its own after its samples (kind
+//! 5, a QoS 0 message), see [`crate::record`]; the spool
 //! keeps the digests of the durable ones and writes them to the file
 //! `retained` before it deletes segments ([`LastValues::encode`]), as it
 //! does the message ids; a start reads that file, then the records left.

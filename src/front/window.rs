@@ -14,18 +14,18 @@
 //! - palletd sends PUBACKs in the order the PUBLISHes arrived, and the
 //!   MQTT client drops the PUBACKs it had not written when a connection
 //!   dies, so on one connection the PUBACKs the broker got are a prefix
-//!   of those for that connection's messages. One released while the
-//!   link is down goes out on the next connection, ahead of the resent
-//!   messages' PUBACKs: it can free a place in the window for a message
-//!   the one not acknowledged was not yet resent behind.
+//!   of those for that connection's messages. One released after its
+//!   link failed is not sent at all (`ingest::acker::Generations`: on a
+//!   broker that renumbers, its packet id names another message there);
+//!   the broker resends that message, acknowledged when it arrives.
 //!
 //! So a message the broker may still resend was last received on a
 //! connection after which nothing came (it would have been resent
 //! first), and on that connection at most `W - 1` messages came after it
-//! while it was in flight, and at most `W` more through places freed by
-//! PUBACKs carried over from the connection before. It is among the last
-//! `2W` distinct messages palletd received on the session, counting a
-//! redelivery where it arrived last. A DUP is a redelivery iff the
+//! while it was in flight. It is among the last `W` distinct messages
+//! palletd received on the session, counting a redelivery where it
+//! arrived last; palletd keeps `2W` (the margin older versions needed,
+//! when a held-over PUBACK could free a place in the broker's window). A DUP is a redelivery iff the
 //! latest message of that window with its packet id has its digest (a
 //! packet id is reused only after its PUBACK arrived, so an older one with
 //! that id is acknowledged). Never older: a message outside the window was
@@ -54,18 +54,24 @@
 //! the window's size past the newest id the window holds is such a
 //! broker's message palletd never kept: received and lost with a crash
 //! before it was durable, or never read), is anchored at the one entry
-//! with its digest, and each DUP after it is a redelivery while it
-//! continues the tail in order. Exact where payloads
-//! differ (a device's time stamp or sequence number in them). Where the
-//! first one's digest is not unique in the tail (a constant payload with
-//! no time in it), or a DUP does not continue the tail (one sent but lost
-//! with the link before palletd read it, so never received), the message
-//! is stored: a duplicate, never a loss. A DUP the packet id explains
-//! shows the broker keeps its ids: nothing is aligned on that session
-//! until the next resume. (A crash in the middle of a run of renumbered
-//! resends leaves both copies of those identities in the spool until the
-//! settling record: after the restart their digests are not unique, and
-//! the broker's next resends of them are stored again.)
+//! with its digest, and each DUP after it is placed while it continues
+//! the tail in order. A placed resend is that message again, or a new
+//! one with the same topic and payload whose first sending was lost with
+//! the link (a device toggling `ON` and `OFF` sends such pairs): nothing
+//! in MQTT tells them apart, so it is [`Resend::Uncertain`], a redelivery
+//! only where its payload says (a Sparkplug B payload; readings that all
+//! carry a time of their own: the same time and payload are the same
+//! reading) and stored otherwise. Where the first one's digest is not
+//! unique in the tail (a constant payload), or a DUP does not continue
+//! the tail (one sent but lost with the link before palletd read it, so
+//! never received), the message is stored. A duplicate, never a loss; a
+//! sequence number in a payload without a time is not recognised as one.
+//! A DUP the packet id explains shows the broker keeps its ids: nothing
+//! is aligned on that session until the next resume. (A crash in the
+//! middle of a run of renumbered resends leaves both copies of those
+//! identities in the spool until the settling record: after the restart
+//! their digests are not unique, and the broker's next resends of them
+//! are stored again.)
 //!
 //! # Keeping windows across restarts
 //! Each message's identity (session key, packet id, digest) is its last

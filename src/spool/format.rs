@@ -15,8 +15,9 @@
 //! Versions:
 //! 1. everything before the file (samples, dead letters, message ids,
 //!    Sparkplug B changes);
-//! 2. adds the retained-value digests (record kind 5, the file
-//!    `retained`).
+//! 2. adds the retained-value digests (record kind 5, a message identity
+//!    record's topic key, the file `retained`) and what was learned of
+//!    the broker (the file `mqtt-broker`).
 
 use std::io;
 use std::path::Path;
