@@ -59,7 +59,7 @@ use crate::config::{MqttProtocol, MqttSettings};
 use crate::decode::Subscription;
 pub use crate::front::plan::{self, Planned, Probe};
 pub use crate::front::session::{Disposition, Evidence, Session, Verdict, Void, PROBE_EVERY};
-use crate::front::window::{session_key, Windows};
+use crate::front::window::{session_key, Numbering, Windows};
 use crate::telemetry::Health;
 
 pub(crate) use acker::*;
@@ -349,14 +349,16 @@ impl Connections {
             spool,
         };
         let numbering = shared.window.numbering();
-        if numbering == crate::front::window::Numbering::Unknown {
+        if numbering == Numbering::Unknown {
             let (mqtt, shared) = (self.mqtt.clone(), shared.clone());
             tracker.spawn(async move {
+                let known = || shared.window.numbering() != Numbering::Unknown;
                 tokio::select! {
-                    asked = numbering::ask(&mqtt) => match asked {
-                        Ok(n) => shared.window.numbered("(probe)", n),
-                        Err(e) => info!(error = %e, "Could not ask the broker how it numbers its resends; until a resumed session shows it, a resend is recognised only where its payload tells (a duplicate rather than a loss)."),
-                    },
+                    asked = numbering::ask_until(&mqtt, known) => {
+                        if let Some(n) = asked {
+                            shared.window.numbered("(probe)", n);
+                        }
+                    }
                     _ = shared.done.cancelled() => {}
                     _ = shared.abort.cancelled() => {}
                 }

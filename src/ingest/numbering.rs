@@ -9,8 +9,10 @@
 //! Asked when a spool's `mqtt-broker` does not say yet, in the background
 //! at start (the sessions do not wait for it: until it answers, a resend
 //! is recognised only where its payload tells). A broker that refuses the
-//! probe's topic, or does not answer within [`ASK_FOR`], leaves it
-//! unknown, said at INFO; resumed sessions may still show it.
+//! probe's topic, a link that drops, or no answer within [`ASK_FOR`]
+//! leaves it unknown, said once at INFO, and it is asked again after
+//! [`RETRY_FIRST`], twice as long each time up to [`RETRY_MAX`], until it
+//! answers or a resumed session shows it ([`ask_until`]).
 
 use std::time::Duration;
 
@@ -21,6 +23,35 @@ use crate::front::window::Numbering;
 
 /// The whole exchange, at most.
 pub(crate) const ASK_FOR: Duration = Duration::from_secs(10);
+
+/// The first wait before asking again.
+pub(crate) const RETRY_FIRST: Duration = Duration::from_secs(5);
+/// The longest wait between two askings.
+pub(crate) const RETRY_MAX: Duration = Duration::from_secs(600);
+
+/// Asks until the broker answers, or `known` says a session showed it
+/// meanwhile (then `None`).
+pub(crate) async fn ask_until(mqtt: &MqttSettings, known: impl Fn() -> bool) -> Option<Numbering> {
+    let mut wait = RETRY_FIRST;
+    let mut said = false;
+    loop {
+        match ask(mqtt).await {
+            Ok(n) => return Some(n),
+            Err(e) if !said => {
+                said = true;
+                tracing::info!(error = %e, retry_in = ?wait, "Could not ask the broker how it numbers its resends; asking again. Until then, or a resumed session shows it, a resend is recognised only where its payload tells (a duplicate rather than a loss).");
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, retry_in = ?wait, "The broker did not say how it numbers its resends.")
+            }
+        }
+        tokio::time::sleep(wait).await;
+        if known() {
+            return None;
+        }
+        wait = (wait * 2).min(RETRY_MAX);
+    }
+}
 
 /// The probe's session id and topic for a palletd of `client_id`.
 fn names(client_id: &str) -> (String, String) {

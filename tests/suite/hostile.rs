@@ -76,9 +76,10 @@ async fn a_message_of_a_thousand_samples_from_a_wrong_clock_is_one_dead_letter()
 }
 
 /// A TCP proxy in front of the broker that drops the connection the first
-/// time the client sends a SUBSCRIBE (before the broker sees it), then
-/// passes everything.
-async fn subscribe_cutter(broker: u16) -> u16 {
+/// time one of palletd's sessions sends a SUBSCRIBE (before the broker
+/// sees it), then passes everything; with `question`, the first SUBSCRIBE
+/// of palletd's question about the broker's resends instead.
+async fn subscribe_cutter(broker: u16, question: bool) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -119,7 +120,11 @@ async fn subscribe_cutter(broker: u16) -> u16 {
                     if cr.read_exact(&mut body).await.is_err() {
                         break;
                     }
-                    if head[0] >> 4 == 8 && !cut.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    // palletd's question to the broker about its resends
+                    // has a session of its own, `<client_id>-resends`.
+                    let asks = body.windows(8).any(|w| w == b"/resends");
+                    let ours = head[0] >> 4 == 8 && asks == question;
+                    if ours && !cut.swap(true, std::sync::atomic::Ordering::SeqCst) {
                         break;
                     }
                     raw.extend(body);
@@ -142,7 +147,7 @@ async fn subscribe_cutter(broker: u16) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_link_lost_before_the_suback_does_not_leave_palletd_subscribed_to_nothing() {
     let broker = Broker::start();
-    let proxy = subscribe_cutter(broker.port).await;
+    let proxy = subscribe_cutter(broker.port, false).await;
     let db = Database::start();
     let config =
         Config::new(&broker, &db, "suback").set("mqtt.url", format!("mqtt://127.0.0.1:{proxy}"));
@@ -161,6 +166,30 @@ async fn a_link_lost_before_the_suback_does_not_leave_palletd_subscribed_to_noth
     assert!(
         palletd.log().contains("session_present=true"),
         "{}",
+        palletd.log()
+    );
+}
+
+/// The link of palletd's question about the broker's resends drops: it
+/// asks again (5 s later) and learns that Mosquitto keeps its packet ids.
+/// Before, one failed question left it unknown until a resumed session
+/// showed it, and every resend without a time of its own was stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_about_the_brokers_resends_that_fails_is_asked_again() {
+    let broker = Broker::start();
+    let proxy = subscribe_cutter(broker.port, true).await;
+    let db = Database::start();
+    let config =
+        Config::new(&broker, &db, "askagain").set("mqtt.url", format!("mqtt://127.0.0.1:{proxy}"));
+    let palletd = Palletd::start(&config);
+    palletd
+        .wait_until(Duration::from_secs(60), "the numbering learned", |p| {
+            p.metric("palletd_mqtt_broker_resends", Some(("numbering", "kept"))) == 1.0
+        })
+        .await;
+    assert!(
+        palletd.log().contains("asking again"),
+        "the first question failed: {}",
         palletd.log()
     );
 }
